@@ -1,0 +1,64 @@
+# nmt: `make help` lists the targets. Hydra overrides go in ARGS, e.g.
+#   make train ARGS="model=gru_bahdanau optim.lr=5e-4 trainer.max_steps=2000"
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?=
+ARGS ?=
+RUN ?= outputs/latest
+CKPT ?=
+NPROC ?= 1
+NNODES ?= 1
+TORCHRUN_ARGS ?=
+PORT ?= 6006
+
+.DEFAULT_GOAL := help
+.PHONY: help install train eval translate tensorboard test test-fast lint format clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+	  awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
+	@echo "  Variables: ARGS (Hydra overrides), RUN, CKPT, NPROC, TORCH (torch build for install)"
+
+install: $(VENV)/.installed ## Create .venv and install nmt with its dependencies (TORCH="torch==X" picks the build)
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if [ -n "$(TORCH)" ]; then $(BIN)/python -m pip install $(TORCH); fi
+	$(BIN)/python -m pip install -e ".[dev]"
+	@touch $@
+
+train: install ## Prepare data and train (default: Transformer on Multi30k de->en); NPROC=N for DDP
+ifeq ($(NPROC)$(NNODES),11)
+	$(BIN)/nmt-train $(ARGS)
+else
+	$(BIN)/torchrun --nproc-per-node=$(NPROC) --nnodes=$(NNODES) $(TORCHRUN_ARGS) -m nmt.train $(ARGS)
+endif
+
+eval: install ## Score a run's checkpoint on its test set(s): RUN=<run dir> CKPT=<file> ARGS="beam=5"
+	$(BIN)/nmt-eval run=$(RUN) $(if $(CKPT),ckpt=$(CKPT)) $(ARGS)
+
+translate: install ## Translate stdin (or ARGS="input=FILE output=FILE") with a run's best checkpoint
+	$(BIN)/nmt-translate run=$(RUN) $(if $(CKPT),ckpt=$(CKPT)) $(ARGS)
+
+tensorboard: install ## Watch training curves and attention maps (http://localhost:6006, PORT=...)
+	$(BIN)/tensorboard --logdir outputs --port $(PORT)
+
+test: install ## Run the test suite (never touches the network)
+	$(BIN)/python -m pytest -q $(ARGS)
+
+test-fast: install ## Run the tests without the slow ones
+	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+
+lint: install ## Check code style with ruff
+	$(BIN)/ruff check nmt tests scripts
+	$(BIN)/ruff format --check nmt tests scripts
+
+format: install ## Format code with ruff
+	$(BIN)/ruff format nmt tests scripts
+	$(BIN)/ruff check --fix nmt tests scripts
+
+clean: ## Remove caches (keeps data/ and outputs/)
+	rm -rf .pytest_cache .ruff_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

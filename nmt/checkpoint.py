@@ -1,0 +1,140 @@
+"""Checkpoints: atomic, self-verifying, safe to load.
+
+File layout: the bytes of ``torch.save(payload)``, then a 48-byte trailer
+``MAGIC (8) | payload length (8, little endian) | sha256 of the payload (32)``.
+A truncated or corrupted file fails the length or checksum test with a clear error, before any
+unpickling. Loading always uses ``torch.load(..., weights_only=True)``: a checkpoint can hold
+tensors, numbers, strings, bytes and containers of them, never code.
+
+Writes go to a temporary file in the same directory, are fsynced, then renamed over the
+target, so at every moment the file under the final name is either the old or the new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+MAGIC = b"NMTCKPT1"
+_TRAILER = struct.Struct("<8sQ32s")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, truncated, corrupted or not loadable safely."""
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
+    """Serialise ``payload`` with a checksum trailer and write it atomically."""
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    body = buf.getvalue()
+    trailer = _TRAILER.pack(MAGIC, len(body), hashlib.sha256(body).digest())
+    try:
+        atomic_write_bytes(path, body + trailer)
+    except OSError as e:
+        raise CheckpointError(
+            f"could not write checkpoint {path}: {e.strerror or e}; the previous checkpoint "
+            "(if any) is unchanged"
+        ) from e
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Verify and load a checkpoint written by :func:`save_checkpoint`."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    data = path.read_bytes()
+    if len(data) < _TRAILER.size:
+        raise CheckpointError(f"checkpoint {path} is truncated ({len(data)} bytes)")
+    magic, length, digest = _TRAILER.unpack(data[-_TRAILER.size :])
+    if magic != MAGIC:
+        raise CheckpointError(
+            f"checkpoint {path} has no valid trailer: truncated, corrupted, or not written by nmt"
+        )
+    body = data[: -_TRAILER.size]
+    if len(body) != length:
+        raise CheckpointError(
+            f"checkpoint {path} is truncated or padded: {len(body)} payload bytes, "
+            f"expected {length}"
+        )
+    if hashlib.sha256(body).digest() != digest:
+        raise CheckpointError(f"checkpoint {path} is corrupted: its sha256 does not match")
+    try:
+        return torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
+    except Exception as e:  # the safe unpickler refuses anything but plain data
+        raise CheckpointError(f"checkpoint {path} could not be loaded safely: {e}") from e
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy and torch (CPU, CUDA) random states, in a weights_only-loadable form."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            n["keys"].numpy().astype(np.uint32),
+            n["pos"],
+            n["has_gauss"],
+            n["cached_gaussian"],
+        )
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,249 @@
+"""Typed configuration schema.
+
+Every config group (data/, model/, optim/, trainer/) is backed by a dataclass registered in
+Hydra's ConfigStore, so a misspelt key or a value of the wrong type fails when the config is
+composed, before any data is read. Checks that span several values live in :func:`validate`,
+which raises :class:`ConfigError` naming the offending key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key."""
+
+
+@dataclass
+class DataConfig:
+    """Where the corpus comes from, how it is cleaned, tokenized and batched.
+
+    ``corpus: multi30k`` fetches Multi30k task 1 (download, or ``NMT_MULTI30K_MIRROR``) and
+    reads the split names below from it. ``corpus: parallel`` reads the user's own files:
+    ``train``, ``valid`` and each ``test`` entry are path prefixes, completed by
+    ``.<src_lang>`` / ``.<tgt_lang>`` (optionally followed by ``.gz``).
+    """
+
+    name: str = MISSING
+    corpus: str = "multi30k"  # multi30k | parallel
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    root: str = "data"  # downloads and caches live here
+    train: str = "train"
+    valid: str = "val"
+    test: list[str] = field(default_factory=lambda: ["test_2016_flickr"])
+    # cleaning (training split only; valid/test are only stripped)
+    max_len: int = 100  # subword tokens per side
+    max_len_ratio: float = 3.0  # longer side / shorter side, in subword tokens
+    # sentencepiece
+    joint_vocab: bool = True
+    vocab_size: int = 8000
+    spm_model_type: str = "unigram"  # unigram | bpe
+    character_coverage: float = 1.0
+    # batching
+    max_tokens: int = 4096  # per batch: sentences x longest side, padding included
+    eval_max_tokens: int = 8192
+
+
+@dataclass
+class GRUBahdanauConfig:
+    _target_: str = "nmt.models.gru.GRUBahdanau"
+    emb_dim: int = 256
+    hidden_dim: int = 512
+    enc_layers: int = 1
+    dec_layers: int = 1
+    bidirectional: bool = True
+    dropout: float = 0.3
+    attention: str = "additive"  # additive | dot | general | scaled_dot
+    attn_dim: int = 512
+    tie_embeddings: bool = False
+
+
+@dataclass
+class TransformerConfig:
+    _target_: str = "nmt.models.transformer.Transformer"
+    d_model: int = 256
+    heads: int = 4
+    d_ff: int = 1024
+    enc_layers: int = 3
+    dec_layers: int = 3
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    act_dropout: float = 0.0
+    norm_first: bool = True
+    tie_embeddings: bool = True
+    learned_positions: bool = False
+    max_positions: int = 1024
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adam"  # adam | adamw
+    lr: float = 1e-3  # peak learning rate
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    schedule: str = "inverse_sqrt"  # noam | inverse_sqrt | cosine | linear | constant
+    warmup_steps: int = 800
+    min_lr: float = 0.0  # floor for cosine/linear decay
+
+
+@dataclass
+class TrainerConfig:
+    seed: int = 1234
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
+    max_steps: int = 0  # optimizer updates; 0 = no limit
+    max_epochs: int = 0  # 0 = no limit
+    max_time: float = 0.0  # seconds of training; 0 = no limit
+    cpu_max_time: float = 1800.0  # cap applied when running on CPU with no other limit set
+    precision: str = "32"  # 32 | bf16 | 16
+    accumulate: int = 1
+    label_smoothing: float = 0.1
+    clip_grad_norm: float = 1.0  # 0 disables clipping
+    log_every: int = 50
+    val_every: int = 500
+    val_sentences: int = 0  # 0 = the whole validation split
+    max_output_len_a: float = 1.2  # decoding cap: a * source_length + b
+    max_output_len_b: int = 10
+    patience: int = 0  # validations without BLEU improvement before stopping; 0 = off
+    keep_last: int = 2
+    resume: str | None = None  # run dir, checkpoint file, or "auto"
+    compile: bool = False
+    progress: bool = True
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: Any = MISSING
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    outputs: str = "outputs"  # parent of run directories and of the `latest` link
+
+
+@dataclass
+class EvalConfig:
+    run: str = "outputs/latest"
+    ckpt: str | None = None  # default: <run>/checkpoints/best.pt
+    beam: int = 1
+    length_penalty: float = 1.0
+    max_output_len_a: float = 1.2
+    max_output_len_b: int = 10
+    max_tokens: int = 8192
+    # extra test sets: "src_file:ref_file" pairs; default: the run's own test split(s)
+    test: list[str] = field(default_factory=list)
+    device: str = "auto"
+    out: str | None = None  # where hypotheses and scores go; default: <run>/eval
+
+
+@dataclass
+class TranslateConfig:
+    run: str = "outputs/latest"
+    ckpt: str | None = None
+    input: str | None = None  # default: stdin (an interactive prompt when it is a terminal)
+    output: str | None = None  # default: stdout
+    beam: int = 1
+    length_penalty: float = 1.0
+    max_output_len_a: float = 1.2
+    max_output_len_b: int = 10
+    max_tokens: int = 8192
+    device: str = "auto"
+
+
+def register_configs() -> None:
+    """Register the schemas so YAML files can extend them through their defaults lists."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="eval_schema", node=EvalConfig)
+    cs.store(name="translate_schema", node=TranslateConfig)
+    cs.store(group="data", name="data_schema", node=DataConfig)
+    cs.store(group="model", name="gru_bahdanau_schema", node=GRUBahdanauConfig)
+    cs.store(group="model", name="transformer_schema", node=TransformerConfig)
+    cs.store(group="optim", name="optim_schema", node=OptimConfig)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
+
+
+def _positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{key}={value} must be {bound}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check values that the type system cannot; raise ConfigError naming the key."""
+    d, o, t = cfg.data, cfg.optim, cfg.trainer
+    _choice("data.corpus", d.corpus, ("multi30k", "parallel"))
+    _choice("data.spm_model_type", d.spm_model_type, ("unigram", "bpe"))
+    if d.src_lang == d.tgt_lang:
+        raise ConfigError(f"data.src_lang and data.tgt_lang are both {d.src_lang!r}")
+    if d.corpus == "multi30k":
+        for key, lang in (("data.src_lang", d.src_lang), ("data.tgt_lang", d.tgt_lang)):
+            _choice(key, lang, ("en", "de", "fr", "cs"))
+    _positive("data.max_len", d.max_len)
+    if d.max_len_ratio < 1:
+        raise ConfigError(f"data.max_len_ratio={d.max_len_ratio} must be >= 1")
+    _positive("data.vocab_size", d.vocab_size)
+    _positive("data.max_tokens", d.max_tokens)
+    # +2: room for the BOS/EOS added around the longest allowed sentence
+    if d.max_tokens < d.max_len + 2:
+        raise ConfigError(
+            f"data.max_tokens={d.max_tokens} is smaller than one sentence of data.max_len="
+            f"{d.max_len} tokens (+2 for BOS/EOS); raise data.max_tokens or lower data.max_len"
+        )
+    _choice("optim.name", o.name, ("adam", "adamw"))
+    _choice("optim.schedule", o.schedule, ("noam", "inverse_sqrt", "cosine", "linear", "constant"))
+    _positive("optim.lr", o.lr)
+    _positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
+    _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        raise ConfigError(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
+    if o.schedule in ("cosine", "linear") and t.max_steps <= 0:
+        raise ConfigError(f"optim.schedule={o.schedule} decays to trainer.max_steps: set it > 0")
+    _choice("trainer.precision", str(t.precision), ("32", "bf16", "16"))
+    _positive("trainer.accumulate", t.accumulate)
+    _positive("trainer.log_every", t.log_every)
+    _positive("trainer.val_every", t.val_every)
+    for key in (
+        "max_steps",
+        "max_epochs",
+        "max_time",
+        "cpu_max_time",
+        "patience",
+        "clip_grad_norm",
+    ):
+        _positive(f"trainer.{key}", t[key], allow_zero=True)
+    if not 0 <= t.label_smoothing < 1:
+        raise ConfigError(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
+    _positive("trainer.keep_last", t.keep_last)
+    validate_model(cfg.model)
+
+
+def validate_model(m: DictConfig) -> None:
+    """Model-specific checks, keyed by the fields a model config has."""
+    for key, value in m.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key.endswith("dropout"):
+                if not 0 <= value < 1:
+                    raise ConfigError(f"model.{key}={value} must be in [0, 1)")
+            elif value <= 0:
+                raise ConfigError(f"model.{key}={value} must be > 0")
+    if "heads" in m and m.d_model % m.heads != 0:
+        raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.heads={m.heads}")
+    if "attention" in m:
+        _choice("model.attention", m.attention, ("additive", "dot", "general", "scaled_dot"))
+
+
+def to_container(cfg: DictConfig) -> dict:
+    """The resolved config as plain Python data (for checkpoints and logs)."""
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]

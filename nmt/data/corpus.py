@@ -1,0 +1,271 @@
+"""Finding, fetching and reading parallel text.
+
+Multi30k task 1 is fetched into ``<root>/multi30k`` (from ``NMT_MULTI30K_MIRROR`` or the public
+URL) and every file is checked against a pinned sha256. User corpora are pairs of files
+``<prefix>.<lang>`` (optionally ``.gz``) with one sentence per line, UTF-8.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.client
+import logging
+import os
+import tempfile
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+log = logging.getLogger("nmt.data")
+
+MIRROR_ENV = "NMT_MULTI30K_MIRROR"
+MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{split}.{lang}.gz"
+MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
+MULTI30K_LANGS = ("en", "de", "fr", "cs")
+MULTI30K_SHA256 = {
+    "test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+    "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+    "train.cs.gz": "a65adb8b32e3bc664f21ecba7a6e7f6950fd1f405e135f7c312faabdb6255077",
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+    "val.cs.gz": "b63226e05c4bd5dd6a42897d74b86a1b9d2c31498252c572b1ea7f7996927fcc",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
+}
+DOWNLOAD_TIMEOUT_S = 60.0
+_CHUNK = 1 << 20
+_BOM = b"\xef\xbb\xbf"
+
+
+class DataError(Exception):
+    """Bad or missing input data; the message names the file (and line) and the problem."""
+
+
+# --------------------------------------------------------------------------- Multi30k
+
+
+def fetch_multi30k(root: Path, langs: Iterable[str], splits: Iterable[str]) -> Path:
+    """Make verified Multi30k files ``<split>.<lang>.gz`` available; return ``root/multi30k``.
+
+    A file already present with the right sha256 is used as is. Otherwise it is copied from
+    the directory named by ``NMT_MULTI30K_MIRROR`` or, if that is unset, downloaded. Files
+    are written under a temporary name, verified, then renamed, so a failed or partial
+    transfer never appears under the final name.
+    """
+    langs, splits = list(langs), list(splits)
+    _check_choices("split", splits, MULTI30K_SPLITS)
+    _check_choices("language", langs, MULTI30K_LANGS)
+    dest_dir = Path(root) / "multi30k"
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    for split in splits:
+        for lang in langs:
+            _ensure_file(dest_dir, f"{split}.{lang}.gz", split, lang)
+    return dest_dir
+
+
+def _check_choices(kind: str, values: Sequence[str], valid: Sequence[str]) -> None:
+    bad = [v for v in values if v not in valid]
+    if bad:
+        raise DataError(
+            f"unknown Multi30k {kind}(s) {', '.join(map(repr, bad))}; valid: {', '.join(valid)}"
+        )
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _ensure_file(dest_dir: Path, name: str, split: str, lang: str) -> None:
+    """Leave a verified copy of ``name`` in ``dest_dir``."""
+    dest = dest_dir / name
+    expected = MULTI30K_SHA256[name]
+    if dest.is_file():
+        actual = sha256_file(dest)
+        if actual == expected:
+            return
+        log.warning("%s has sha256 %s, expected %s: fetching it again", dest, actual, expected)
+        dest.unlink()
+    mirror = os.environ.get(MIRROR_ENV, "").strip()
+    if mirror:
+        _copy_from_mirror(Path(mirror), dest, expected)
+    else:
+        _download(MULTI30K_URL.format(split=split, lang=lang), dest, expected)
+
+
+def _copy_from_mirror(mirror: Path, dest: Path, expected: str) -> None:
+    if not mirror.is_dir():
+        raise DataError(f"{MIRROR_ENV}={str(mirror)!r} is not a directory")
+    src = mirror / dest.name
+    if not src.is_file():
+        raise DataError(f"{MIRROR_ENV}={str(mirror)!r} has no file {dest.name!r} ({src})")
+    log.info("copying %s -> %s", src, dest)
+    with open(src, "rb") as fin:
+        _write_verified(fin, dest, expected, origin=str(src))
+
+
+def _download(url: str, dest: Path, expected: str) -> None:
+    log.info("downloading %s -> %s", url, dest)
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp:
+            size = resp.headers.get("Content-Length")
+            _write_verified(resp, dest, expected, origin=url, size=int(size) if size else None)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
+        raise DataError(
+            f"could not download {url}: {err}. Without internet access, put the Multi30k "
+            f"files (<split>.<lang>.gz) in a directory and set {MIRROR_ENV} to that directory"
+        ) from err
+
+
+def _write_verified(
+    stream: BinaryIO, dest: Path, expected: str, origin: str, size: int | None = None
+) -> None:
+    """Copy ``stream`` to a temporary file beside ``dest``, check sha256, rename into place.
+
+    ``size``: the announced byte count; a shorter stream raises ConnectionError.
+    """
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        h = hashlib.sha256()
+        received = 0
+        with os.fdopen(fd, "wb") as fout:
+            while chunk := stream.read(_CHUNK):
+                h.update(chunk)
+                fout.write(chunk)
+                received += len(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        if size is not None and received != size:
+            raise ConnectionError(f"transfer ended after {received} of {size} bytes")
+        actual = h.hexdigest()
+        if actual != expected:
+            raise DataError(
+                f"{origin}: sha256 mismatch for {dest.name}: expected {expected}, got {actual}; "
+                "the bad copy was deleted"
+            )
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def resolve_pair(prefix: str | Path, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+    """Find ``<prefix>.<lang>`` or ``<prefix>.<lang>.gz`` for both languages."""
+    found: list[Path] = []
+    for lang in (src_lang, tgt_lang):
+        tried = [Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")]
+        path = next((p for p in tried if p.is_file()), None)
+        if path is None:
+            raise DataError(
+                f"no {lang} file for corpus prefix {str(prefix)!r}: tried "
+                + ", ".join(str(p) for p in tried)
+            )
+        found.append(path)
+    return found[0], found[1]
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        return path.read_bytes()
+    except FileNotFoundError as err:
+        raise DataError(f"{path}: file not found") from err
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise DataError(f"{path}: not a valid gzip file ({err})") from err
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err})") from err
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Lines of a UTF-8 text file (gzip-compressed if the name ends in ``.gz``).
+
+    Lines are split on ``\\n`` only (other Unicode separators stay inside their line); a
+    trailing ``\\r`` and a leading byte-order mark are removed; NUL characters are replaced by
+    spaces. Invalid UTF-8 raises :class:`DataError` naming the file and 1-based line.
+    """
+    path = Path(path)
+    data = _read_bytes(path)
+    if data.startswith(_BOM):
+        data = data[len(_BOM) :]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(f"{path}:{line}: invalid UTF-8 ({err.reason})") from err
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [_clean_line(line) for line in lines]
+
+
+def _clean_line(line: str) -> str:
+    if line.endswith("\r"):
+        line = line[:-1]
+    return line.replace("\0", " ")
+
+
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
+    """Both sides of a parallel corpus; their line counts must match."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"parallel files differ in length: {src_path} has {len(src)} lines, "
+            f"{tgt_path} has {len(tgt)} lines"
+        )
+    return src, tgt
+
+
+def strip_lines(lines: Iterable[str]) -> list[str]:
+    """Lines without leading/trailing whitespace."""
+    return [line.strip() for line in lines]
+
+
+def clean_pairs(src: Sequence[str], tgt: Sequence[str]) -> tuple[list[str], list[str], dict]:
+    """Strip both sides and drop pairs with an empty side (training split only).
+
+    Returns the kept sides and ``{"read", "dropped_empty", "kept"}`` counts.
+    """
+    if len(src) != len(tgt):
+        raise DataError(f"clean_pairs: {len(src)} source vs {len(tgt)} target lines")
+    kept_src: list[str] = []
+    kept_tgt: list[str] = []
+    for s, t in zip(strip_lines(src), strip_lines(tgt), strict=True):
+        if s and t:
+            kept_src.append(s)
+            kept_tgt.append(t)
+    stats = {"read": len(src), "dropped_empty": len(src) - len(kept_src), "kept": len(kept_src)}
+    return kept_src, kept_tgt, stats
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (never half-written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,111 @@
+"""Evaluation: ``nmt-eval`` / ``make eval``.
+
+Decodes test sets with a trained checkpoint and scores the detokenized output against the raw
+references with sacreBLEU (BLEU, chrF, TER, each with its signature). By default the test
+split(s) of the run's own data config are used; ``test=[src:ref,...]`` names other file pairs.
+Hypotheses and a JSON of scores, signatures and options go into ``<run>/eval``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from nmt.checkpoint import CheckpointError, atomic_write_bytes
+from nmt.config import ConfigError, register_configs
+from nmt.data.corpus import DataError, read_lines, strip_lines
+from nmt.data.prepare import EvalSet, encode_texts, load_test_sets
+from nmt.data.tokenizer import TokenizerPair
+from nmt.inference import checkpoint_path, load_trained
+from nmt.metrics import all_scores
+from nmt.runtime import config_dir, pick_device, resolve_run_dir, setup_logging
+from nmt.search import DecodeOptions, translate_dataset
+
+log = logging.getLogger("nmt.eval")
+register_configs()
+
+
+def file_test_set(spec: str, tokenizers: TokenizerPair) -> EvalSet:
+    """A ``src_file:ref_file`` pair given on the command line."""
+    if spec.count(":") != 1:
+        raise ConfigError(f"test={spec!r}: expected SOURCE_FILE:REFERENCE_FILE")
+    src_file, ref_file = (Path(p) for p in spec.split(":"))
+    src, ref = read_lines(src_file), read_lines(ref_file)
+    if len(src) != len(ref):
+        raise DataError(
+            f"{src_file} has {len(src)} lines but {ref_file} has {len(ref)}: "
+            "source and reference must be parallel"
+        )
+    src, ref = strip_lines(src), strip_lines(ref)
+    return EvalSet(src_file.name, src, ref, encode_texts(tokenizers, src, ref))
+
+
+def evaluate(cfg: DictConfig) -> dict:
+    device = pick_device(cfg.device)
+    path = checkpoint_path(cfg.run, cfg.ckpt)
+    trained = load_trained(path, device)
+    out_dir = Path(cfg.out) if cfg.out else path.resolve().parent.parent / "eval"
+    opts = DecodeOptions(
+        beam=cfg.beam,
+        length_penalty=cfg.length_penalty,
+        max_len_a=cfg.max_output_len_a,
+        max_len_b=cfg.max_output_len_b,
+        max_tokens=cfg.max_tokens,
+    )
+    if cfg.test:
+        sets = [file_test_set(spec, trained.tokenizers) for spec in cfg.test]
+    else:
+        sets = load_test_sets(trained.cfg.data, trained.tokenizers)
+    log.info("checkpoint %s (step %d); decoding: %s", path, trained.step, asdict(opts))
+    report: dict = {
+        "checkpoint": str(path),
+        "step": trained.step,
+        "options": asdict(opts),
+        "sets": {},
+    }
+    tag = f"{path.stem}.beam{opts.beam}"
+    for ds in sets:
+        start = time.perf_counter()
+        hyps = translate_dataset(trained.model, ds.data, trained.tokenizers.tgt, opts, device)
+        seconds = time.perf_counter() - start
+        scores = all_scores(hyps, ds.ref_text)
+        hyp_file = out_dir / f"{ds.name}.{tag}.hyp"
+        atomic_write_bytes(hyp_file, "".join(h + "\n" for h in hyps).encode("utf-8"))
+        print(f"{ds.name}: {len(hyps)} sentences in {seconds:.1f}s -> {hyp_file}")
+        for s in scores:
+            print(f"  {s.line()}")
+        report["sets"][ds.name] = {
+            "sentences": len(hyps),
+            "seconds": seconds,
+            "hypotheses": str(hyp_file),
+            "scores": {s.name: s.as_dict() for s in scores},
+        }
+    score_file = out_dir / f"scores.{tag}.json"
+    atomic_write_bytes(score_file, json.dumps(report, indent=2).encode("utf-8"))
+    print(f"scores written to {score_file}")
+    return report
+
+
+@hydra.main(version_base="1.3", config_path=config_dir(), config_name="eval")
+def _main(cfg: DictConfig) -> None:
+    setup_logging()
+    cfg.run = str(resolve_run_dir(cfg.run))
+    try:
+        evaluate(cfg)
+    except (ConfigError, DataError, CheckpointError) as e:
+        log.error("%s", e)
+        raise SystemExit(2) from None
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Attention: masked softmax, the recurrent model's scoring functions, multi-head attention.
+
+Mask conventions (the same as PyTorch's):
+
+* ``mask`` (:func:`masked_softmax`, the scoring modules): bool, True = a real key that may be
+  attended to, as made by :func:`nmt.models.base.lengths_to_mask`;
+* ``key_padding_mask`` (:class:`MultiHeadAttention`): bool (B, Tk), True = padding, ignored.
+
+Scores are scaled by 1/sqrt(d_k) before the softmax wherever scaling is used.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def masked_softmax(scores: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
+    """Softmax of ``scores`` over ``dim``, keeping only the entries where ``mask`` is True.
+
+    scores: any shape, e.g. (B, S) or (B, H, Tq, Tk); mask: bool, broadcastable to ``scores``,
+    True = real key. Masked entries get exactly 0; a slice with every entry masked gives all
+    zeros, never NaN. Returns a tensor of the shape of ``scores``.
+    """
+    if mask is None:
+        return scores.softmax(dim)
+    lowest = torch.finfo(scores.dtype).min
+    filled = scores.masked_fill(~mask, lowest)  # like scores
+    return filled.softmax(dim) * mask  # like scores; an all-masked slice becomes 0 here
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring functions of the recurrent model: one query vector against a sequence of keys.
+# ---------------------------------------------------------------------------------------------
+
+
+class ScoredAttention(nn.Module):
+    """Attention with a single query per row: weights = masked_softmax(score(q, k_j)).
+
+    Subclasses define :meth:`project_keys`, run once per source sentence, and :meth:`score`,
+    run once per decoder step against the projected keys.
+    """
+
+    def project_keys(self, keys: Tensor) -> Tensor:
+        """Keys (B, S, Dk) -> the form :meth:`score` consumes, (B, S, *)."""
+        raise NotImplementedError
+
+    def score(self, query: Tensor, projected_keys: Tensor) -> Tensor:
+        """Query (B, Dq) and projected keys (B, S, *) -> unnormalised scores (B, S)."""
+        raise NotImplementedError
+
+    def forward(
+        self, query: Tensor, projected_keys: Tensor, values: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Query (B, Dq), projected keys (B, S, *), values (B, S, Dv), mask (B, S) True = real.
+
+        Returns the context (B, Dv) and the attention weights (B, S).
+        """
+        weights = masked_softmax(self.score(query, projected_keys), mask)  # (B, S)
+        context = torch.bmm(weights.unsqueeze(1), values).squeeze(1)  # (B, Dv)
+        return context, weights
+
+
+class AdditiveScore(ScoredAttention):
+    """Bahdanau (concat) scoring: score(q, k) = v^T tanh(W_q q + W_k k).
+
+    ``W_k k`` is computed once per source by :meth:`project_keys`; no biases, as in the formula.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, attn_dim: int) -> None:
+        super().__init__()
+        self.query_proj = nn.Linear(query_dim, attn_dim, bias=False)
+        self.key_proj = nn.Linear(key_dim, attn_dim, bias=False)
+        self.v = nn.Linear(attn_dim, 1, bias=False)
+
+    def project_keys(self, keys: Tensor) -> Tensor:
+        return self.key_proj(keys)  # (B, S, A)
+
+    def score(self, query: Tensor, projected_keys: Tensor) -> Tensor:
+        q = self.query_proj(query).unsqueeze(1)  # (B, 1, A)
+        hidden = torch.tanh(q + projected_keys)  # (B, S, A)
+        return self.v(hidden).squeeze(-1)  # (B, S)
+
+
+class DotScore(ScoredAttention):
+    """Luong dot scoring: score(q, k) = q . k.
+
+    When ``key_dim != query_dim`` the dot product is undefined, so the keys are first mapped to
+    ``query_dim`` by a bias-free linear layer, once per source (which makes it the "general"
+    score). With equal dimensions there are no parameters.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int) -> None:
+        super().__init__()
+        same = query_dim == key_dim
+        self.key_proj = nn.Identity() if same else nn.Linear(key_dim, query_dim, bias=False)
+        self.scale = 1.0
+
+    def project_keys(self, keys: Tensor) -> Tensor:
+        return self.key_proj(keys)  # (B, S, Dq)
+
+    def score(self, query: Tensor, projected_keys: Tensor) -> Tensor:
+        scores = torch.bmm(projected_keys, query.unsqueeze(-1)).squeeze(-1)  # (B, S)
+        return scores * self.scale  # (B, S)
+
+
+class ScaledDotScore(DotScore):
+    """Scaled dot-product scoring: score(q, k) = q . k / sqrt(d), d = query_dim.
+
+    Keys are projected to ``query_dim`` when the dimensions differ, as in :class:`DotScore`.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int) -> None:
+        super().__init__(query_dim, key_dim)
+        self.scale = 1.0 / math.sqrt(query_dim)
+
+
+class GeneralScore(DotScore):
+    """Luong general scoring: score(q, k) = q^T W k, W of shape (Dq, Dk).
+
+    ``W k`` is computed once per source by :meth:`project_keys`.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int) -> None:
+        super().__init__(query_dim, key_dim)
+        self.key_proj = nn.Linear(key_dim, query_dim, bias=False)
+
+
+def make_score(name: str, query_dim: int, key_dim: int, attn_dim: int) -> ScoredAttention:
+    """The scoring module called ``name``: additive | dot | general | scaled_dot.
+
+    ``attn_dim`` is the hidden size of the additive score; the others do not use it.
+    """
+    if name == "additive":
+        return AdditiveScore(query_dim, key_dim, attn_dim)
+    kinds = {"dot": DotScore, "general": GeneralScore, "scaled_dot": ScaledDotScore}
+    if name not in kinds:
+        raise ValueError(f"unknown attention {name!r}: additive, {', '.join(kinds)}")
+    return kinds[name](query_dim, key_dim)
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-head attention (Vaswani et al. 2017)
+# ---------------------------------------------------------------------------------------------
+
+
+def attention_mask(
+    key_padding_mask: Tensor | None, causal: bool, tq: int, tk: int, device: torch.device
+) -> Tensor | None:
+    """Boolean mask, True = may attend, broadcastable to (B, H, Tq, Tk); None if nothing is masked.
+
+    key_padding_mask: (B, Tk), True = padding. With ``causal``, the Tq queries are the last Tq
+    of the Tk positions (Tk > Tq when earlier keys come from a cache), and query i sees the keys
+    up to its own position Tk - Tq + i.
+    """
+    mask = None
+    if key_padding_mask is not None:
+        mask = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, Tk)
+    if causal and tq > 1:
+        ones = torch.ones(tq, tk, dtype=torch.bool, device=device)  # (Tq, Tk)
+        past = ones.tril(diagonal=tk - tq)  # (Tq, Tk)
+        mask = past if mask is None else mask & past  # (B, 1, Tq, Tk)
+    return mask
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention with separate q/k/v/out projections.
+
+    The projections map to the same parameters as ``torch.nn.MultiheadAttention``
+    (``in_proj_weight`` = [q_proj; k_proj; v_proj], ``out_proj``); see
+    :meth:`load_torch_weights`. ``dropout`` applies to the attention weights.
+    """
+
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        if d_model % heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by heads={heads}")
+        self.heads = heads
+        self.d_head = d_model // heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _split(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, H, T, dk)."""
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.d_head).transpose(1, 2)  # (B, H, T, dk)
+
+    def _merge(self, x: Tensor) -> Tensor:
+        """(B, H, T, dk) -> (B, T, D)."""
+        b, _, t, _ = x.shape
+        return x.transpose(1, 2).reshape(b, t, self.heads * self.d_head)  # (B, T, D)
+
+    def project_kv(self, key: Tensor, value: Tensor) -> dict[str, Tensor]:
+        """Keys and values (B, Tk, D) projected and split: {"k", "v"}, each (B, H, Tk, dk).
+
+        For cross-attention this is computed once per source and passed back as ``cache``.
+        """
+        return {"k": self._split(self.k_proj(key)), "v": self._split(self.v_proj(value))}
+
+    def _keys_values(
+        self, key: Tensor | None, value: Tensor | None, cache: dict[str, Tensor] | None
+    ) -> tuple[Tensor, Tensor]:
+        """Projected keys and values (B, H, Tk, dk), taken from or appended to the cache."""
+        if key is None:  # precomputed (cross-attention memory)
+            if cache is None:
+                raise ValueError("key=None needs a cache holding the projected keys/values")
+            return cache["k"], cache["v"]
+        new = self.project_kv(key, key if value is None else value)
+        if cache is None:
+            return new["k"], new["v"]
+        cache["k"] = torch.cat([cache["k"], new["k"]], dim=2)  # (B, H, t + Tnew, dk)
+        cache["v"] = torch.cat([cache["v"], new["v"]], dim=2)  # (B, H, t + Tnew, dk)
+        return cache["k"], cache["v"]
+
+    def _explicit(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """Attention with materialised weights: (B, H, Tq, dk) output, (B, H, Tq, Tk) weights."""
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, Tq, Tk)
+        weights = masked_softmax(scores, mask)  # (B, H, Tq, Tk)
+        dropped = F.dropout(weights, self.dropout, self.training)  # (B, H, Tq, Tk)
+        return dropped @ v, weights  # (B, H, Tq, dk), (B, H, Tq, Tk)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        need_weights: bool = False,
+        cache: dict[str, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` (B, Tq, D) to ``key``/``value`` (B, Tk, D); value defaults to key.
+
+        key_padding_mask: (B, Tk) bool, True = padding (over all keys, cached ones included).
+        causal: query i (the last Tq positions) sees only keys up to its own position.
+        need_weights: also return the per-head weights (B, H, Tq, Tk), before dropout; computed
+            with an explicit softmax, otherwise ``F.scaled_dot_product_attention`` is used.
+        cache: incremental decoding, updated in place. Self-attention: {"k", "v"} of shape
+            (B, H, t, dk) (t may be 0); the new positions' keys/values are appended.
+            Cross-attention: pass ``key=None`` and the dict from :meth:`project_kv`.
+        Returns the output (B, Tq, D) and the weights or None.
+        """
+        q = self._split(self.q_proj(query))  # (B, H, Tq, dk)
+        k, v = self._keys_values(key, value, cache)  # (B, H, Tk, dk) each
+        tq, tk = q.size(2), k.size(2)
+        if not need_weights and causal and key_padding_mask is None and tq == tk:
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            )  # (B, H, Tq, dk)
+            return self.out_proj(self._merge(out)), None
+        mask = attention_mask(key_padding_mask, causal, tq, tk, q.device)  # (B|1, 1, Tq|1, Tk)
+        weights = None
+        if need_weights:
+            out, weights = self._explicit(q, k, v, mask)  # (B, H, Tq, dk), (B, H, Tq, Tk)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+            )  # (B, H, Tq, dk)
+        return self.out_proj(self._merge(out)), weights  # (B, Tq, D)
+
+    @torch.no_grad()
+    def load_torch_weights(self, mha: nn.MultiheadAttention) -> None:
+        """Copy the weights of a ``torch.nn.MultiheadAttention`` with the same sizes."""
+        for proj, weight in zip(self._in_projs(), mha.in_proj_weight.chunk(3), strict=True):
+            proj.weight.copy_(weight)
+        if mha.in_proj_bias is not None:
+            for proj, bias in zip(self._in_projs(), mha.in_proj_bias.chunk(3), strict=True):
+                proj.bias.copy_(bias)
+        self.out_proj.load_state_dict(mha.out_proj.state_dict())
+
+    def _in_projs(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+        return self.q_proj, self.k_proj, self.v_proj

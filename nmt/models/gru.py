@@ -1,0 +1,184 @@
+"""GRU encoder-decoder with attention (Bahdanau et al. 2015).
+
+Encoder: a (bi)directional multi-layer GRU over the packed source; its outputs h_1..h_S, both
+directions concatenated (C = hidden_dim * directions), are the attention keys and values.
+A bridge, tanh(W [h_fwd_last; h_bwd_first] + b), gives every decoder layer its initial state.
+
+Decoder step t (one code path for teacher forcing and incremental decoding):
+
+* c_t = attention(query = s_{t-1} of the top layer, keys = h, values = h, source mask);
+* s_t = GRU cells over [E y_{t-1}; c_t];
+* logits_t = W_out dropout(W_pre [s_t; c_t; E y_{t-1}] + b_pre) + b_out, a linear pre-output
+  layer of size emb_dim (no tanh/maxout), so W_out can be tied to the target embedding.
+
+Decoding state (see :mod:`nmt.models.base`)::
+
+    {"hidden": [(B, H) per decoder layer], "memory": (B, S, C),
+     "keys": (B, S, *) keys projected once by the scoring module, "src_mask": (B, S) True = real}
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from nmt.models.attention import make_score
+from nmt.models.base import DecoderState, Seq2Seq, lengths_to_mask
+
+
+class GRUBahdanau(Seq2Seq):
+    """Bahdanau-style RNN translation model; the constructor takes GRUBahdanauConfig's fields.
+
+    ``tie_embeddings``: the output projection shares the target embedding matrix (the
+    pre-output layer has size emb_dim, so the shapes always agree); with ``shared_vocab``
+    the source embedding is that same matrix too. Dropout applies to the embeddings, the
+    encoder outputs, between stacked GRU layers and to the pre-output layer.
+    """
+
+    def __init__(
+        self,
+        *,
+        emb_dim: int,
+        hidden_dim: int,
+        enc_layers: int,
+        dec_layers: int,
+        bidirectional: bool,
+        dropout: float,
+        attention: str,
+        attn_dim: int,
+        tie_embeddings: bool,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        pad_id: int = 0,
+        shared_vocab: bool = False,
+    ) -> None:
+        super().__init__()
+        if shared_vocab and src_vocab_size != tgt_vocab_size:
+            raise ValueError(f"shared_vocab with sizes {src_vocab_size} != {tgt_vocab_size}")
+        self.pad_id = pad_id
+        self.enc_layers, self.dec_layers, self.hidden_dim = enc_layers, dec_layers, hidden_dim
+        self.directions = 2 if bidirectional else 1
+        enc_dim = hidden_dim * self.directions
+        self.tgt_embed = nn.Embedding(tgt_vocab_size, emb_dim, padding_idx=pad_id)
+        if tie_embeddings and shared_vocab:
+            self.src_embed = self.tgt_embed
+        else:
+            self.src_embed = nn.Embedding(src_vocab_size, emb_dim, padding_idx=pad_id)
+        self.encoder = nn.GRU(
+            emb_dim,
+            hidden_dim,
+            enc_layers,
+            batch_first=True,
+            dropout=dropout if enc_layers > 1 else 0.0,
+            bidirectional=bidirectional,
+        )
+        self.bridge = nn.Linear(enc_dim, dec_layers * hidden_dim)
+        self.attention = make_score(attention, hidden_dim, enc_dim, attn_dim)
+        self.cells = nn.ModuleList(
+            nn.GRUCell(emb_dim + enc_dim if i == 0 else hidden_dim, hidden_dim)
+            for i in range(dec_layers)
+        )
+        self.pre_output = nn.Linear(hidden_dim + enc_dim + emb_dim, emb_dim)
+        self.out_proj = nn.Linear(emb_dim, tgt_vocab_size)
+        self.dropout = nn.Dropout(dropout)
+        self._init_embeddings()
+        if tie_embeddings:
+            self.out_proj.weight = self.tgt_embed.weight
+
+    def _init_embeddings(self) -> None:
+        """Embeddings uniform(-0.1, 0.1), pad row zero; other weights keep torch's defaults."""
+        for embed in (self.src_embed, self.tgt_embed):
+            nn.init.uniform_(embed.weight, -0.1, 0.1)
+            with torch.no_grad():
+                embed.weight[self.pad_id].zero_()
+
+    # -- encoder -----------------------------------------------------------------------------
+
+    def _encode(self, src: Tensor, src_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S), src_lens (B,) -> outputs (B, S, C) (zero at padding), final state (B, C).
+
+        The final state joins the top layer's last forward state and first backward state.
+        """
+        b, s = src.shape
+        emb = self.dropout(self.src_embed(src))  # (B, S, E)
+        packed = pack_padded_sequence(emb, src_lens.cpu(), batch_first=True, enforce_sorted=False)
+        out, h_n = self.encoder(packed)  # h_n (L * dirs, B, H)
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=s)  # (B, S, C)
+        top = h_n.view(self.enc_layers, self.directions, b, self.hidden_dim)[-1]  # (dirs, B, H)
+        final = top.transpose(0, 1).reshape(b, -1)  # (B, C)
+        return self.dropout(out), final
+
+    def _bridge(self, final: Tensor) -> list[Tensor]:
+        """Encoder final state (B, C) -> initial state of each decoder layer, [(B, H)]."""
+        hidden = torch.tanh(self.bridge(final))  # (B, L * H)
+        return list(hidden.view(final.size(0), self.dec_layers, self.hidden_dim).unbind(1))
+
+    def encode(self, src: Tensor, src_lens: Tensor) -> DecoderState:
+        """Encode once; the attention keys are projected here, once per source."""
+        memory, final = self._encode(src, src_lens)  # (B, S, C), (B, C)
+        return {
+            "hidden": self._bridge(final),
+            "memory": memory,
+            "keys": self.attention.project_keys(memory),  # (B, S, *)
+            "src_mask": lengths_to_mask(src_lens, src.size(1)),  # (B, S)
+        }
+
+    # -- decoder -----------------------------------------------------------------------------
+
+    def _step(self, emb: Tensor, state: DecoderState) -> tuple[list[Tensor], Tensor, Tensor]:
+        """Embedded previous tokens (B, E) -> hidden [(B, H)], context (B, C), weights (B, S)."""
+        hidden = state["hidden"]
+        context, weights = self.attention(
+            hidden[-1], state["keys"], state["memory"], state["src_mask"]
+        )  # (B, C), (B, S)
+        x = torch.cat([emb, context], dim=-1)  # (B, E + C)
+        new_hidden: list[Tensor] = []
+        for cell, h in zip(self.cells, hidden, strict=True):
+            if new_hidden:
+                x = self.dropout(new_hidden[-1])  # (B, H), the layer below's output
+            new_hidden.append(cell(x, h))  # (B, H)
+        return new_hidden, context, weights
+
+    def _output(self, top: Tensor, context: Tensor, emb: Tensor) -> Tensor:
+        """s_t (..., H), c_t (..., C), E y_{t-1} (..., E) -> logits (..., V)."""
+        pre = self.pre_output(torch.cat([top, context, emb], dim=-1))  # (..., E)
+        return self.out_proj(self.dropout(pre))  # (..., V)
+
+    def decode_step(
+        self, tokens: Tensor, state: DecoderState
+    ) -> tuple[Tensor, DecoderState, Tensor]:
+        """tokens (B,) -> logits (B, V), new state, attention weights (B, S)."""
+        emb = self.dropout(self.tgt_embed(tokens))  # (B, E)
+        hidden, context, weights = self._step(emb, state)
+        logits = self._output(hidden[-1], context, emb)  # (B, V)
+        return logits, {**state, "hidden": hidden}, weights
+
+    def _teacher_forced(
+        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Logits (B, T, V) and attention weights (B, T, S); the vocabulary projection runs
+        once over all steps after the recurrent loop."""
+        state = self.encode(src, src_lens)
+        emb = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
+        tops, contexts, weights = [], [], []
+        for t in range(tgt_in.size(1)):
+            hidden, context, w = self._step(emb[:, t], state)  # (B, H) x L, (B, C), (B, S)
+            state = {**state, "hidden": hidden}
+            tops.append(hidden[-1])
+            contexts.append(context)
+            weights.append(w)
+        top = torch.stack(tops, dim=1)  # (B, T, H)
+        context = torch.stack(contexts, dim=1)  # (B, T, C)
+        return self._output(top, context, emb), torch.stack(weights, dim=1)  # (B, T, V), (B, T, S)
+
+    def forward(self, src: Tensor, src_lens: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V)."""
+        return self._teacher_forced(src, src_lens, tgt_in)[0]
+
+    def forward_with_attention(
+        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor
+    ) -> tuple[Tensor, dict[str, list[Tensor]]]:
+        """Logits (B, T, V) and {"cross": [alignment (B, 1, T, S)]}."""
+        logits, weights = self._teacher_forced(src, src_lens, tgt_in)  # (B, T, V), (B, T, S)
+        return logits, {"cross": [weights.unsqueeze(1)]}  # (B, 1, T, S)

@@ -1,0 +1,315 @@
+"""The Transformer encoder-decoder (Vaswani et al. 2017), pre-norm or post-norm.
+
+Layers mirror ``torch.nn.TransformerEncoderLayer`` / ``TransformerDecoderLayer`` (sub-modules
+``self_attn``, ``cross_attn`` (torch: ``multihead_attn``), ``linear1``, ``linear2``,
+``norm1``..``norm3``), so their weights can be copied across.
+
+Incremental decoding state (see :mod:`nmt.models.base`)::
+
+    {"step": int,                       # position of the next target token
+     "memory_pad": (B, S) bool,         # True = source padding
+     "layers": [{"self": {"k", "v"},    # (B, H, t, dk): keys/values of the t tokens so far
+                 "cross": {"k", "v"}}]} # (B, H, S, dk): projected encoder memory, made once
+
+``decode_step`` always returns the last decoder layer's cross-attention averaged over heads,
+(B, S): with a single query position it costs no more than the attention itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.models.attention import MultiHeadAttention
+from nmt.models.base import DecoderState, Seq2Seq, lengths_to_mask
+
+AttnOut = tuple[Tensor, Tensor | None]  # (output, weights or None)
+
+
+def sinusoidal_positions(length: int, d_model: int) -> Tensor:
+    """P[t, 2k] = sin(t / 10000^(2k/d)), P[t, 2k+1] = cos(t / 10000^(2k/d)); (length, d_model)."""
+    pos = torch.arange(length, dtype=torch.float32)[:, None]  # (L, 1)
+    two_k = torch.arange(0, d_model, 2, dtype=torch.float32)  # (ceil(D/2),)
+    angles = pos * torch.exp(-math.log(10000.0) * two_k / d_model)  # (L, ceil(D/2))
+    table = torch.zeros(length, d_model)  # (L, D)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table
+
+
+class PositionalEmbedding(nn.Module):
+    """Position vectors for positions ``start .. start + length - 1``: sinusoidal or learned."""
+
+    def __init__(self, max_positions: int, d_model: int, learned: bool) -> None:
+        super().__init__()
+        self.max_positions = max_positions
+        self.learned = nn.Embedding(max_positions, d_model) if learned else None
+        if not learned:
+            table = sinusoidal_positions(max_positions, d_model)  # (P, D)
+            self.register_buffer("table", table, persistent=False)
+
+    def forward(self, start: int, length: int) -> Tensor:
+        """Returns (length, D)."""
+        if start + length > self.max_positions:
+            raise ValueError(f"position {start + length - 1} >= max_positions={self.max_positions}")
+        if self.learned is not None:
+            return self.learned.weight[start : start + length]  # (T, D)
+        return self.table[start : start + length]  # (T, D)
+
+
+class _Layer(nn.Module):
+    """What encoder and decoder layers share: the feed-forward net and the residual wrapper."""
+
+    def __init__(
+        self, d_model: int, d_ff: int, dropout: float, act_dropout: float, norm_first: bool
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.act_dropout = nn.Dropout(act_dropout)
+        self.dropout = nn.Dropout(dropout)  # on every sub-layer output, before the residual sum
+
+    def feed_forward(self, x: Tensor) -> AttnOut:
+        """W_2 ReLU(W_1 x + b_1) + b_2: (B, T, D) -> (B, T, D); no weights."""
+        hidden = self.act_dropout(F.relu(self.linear1(x)))  # (B, T, F)
+        return self.linear2(hidden), None  # (B, T, D)
+
+    def residual(
+        self, x: Tensor, norm: nn.LayerNorm, sublayer: Callable[[Tensor], AttnOut]
+    ) -> AttnOut:
+        """x + sublayer(norm(x)) (pre-norm) or norm(x + sublayer(x)) (post-norm); (B, T, D)."""
+        if self.norm_first:
+            out, weights = sublayer(norm(x))  # (B, T, D)
+            return x + self.dropout(out), weights
+        out, weights = sublayer(x)  # (B, T, D)
+        return norm(x + self.dropout(out)), weights
+
+
+class EncoderLayer(_Layer):
+    """Self-attention then feed-forward, each in a residual block."""
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        attn_dropout: float = 0.0,
+        act_dropout: float = 0.0,
+        norm_first: bool = True,
+    ) -> None:
+        super().__init__(d_model, d_ff, dropout, act_dropout, norm_first)
+        self.self_attn = MultiHeadAttention(d_model, heads, attn_dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+
+    def forward(self, x: Tensor, pad_mask: Tensor | None, need_weights: bool = False) -> AttnOut:
+        """x (B, S, D), pad_mask (B, S) True = padding -> (B, S, D), weights (B, H, S, S) | None."""
+
+        def attend(h: Tensor) -> AttnOut:
+            return self.self_attn(h, h, h, key_padding_mask=pad_mask, need_weights=need_weights)
+
+        x, weights = self.residual(x, self.norm1, attend)  # (B, S, D)
+        x, _ = self.residual(x, self.norm2, self.feed_forward)  # (B, S, D)
+        return x, weights
+
+
+class DecoderLayer(_Layer):
+    """Causal self-attention, cross-attention over the encoder memory, feed-forward."""
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        attn_dropout: float = 0.0,
+        act_dropout: float = 0.0,
+        norm_first: bool = True,
+    ) -> None:
+        super().__init__(d_model, d_ff, dropout, act_dropout, norm_first)
+        self.self_attn = MultiHeadAttention(d_model, heads, attn_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, heads, attn_dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.norm3 = nn.LayerNorm(d_model)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        memory_pad: Tensor | None,
+        self_cache: dict[str, Tensor] | None = None,
+        cross_cache: dict[str, Tensor] | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """One decoder layer.
+
+        x: (B, T, D) the target positions (T = 1 when decoding step by step);
+        memory: (B, S, D) encoder output; ignored (may be None) when ``cross_cache`` holds
+            its projections (from ``cross_attn.project_kv``);
+        memory_pad: (B, S) True = source padding; self_cache: updated in place (appended).
+        Returns x (B, T, D), self weights (B, H, T, t + T) and cross weights (B, H, T, S),
+        the weights only when ``need_weights``.
+        """
+
+        def self_attend(h: Tensor) -> AttnOut:
+            return self.self_attn(h, h, h, causal=True, need_weights=need_weights, cache=self_cache)
+
+        source = None if cross_cache is not None else memory  # the cache wins over memory
+
+        def cross_attend(h: Tensor) -> AttnOut:
+            return self.cross_attn(
+                h,
+                source,
+                source,
+                key_padding_mask=memory_pad,
+                need_weights=need_weights,
+                cache=cross_cache,
+            )
+
+        x, self_weights = self.residual(x, self.norm1, self_attend)  # (B, T, D)
+        x, cross_weights = self.residual(x, self.norm2, cross_attend)  # (B, T, D)
+        x, _ = self.residual(x, self.norm3, self.feed_forward)  # (B, T, D)
+        return x, self_weights, cross_weights
+
+
+class Transformer(Seq2Seq):
+    """Encoder-decoder Transformer; the constructor takes :class:`TransformerConfig`'s fields.
+
+    ``tie_embeddings``: the decoder's input embedding is the output projection's weight; with
+    ``shared_vocab`` (one joint vocabulary) the source embedding is that same matrix too.
+    Initialisation: xavier_uniform for linear weights, zero biases, N(0, d_model^-0.5) for
+    embeddings (the pad row zero); the output projection has no bias (as in the paper).
+    """
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        heads: int,
+        d_ff: int,
+        enc_layers: int,
+        dec_layers: int,
+        dropout: float,
+        attn_dropout: float,
+        act_dropout: float,
+        norm_first: bool,
+        tie_embeddings: bool,
+        learned_positions: bool,
+        max_positions: int,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        pad_id: int = 0,
+        shared_vocab: bool = False,
+    ) -> None:
+        super().__init__()
+        if shared_vocab and src_vocab_size != tgt_vocab_size:
+            raise ValueError(f"shared_vocab with sizes {src_vocab_size} != {tgt_vocab_size}")
+        self.pad_id = pad_id
+        self.d_model, self.heads = d_model, heads
+        self.embed_scale = math.sqrt(d_model)
+        self.tgt_embed = nn.Embedding(tgt_vocab_size, d_model, padding_idx=pad_id)
+        if tie_embeddings and shared_vocab:
+            self.src_embed = self.tgt_embed
+        else:
+            self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=pad_id)
+        self.src_pos = PositionalEmbedding(max_positions, d_model, learned_positions)
+        self.tgt_pos = PositionalEmbedding(max_positions, d_model, learned_positions)
+        self.dropout = nn.Dropout(dropout)
+        sizes = (d_model, heads, d_ff, dropout, attn_dropout, act_dropout, norm_first)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(*sizes) for _ in range(enc_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(*sizes) for _ in range(dec_layers))
+        self.enc_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.dec_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.out_proj = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        self._init_weights()
+        if tie_embeddings:
+            self.out_proj.weight = self.tgt_embed.weight
+
+    def _init_weights(self) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, self.d_model**-0.5)
+                if module.padding_idx is not None:
+                    nn.init.zeros_(module.weight[module.padding_idx])
+
+    def _embed(
+        self, tokens: Tensor, embed: nn.Embedding, pos: PositionalEmbedding, start: int
+    ) -> Tensor:
+        """Tokens (B, T) at positions start.. -> dropout(scaled embedding + position) (B, T, D)."""
+        x = embed(tokens) * self.embed_scale + pos(start, tokens.size(1))  # (B, T, D)
+        return self.dropout(x)
+
+    def _encode(
+        self, src: Tensor, src_lens: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """Memory (B, S, D), source padding mask (B, S) True = pad, per-layer (B, H, S, S)."""
+        pad = ~lengths_to_mask(src_lens, src.size(1))  # (B, S)
+        x = self._embed(src, self.src_embed, self.src_pos, 0)  # (B, S, D)
+        weights = []
+        for layer in self.encoder_layers:
+            x, w = layer(x, pad, need_weights)  # (B, S, D)
+            weights.append(w)
+        return self.enc_norm(x), pad, weights
+
+    def encode(self, src: Tensor, src_lens: Tensor) -> DecoderState:
+        """Encode once and project the memory for every decoder layer's cross-attention."""
+        memory, pad, _ = self._encode(src, src_lens)  # (B, S, D)
+        layers = []
+        for layer in self.decoder_layers:
+            cross = layer.cross_attn.project_kv(memory, memory)  # (B, H, S, dk) each
+            empty = {name: t[:, :, :0] for name, t in cross.items()}  # (B, H, 0, dk) each
+            layers.append({"self": empty, "cross": cross})
+        return {"step": 0, "memory_pad": pad, "layers": layers}
+
+    def decode_step(
+        self, tokens: Tensor, state: DecoderState
+    ) -> tuple[Tensor, DecoderState, Tensor]:
+        """tokens (B,) -> logits (B, V), new state, last layer's head-averaged cross-attn (B, S)."""
+        step = state["step"]
+        x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_pos, step)  # (B, 1, D)
+        last = len(self.decoder_layers) - 1
+        new_layers, cross = [], None
+        for i, (layer, cache) in enumerate(zip(self.decoder_layers, state["layers"], strict=True)):
+            self_cache = dict(cache["self"])  # a new dict: the old state stays valid
+            x, _, cross = layer(
+                x, None, state["memory_pad"], self_cache, cache["cross"], need_weights=i == last
+            )  # (B, 1, D)
+            new_layers.append({"self": self_cache, "cross": cache["cross"]})
+        logits = self.out_proj(self.dec_norm(x)).squeeze(1)  # (B, V)
+        new_state = {"step": step + 1, "memory_pad": state["memory_pad"], "layers": new_layers}
+        return logits, new_state, cross[:, :, 0].mean(dim=1)  # (B, S)
+
+    def _run(
+        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, need_weights: bool
+    ) -> tuple[Tensor, dict[str, list[Tensor]]]:
+        memory, pad, enc_self = self._encode(src, src_lens, need_weights)  # (B, S, D)
+        x = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, 0)  # (B, T, D)
+        dec_self, cross = [], []
+        for layer in self.decoder_layers:
+            x, sw, cw = layer(x, memory, pad, need_weights=need_weights)  # (B, T, D)
+            dec_self.append(sw)
+            cross.append(cw)
+        logits = self.out_proj(self.dec_norm(x))  # (B, T, V)
+        return logits, {"enc_self": enc_self, "dec_self": dec_self, "cross": cross}
+
+    def forward(self, src: Tensor, src_lens: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V)."""
+        return self._run(src, src_lens, tgt_in, need_weights=False)[0]
+
+    def forward_with_attention(
+        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor
+    ) -> tuple[Tensor, dict[str, list[Tensor]]]:
+        """Logits (B, T, V); "enc_self" (B, H, S, S), "dec_self" (B, H, T, T), "cross"
+        (B, H, T, S), one tensor per layer."""
+        return self._run(src, src_lens, tgt_in, need_weights=True)

@@ -1,0 +1,135 @@
+"""Process-level setup shared by the commands: device, seeds, logging, distributed, run dirs."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from nmt.config import ConfigError
+
+log = logging.getLogger("nmt")
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
+
+
+def config_dir() -> str:
+    """The Hydra config directory: $NMT_CONFIG_DIR, ./configs, or the one beside the package."""
+    env = os.environ.get("NMT_CONFIG_DIR")
+    if env:
+        return str(Path(env).resolve())
+    local = Path.cwd() / "configs"
+    if (local / "train.yaml").is_file():
+        return str(local)
+    return CONFIG_DIR
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when present, else CPU; anything else is taken as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"trainer.device={name!r} is not a device: {e}") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={name!r} but no CUDA device is available")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def setup_logging(log_file: Path | None = None, rank: int = 0) -> None:
+    """Console logging for rank 0 (warnings only elsewhere) and an appending log file."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    fmt = logging.Formatter("[%(asctime)s %(levelname)s %(name)s] %(message)s", "%H:%M:%S")
+    if not any(getattr(h, "_nmt", False) for h in root.handlers):
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(fmt)
+        console._nmt = True  # type: ignore[attr-defined]
+        root.addHandler(console)
+    if log_file is not None and rank == 0:
+        for h in list(root.handlers):
+            if getattr(h, "_nmt_file", False):
+                root.removeHandler(h)
+                h.close()
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        fh = logging.FileHandler(log_file, mode="a", encoding="utf-8")
+        fh.setFormatter(fmt)
+        fh._nmt_file = True  # type: ignore[attr-defined]
+        root.addHandler(fh)
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device_name: str) -> DistInfo:
+    """Join the process group when started by torchrun (RANK/WORLD_SIZE set), else single."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    use_cuda = torch.cuda.is_available() and device_name != "cpu"
+    if use_cuda:
+        torch.cuda.set_device(info.local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return info
+
+
+def update_latest_link(outputs: Path, run_dir: Path) -> None:
+    """Point ``<outputs>/latest`` at ``run_dir`` (relative link, replaced atomically)."""
+    outputs.mkdir(parents=True, exist_ok=True)
+    link = outputs / "latest"
+    tmp = outputs / f".latest.{os.getpid()}"
+    try:
+        target = os.path.relpath(run_dir.resolve(), outputs.resolve())
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(target)
+        os.replace(tmp, link)
+    except OSError as e:  # e.g. a filesystem without symlinks: record the path instead
+        log.warning("could not update %s (%s); writing its path to %s.txt", link, e, link)
+        (outputs / "latest.txt").write_text(str(run_dir.resolve()) + "\n")
+
+
+def resolve_run_dir(path: str | Path) -> Path:
+    """A run directory given directly, through ``latest``, or through ``latest.txt``."""
+    p = Path(path)
+    if not p.exists() and p.name == "latest" and (p.parent / "latest.txt").is_file():
+        p = Path((p.parent / "latest.txt").read_text().strip())
+    return p.resolve()
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Mixed-precision context for ``trainer.precision`` (32 | bf16 | 16)."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision == "16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    return contextlib.nullcontext()

@@ -1,0 +1,595 @@
+"""Training: ``nmt-train`` / ``make train``.
+
+One explicit loop for every model. ``train(cfg, run_dir)`` prepares data and model (or restores
+them from a checkpoint), then :class:`Trainer` repeats ``train_step`` over token batches,
+validates every ``trainer.val_every`` updates and writes checkpoints. Everything a run writes
+goes into its run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import shutil
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from nmt import checkpoint as ckpt
+from nmt.config import ConfigError, register_configs, to_container, validate
+from nmt.data.batching import Batch, TokenBatchSampler, eval_batches, make_batch, padding_share
+from nmt.data.corpus import DataError
+from nmt.data.prepare import EvalSet, PreparedData, prepare_data
+from nmt.data.tokenizer import PAD_ID, TokenizerPair
+from nmt.inference import build_model
+from nmt.metrics import bleu, chrf
+from nmt.models.base import Seq2Seq
+from nmt.optim import build_optimizer, build_scheduler
+from nmt.runtime import (
+    DistInfo,
+    autocast,
+    config_dir,
+    init_distributed,
+    pick_device,
+    seed_everything,
+    setup_logging,
+    update_latest_link,
+)
+from nmt.search import DecodeOptions, translate_dataset
+
+log = logging.getLogger("nmt.train")
+register_configs()
+
+MAX_BAD_STEPS = 5  # consecutive non-finite updates before the run is stopped
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint needs, besides weights and optimiser, to continue a run exactly."""
+
+    step: int = 0  # optimizer updates done
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of `epoch` already consumed (this rank's share)
+    best_bleu: float = -1.0
+    best_step: int = 0
+    bad_validations: int = 0  # validations since the best one (early stopping)
+    train_time: float = 0.0  # seconds spent in training steps, summed over resumes
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- one update
+
+
+def loss_sum(model: torch.nn.Module, batch: Batch, label_smoothing: float) -> torch.Tensor:
+    """Summed (label-smoothed) cross-entropy over the non-pad target tokens of a batch."""
+    logits = model(batch.src, batch.src_lens, batch.tgt_in)  # (B, T, V)
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(),  # (B*T, V)
+        batch.tgt_out.flatten(),  # (B*T,)
+        ignore_index=PAD_ID,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # summed loss of the update (a device tensor, read at log time)
+    tokens: int  # target tokens of the update on this rank
+    grad_norm: torch.Tensor
+    finite: bool
+
+
+def global_tokens(tokens: int, device: torch.device, dist_info: DistInfo) -> int:
+    if not dist_info.enabled:
+        return tokens
+    count = torch.tensor([tokens], dtype=torch.float64, device=device)
+    dist.all_reduce(count)
+    return int(count.item())
+
+
+def train_step(
+    model: torch.nn.Module,
+    micro_batches: list[Batch],
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    cfg: DictConfig,
+    device: torch.device,
+    dist_info: DistInfo,
+) -> StepResult:
+    """One optimizer update over ``micro_batches`` (gradient accumulation).
+
+    The loss is normalised by the target tokens of the whole update across all ranks, so
+    accumulation and data parallelism give the gradient of one big batch.
+    """
+    t = cfg.trainer
+    tokens = sum(b.n_tgt_tokens for b in micro_batches)
+    scale = dist_info.world_size / global_tokens(tokens, device, dist_info)  # DDP averages
+    optimizer.zero_grad(set_to_none=True)
+    loss_total = torch.zeros((), device=device)
+    for i, batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        sync = contextlib.nullcontext() if last or not dist_info.enabled else model.no_sync()
+        with sync:
+            with autocast(str(t.precision), device):
+                loss = loss_sum(model, batch, t.label_smoothing)
+            scaled = loss * scale
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        loss_total += loss.detach()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    max_norm = t.clip_grad_norm if t.clip_grad_norm > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss_total))
+    if scaler is not None:
+        scaler.step(optimizer)  # skips the update itself when fp16 gradients overflowed
+        scaler.update()
+        finite = True  # the scaler handles overflow by lowering its scale
+    elif finite:
+        optimizer.step()
+    return StepResult(loss_total, tokens, grad_norm, finite)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@torch.inference_mode()
+def evaluate_loss(model: Seq2Seq, ds: EvalSet, cfg: DictConfig, device: torch.device) -> float:
+    """Per-token cross-entropy (no label smoothing) of an evaluation set."""
+    model.eval()
+    total, tokens = 0.0, 0
+    for idx in eval_batches(ds.data.src_lens, cfg.data.eval_max_tokens, ds.data.tgt_lens):
+        batch = make_batch(ds.data, idx).to(device)
+        with autocast(str(cfg.trainer.precision), device):
+            total += float(loss_sum(model, batch, 0.0))
+        tokens += batch.n_tgt_tokens
+    return total / max(tokens, 1)
+
+
+def validate_model(
+    model: Seq2Seq, data: PreparedData, cfg: DictConfig, device: torch.device
+) -> dict[str, float]:
+    """Validation loss, perplexity, and greedy BLEU / chrF on the validation split."""
+    t = cfg.trainer
+    start = time.perf_counter()
+    val_loss = evaluate_loss(model, data.valid, cfg, device)
+    opts = DecodeOptions(
+        max_len_a=t.max_output_len_a,
+        max_len_b=t.max_output_len_b,
+        max_tokens=cfg.data.eval_max_tokens,
+        precision=str(t.precision),
+    )
+    hyps = translate_dataset(
+        model, data.valid.data, data.tokenizers.tgt, opts, device, t.val_sentences
+    )
+    refs = data.valid.ref_text[: len(hyps)]
+    return {
+        "loss": val_loss,
+        "ppl": math.exp(min(val_loss, 50.0)),
+        "bleu": bleu(hyps, refs).score,
+        "chrf": chrf(hyps, refs).score,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+class Checkpointer:
+    """Writes ``step_N.pt`` at every save (keeping the last K), ``last.pt`` and ``best.pt``.
+
+    ``last.pt`` and ``best.pt`` are hard links to a step file (copies where links fail),
+    swapped in atomically.
+    """
+
+    def __init__(self, directory: Path, keep_last: int):
+        self.dir = directory
+        self.keep_last = keep_last
+
+    def save(self, payload: dict[str, Any], is_best: bool) -> Path:
+        step_file = self.dir / f"step_{payload['state']['step']:08d}.pt"
+        ckpt.save_checkpoint(payload, step_file)
+        self._link(step_file, self.dir / "last.pt")
+        if is_best:
+            self._link(step_file, self.dir / "best.pt")
+        for old in sorted(self.dir.glob("step_*.pt"))[: -self.keep_last]:
+            old.unlink(missing_ok=True)
+        return step_file
+
+    @staticmethod
+    def _link(src: Path, dst: Path) -> None:
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            tmp.hardlink_to(src)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        tmp.replace(dst)
+
+
+def find_resume_checkpoint(resume: str, outputs: Path) -> Path | None:
+    """A checkpoint file from ``trainer.resume``: a file, a run dir, or ``auto`` (newest run)."""
+    if resume == "auto":
+        latest = outputs / "latest" / "checkpoints" / "last.pt"
+        return latest if latest.is_file() else None
+    path = Path(resume)
+    if path.is_dir():
+        path = path / "checkpoints" / "last.pt"
+    if not path.is_file():
+        raise ConfigError(f"trainer.resume={resume!r}: no checkpoint at {path}")
+    return path
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+class StopSignal:
+    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits.
+
+    A second signal stops at once (KeyboardInterrupt); the last checkpoint stays intact.
+    """
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignal:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # signals only work in the main thread
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        log.warning("%s received: finishing this step, then saving a checkpoint", self.received)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+@dataclass
+class Window:
+    """Training statistics between two log lines, kept on the device until read."""
+
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+
+    @classmethod
+    def new(cls, device: torch.device) -> Window:
+        return cls(torch.zeros((), device=device), torch.zeros((), device=device))
+
+    def add(self, res: StepResult, seconds: float) -> None:
+        self.loss += res.loss
+        self.grad_norm += res.grad_norm.float()
+        self.tokens += res.tokens
+        self.seconds += seconds
+        self.steps += 1
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        model: Seq2Seq,
+        data: PreparedData,
+        device: torch.device,
+        dist_info: DistInfo,
+        run_dir: Path,
+        resumed: dict[str, Any] | None,
+    ) -> None:
+        t = cfg.trainer
+        self.cfg, self.t, self.model, self.data = cfg, t, model, data
+        self.device, self.dist = device, dist_info
+        self.optimizer = build_optimizer(model, cfg.optim, fused=device.type == "cuda")
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.max_steps)
+        self.scaler = torch.amp.GradScaler(device.type) if str(t.precision) == "16" else None
+        self.state = TrainState()
+        if resumed is not None:
+            self._restore(resumed)
+        self.train_model: torch.nn.Module = model
+        if dist_info.enabled:
+            ids = [device.index] if device.type == "cuda" else None
+            self.train_model = DistributedDataParallel(model, device_ids=ids)
+        if t.compile:
+            self.train_model = torch.compile(self.train_model)
+        self.sampler = TokenBatchSampler(
+            data.train.src_lens,
+            data.train.tgt_lens,
+            cfg.data.max_tokens,
+            shuffle=True,
+            seed=t.seed,
+            num_replicas=dist_info.world_size,
+            rank=dist_info.rank,
+        )
+        self.checkpointer = Checkpointer(run_dir / "checkpoints", t.keep_last)
+        self.writer = (
+            SummaryWriter(str(run_dir / "tb"), purge_step=self.state.step or None)
+            if dist_info.is_main
+            else None
+        )
+        self.time_limit = 0.0
+
+    def _restore(self, payload: dict[str, Any]) -> None:
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        if self.scaler is not None and payload["scaler"] is not None:
+            self.scaler.load_state_dict(payload["scaler"])
+        self.state = TrainState(**payload["state"])
+        ckpt.set_rng_state(payload["rng"])
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "state": asdict(self.state),
+            "rng": ckpt.rng_state(),
+            "config": to_container(self.cfg),
+            "tokenizers": self.data.tokenizers.state_dict(),
+        }
+
+    def save(self, is_best: bool) -> None:
+        if self.dist.is_main:
+            self.checkpointer.save(self.payload(), is_best)
+
+    # ----------------------------------------------------------------- validation
+
+    def validate(self) -> bool:
+        """Validate, log and checkpoint; True when early stopping says stop."""
+        s = self.state
+        metrics = validate_model(self.model, self.data, self.cfg, self.device)
+        self.model.train()
+        improved = metrics["bleu"] > s.best_bleu
+        if improved:
+            s.best_bleu, s.best_step, s.bad_validations = metrics["bleu"], s.step, 0
+        else:
+            s.bad_validations += 1
+        s.history.append({"step": s.step, **metrics})
+        log.info(
+            "validation at step %d: loss %.3f ppl %.2f BLEU %.2f chrF %.2f (%.1fs)%s",
+            s.step, metrics["loss"], metrics["ppl"], metrics["bleu"], metrics["chrf"],
+            metrics["seconds"], "  (new best)" if improved else "",
+        )  # fmt: skip
+        if self.writer is not None:
+            for key in ("loss", "ppl", "bleu", "chrf"):
+                self.writer.add_scalar(f"val/{key}", metrics[key], s.step)
+            self.writer.flush()
+        self.save(is_best=improved)
+        return self.t.patience > 0 and s.bad_validations >= self.t.patience
+
+    # ----------------------------------------------------------------- logging
+
+    def log_window(self, w: Window, pbar: tqdm) -> None:
+        loss = float(w.loss) / max(w.tokens, 1)
+        tps = w.tokens * self.dist.world_size / max(w.seconds, 1e-9)
+        lr = self.optimizer.param_groups[0]["lr"]
+        pbar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
+        if self.writer is None:
+            return
+        step = self.state.step
+        self.writer.add_scalar("train/loss", loss, step)
+        self.writer.add_scalar("train/lr", lr, step)
+        self.writer.add_scalar("train/tokens_per_s", tps, step)
+        self.writer.add_scalar("train/grad_norm", float(w.grad_norm) / w.steps, step)
+        self.writer.add_scalar("train/tokens_per_update", w.tokens / w.steps, step)
+
+    # ----------------------------------------------------------------- the loop
+
+    def stop_reason(self, signal_name: str | None) -> str:
+        """Why training should stop after the current update ("" to go on)."""
+        s, t = self.state, self.t
+        reason = ""
+        if t.max_steps and s.step >= t.max_steps:
+            reason = f"reached trainer.max_steps={t.max_steps}"
+        elif self.time_limit and s.train_time >= self.time_limit:
+            reason = f"reached the time limit of {self.time_limit:.0f}s"
+        elif signal_name:
+            reason = f"stopped by {signal_name}"
+        if self.dist.enabled:  # every rank stops at the same update
+            flag = torch.tensor([1.0 if reason else 0.0], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() and not reason:
+                reason = "stopped by another rank"
+        return reason
+
+    def fit(self) -> str:
+        """Train until a limit is reached; returns the reason for stopping."""
+        s, t = self.state, self.t
+        pbar = tqdm(
+            total=t.max_steps or None,
+            initial=s.step,
+            disable=not (t.progress and self.dist.is_main),
+            unit="step",
+            dynamic_ncols=True,
+        )
+        self.model.train()
+        window, bad_in_row, reason = Window.new(self.device), 0, ""
+        with StopSignal() as stop:
+            while not reason:
+                if t.max_epochs and s.epoch >= t.max_epochs:
+                    reason = f"reached trainer.max_epochs={t.max_epochs}"
+                    break
+                batches = self.sampler.batches(s.epoch)
+                while not reason and s.batch_in_epoch + t.accumulate <= len(batches):
+                    group = batches[s.batch_in_epoch : s.batch_in_epoch + t.accumulate]
+                    tic = time.perf_counter()
+                    micro = [
+                        make_batch(self.data.train, idx).to(self.device, non_blocking=True)
+                        for idx in group
+                    ]
+                    res = train_step(
+                        self.train_model, micro, self.optimizer, self.scaler, self.cfg,
+                        self.device, self.dist,
+                    )  # fmt: skip
+                    s.batch_in_epoch += len(group)
+                    if not res.finite:
+                        bad_in_row += 1
+                        self._non_finite(bad_in_row)
+                        continue
+                    bad_in_row = 0
+                    self.scheduler.step()
+                    s.step += 1
+                    seconds = time.perf_counter() - tic
+                    s.train_time += seconds
+                    window.add(res, seconds)
+                    pbar.update(1)
+                    if s.step % t.log_every == 0:
+                        self.log_window(window, pbar)
+                        window = Window.new(self.device)
+                    if s.step % t.val_every == 0 and self.validate():
+                        reason = f"early stopping: no BLEU gain in {t.patience} validations"
+                    reason = reason or self.stop_reason(stop.received)
+                if s.batch_in_epoch + t.accumulate > len(batches):
+                    s.epoch += 1
+                    s.batch_in_epoch = 0
+                    log.info("epoch %d done at step %d", s.epoch, s.step)
+            pbar.close()
+            self._finish(stop.received)
+        return reason
+
+    def _non_finite(self, bad_in_row: int) -> None:
+        log.warning("non-finite loss or gradient at step %d: update skipped", self.state.step)
+        if bad_in_row >= MAX_BAD_STEPS:
+            raise FloatingPointError(
+                f"{bad_in_row} updates in a row had a non-finite loss or gradient; stopping "
+                "(the last checkpoint is intact). Try a lower optim.lr or trainer.precision=32."
+            )
+
+    def _finish(self, signal_name: str | None) -> None:
+        """Validate (or, when stopped by a signal, just save) unless this step already was."""
+        s = self.state
+        if s.step == 0 or (s.history and s.history[-1]["step"] == s.step):
+            return
+        if signal_name:
+            self.save(is_best=False)
+        else:
+            self.validate()
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def time_limit(cfg: DictConfig, device: torch.device) -> float:
+    """Seconds of training allowed (0 = none). On CPU an unbounded run gets a cap."""
+    t = cfg.trainer
+    if t.max_time > 0:
+        return float(t.max_time)
+    unbounded = t.max_steps == 0 and t.max_epochs == 0
+    if device.type == "cpu" and unbounded and t.cpu_max_time > 0:
+        log.warning(
+            "no GPU: training stops after %.0f minutes (trainer.cpu_max_time). For a full run "
+            "set trainer.cpu_max_time=0 or a limit such as trainer.max_steps=20000.",
+            t.cpu_max_time / 60,
+        )
+        return float(t.cpu_max_time)
+    return 0.0
+
+
+def save_tokenizers(t: TokenizerPair, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    if t.joint:
+        t.src.save(directory / "spm.model")
+    else:
+        t.src.save(directory / "src.model")
+        t.tgt.save(directory / "tgt.model")
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Train a model as configured; returns the final training state and stop reason."""
+    validate(cfg)
+    t = cfg.trainer
+    dist_info = init_distributed(t.device)
+    outputs = Path(cfg.outputs)
+    resume_file = find_resume_checkpoint(t.resume, outputs) if t.resume else None
+    resumed = ckpt.load_checkpoint(resume_file) if resume_file else None
+    if resume_file is not None:
+        run_dir = resume_file.resolve().parent.parent  # continue in place
+    setup_logging(run_dir / "train.log", dist_info.rank)
+    if dist_info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        update_latest_link(outputs, run_dir)
+    log.info("run directory: %s", run_dir)
+    if resume_file is not None:
+        log.info("resuming from %s at step %d", resume_file, resumed["state"]["step"])
+
+    device = pick_device(t.device)
+    if dist_info.enabled and device.type == "cuda":
+        device = torch.device("cuda", dist_info.local_rank)
+    if t.threads > 0:
+        torch.set_num_threads(t.threads)
+    seed_everything(t.seed)
+    tokenizers = TokenizerPair.from_state_dict(resumed["tokenizers"]) if resumed else None
+    data = prepare_data(cfg.data, tokenizers)
+    if dist_info.is_main:
+        save_tokenizers(data.tokenizers, run_dir / "tokenizer")
+    model = build_model(cfg, data.tokenizers).to(device)
+    log.info(
+        "model %s: %s parameters on %s", type(model).__name__, f"{model.num_parameters():,}", device
+    )
+
+    trainer = Trainer(cfg, model, data, device, dist_info, run_dir, resumed)
+    trainer.time_limit = time_limit(cfg, device)
+    first = trainer.sampler.batches(trainer.state.epoch)
+    log.info(
+        "training data: %d pairs, %d batches per epoch per rank, padding share %.1f%%",
+        len(data.train), len(first), 100 * padding_share(data.train, first),
+    )  # fmt: skip
+    reason = trainer.fit()
+    if trainer.writer is not None:
+        trainer.writer.close()
+    s = trainer.state
+    log.info("%s; best validation BLEU %.2f at step %d", reason, s.best_bleu, s.best_step)
+    if reason.startswith("stopped by"):
+        log.warning('to continue this run: make train ARGS="trainer.resume=%s"', run_dir)
+    log.info("run directory: %s", run_dir)
+    return {"state": asdict(s), "stop_reason": reason, "run_dir": str(run_dir)}
+
+
+def _drop_if_unused(hydra_dir: Path) -> None:
+    """Remove Hydra's fresh output dir when the run went elsewhere (a resumed run)."""
+    if hydra_dir.is_dir() and {p.name for p in hydra_dir.iterdir()} <= {".hydra"}:
+        shutil.rmtree(hydra_dir, ignore_errors=True)
+
+
+@hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")
+def _main(cfg: DictConfig) -> float:
+    setup_logging()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        result = train(cfg, run_dir)
+    except (ConfigError, DataError, ckpt.CheckpointError) as e:
+        log.error("%s", e)
+        raise SystemExit(2) from None
+    finally:
+        _drop_if_unused(run_dir)
+    return result["state"]["best_bleu"]
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()

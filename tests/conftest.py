@@ -1,0 +1,26 @@
+"""Shared test fixtures. Tests never touch the network: Multi30k comes from a local mirror."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_DEFAULT_MIRROR = REPO.parent / "shared" / "data" / "multi30k"
+
+if not os.environ.get("NMT_MULTI30K_MIRROR") and _DEFAULT_MIRROR.is_dir():
+    os.environ["NMT_MULTI30K_MIRROR"] = str(_DEFAULT_MIRROR)
+
+
+@pytest.fixture(scope="session")
+def mirror() -> Path:
+    """The directory holding the Multi30k .gz files (NMT_MULTI30K_MIRROR)."""
+    path = Path(os.environ.get("NMT_MULTI30K_MIRROR", ""))
+    if not (path / "train.de.gz").is_file():
+        pytest.fail(
+            "Multi30k mirror not found: set NMT_MULTI30K_MIRROR to a directory holding "
+            "train/val/test_2016_flickr .gz files"
+        )
+    return path

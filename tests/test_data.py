@@ -1,0 +1,576 @@
+"""Data pipeline: Multi30k fetching, reading, tokenization, batching, preparation."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from nmt.config import DataConfig
+from nmt.data import corpus
+from nmt.data.batching import (
+    TokenBatchSampler,
+    TokenDataset,
+    eval_batches,
+    make_batch,
+    padding_share,
+)
+from nmt.data.corpus import (
+    MIRROR_ENV,
+    DataError,
+    clean_pairs,
+    fetch_multi30k,
+    read_lines,
+    read_parallel,
+    resolve_pair,
+    sha256_file,
+)
+from nmt.data.prepare import PreparedData, load_eval_set, prepare_data
+from nmt.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    TokenizerPair,
+    train_tokenizer,
+    train_tokenizers,
+)
+
+SPLITS = ("train", "val", "test_2016_flickr")
+FAST = settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory, mirror: Path) -> Path:
+    """A data root with de/en Multi30k fetched from the mirror."""
+    path = tmp_path_factory.mktemp("root")
+    fetch_multi30k(path, ["de", "en"], SPLITS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def prepared(root: Path) -> PreparedData:
+    """The multi30k_de_en data config, prepared end to end (trains the 8k tokenizer once)."""
+    cfg = OmegaConf.structured(DataConfig(name="multi30k_de_en", root=str(root)))
+    return prepare_data(cfg)
+
+
+@pytest.fixture(scope="module")
+def small_tok(tmp_path_factory: pytest.TempPathFactory, root: Path) -> Tokenizer:
+    """A 500-piece tokenizer trained on 2,000 English training lines."""
+    lines = read_lines(root / "multi30k" / "train.en.gz")[:2000]
+    return train_tokenizer(lines, tmp_path_factory.mktemp("spm"), vocab_size=500)
+
+
+def write(path: Path, data: bytes) -> Path:
+    if path.suffix == ".gz":
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def http_dir(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A directory served over HTTP on localhost; yields (directory, base URL)."""
+    served = tmp_path / "served"
+    served.mkdir()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(served), **kwargs)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield served, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+# --------------------------------------------------------------------------- fetching
+
+
+def test_fetch_gives_full_splits(root: Path) -> None:
+    base = root / "multi30k"
+    for split, n in zip(SPLITS, (29_000, 1_014, 1_000), strict=True):
+        de, en = read_parallel(base / f"{split}.de.gz", base / f"{split}.en.gz")
+        assert len(de) == len(en) == n
+
+
+def test_fetch_again_copies_nothing(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = sorted((root / "multi30k").iterdir())
+    before = {p.name: p.stat().st_mtime_ns for p in files}
+
+    def fail(*args, **kwargs):
+        raise AssertionError("fetched a file that was already there")
+
+    monkeypatch.setattr(corpus, "_copy_from_mirror", fail)
+    monkeypatch.setattr(corpus, "_download", fail)
+    assert fetch_multi30k(root, ["de", "en"], SPLITS) == root / "multi30k"
+    assert {p.name: p.stat().st_mtime_ns for p in files} == before
+
+
+def test_corrupted_local_file_is_replaced(tmp_path: Path, mirror: Path) -> None:
+    base = fetch_multi30k(tmp_path, ["de"], ["val"])
+    target = base / "val.de.gz"
+    data = bytearray(target.read_bytes())
+    data[100] ^= 0xFF
+    target.write_bytes(bytes(data))
+    fetch_multi30k(tmp_path, ["de"], ["val"])
+    assert sha256_file(target) == corpus.MULTI30K_SHA256["val.de.gz"]
+
+
+def test_mirror_with_wrong_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad_mirror = tmp_path / "mirror"
+    bad_mirror.mkdir()
+    write(bad_mirror / "val.de.gz", b"not the real file\n")
+    monkeypatch.setenv(MIRROR_ENV, str(bad_mirror))
+    with pytest.raises(DataError, match=r"val\.de\.gz.*expected f0cba2f9.*got") as err:
+        fetch_multi30k(tmp_path / "root", ["de"], ["val"])
+    assert str(bad_mirror / "val.de.gz") in str(err.value)
+    assert list((tmp_path / "root" / "multi30k").iterdir()) == []
+
+
+def test_mirror_missing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MIRROR_ENV, str(tmp_path))
+    with pytest.raises(DataError, match=r"no file 'val\.de\.gz'"):
+        fetch_multi30k(tmp_path / "root", ["de"], ["val"])
+
+
+def test_unreachable_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MIRROR_ENV, raising=False)
+    monkeypatch.setattr(corpus, "MULTI30K_URL", "http://127.0.0.1:9/{split}.{lang}.gz")
+    with pytest.raises(DataError, match="NMT_MULTI30K_MIRROR") as err:
+        fetch_multi30k(tmp_path, ["en"], ["val"])
+    assert "http://127.0.0.1:9/val.en.gz" in str(err.value)
+    assert list((tmp_path / "multi30k").iterdir()) == []
+
+
+def test_download_verifies_and_renames(
+    tmp_path: Path, mirror: Path, http_dir: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served, url = http_dir
+    (served / "val.en.gz").write_bytes((mirror / "val.en.gz").read_bytes())
+    (served / "val.de.gz").write_bytes(b"tampered")
+    monkeypatch.delenv(MIRROR_ENV, raising=False)
+    monkeypatch.setattr(corpus, "MULTI30K_URL", url + "/{split}.{lang}.gz")
+    base = fetch_multi30k(tmp_path, ["en"], ["val"])
+    assert len(read_lines(base / "val.en.gz")) == 1014
+    with pytest.raises(DataError, match=r"sha256 mismatch for val\.de\.gz"):
+        fetch_multi30k(tmp_path, ["de"], ["val"])
+    assert sorted(p.name for p in base.iterdir()) == ["val.en.gz"]
+
+
+def test_truncated_download_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Truncating(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "1000000")
+            self.end_headers()
+            self.wfile.write(b"x" * 1000)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Truncating)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        monkeypatch.delenv(MIRROR_ENV, raising=False)
+        url = f"http://127.0.0.1:{server.server_address[1]}/{{split}}.{{lang}}.gz"
+        monkeypatch.setattr(corpus, "MULTI30K_URL", url)
+        with pytest.raises(DataError, match="could not download"):
+            fetch_multi30k(tmp_path, ["en"], ["val"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert list((tmp_path / "multi30k").iterdir()) == []
+
+
+def test_unknown_split_or_language(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="valid: train, val, test_2016_flickr"):
+        fetch_multi30k(tmp_path, ["de"], ["test_2099"])
+    with pytest.raises(DataError, match="'xx'.*valid: en, de, fr, cs"):
+        fetch_multi30k(tmp_path, ["xx"], ["val"])
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not found"):
+        read_lines(tmp_path / "nope.de")
+    write(tmp_path / "c.de", b"a\n")
+    with pytest.raises(DataError, match=r"c\.en.*c\.en\.gz"):
+        resolve_pair(tmp_path / "c", "de", "en")
+
+
+def test_resolve_pair_plain_and_gz(tmp_path: Path) -> None:
+    write(tmp_path / "c.de", b"a\n")
+    write(tmp_path / "c.en.gz", b"b\n")
+    assert resolve_pair(str(tmp_path / "c"), "de", "en") == (
+        tmp_path / "c.de",
+        tmp_path / "c.en.gz",
+    )
+
+
+def test_line_counts_differ(tmp_path: Path) -> None:
+    src = write(tmp_path / "x.de", b"a\nb\nc\n")
+    tgt = write(tmp_path / "x.en", b"a\nb\n")
+    with pytest.raises(DataError, match=r"x\.de has 3 lines.*x\.en has 2 lines"):
+        read_parallel(src, tgt)
+
+
+@pytest.mark.parametrize("name", ["bad.txt", "bad.txt.gz"])
+def test_invalid_utf8_names_file_and_line(tmp_path: Path, name: str) -> None:
+    path = write(tmp_path / name, "one\ntwo\nthr\xe9e\n".encode("latin-1"))
+    with pytest.raises(DataError, match=rf"{name}:3: invalid UTF-8"):
+        read_lines(path)
+
+
+def test_corrupt_gzip(tmp_path: Path) -> None:
+    path = tmp_path / "x.gz"
+    path.write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(DataError, match=r"x\.gz"):
+        read_lines(path)
+
+
+def test_bom_crlf_nul_and_separators(tmp_path: Path) -> None:
+    text = "\ufeffa b\r\nc\u2028d\x0be\x0cf\x1cg\x85h\r\ni\0j\n\nlast"
+    src = write(tmp_path / "p.de.gz", text.encode())
+    tgt = write(tmp_path / "p.en", b"1\n2\n3\n4\n5\n")
+    de, en = read_parallel(src, tgt)
+    assert de == ["a b", "c\u2028d\x0be\x0cf\x1cg\x85h", "i j", "", "last"]
+    assert len(de) == len(en)
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    assert read_lines(write(tmp_path / "e.txt", b"")) == []
+    assert read_lines(write(tmp_path / "b.txt", b"\xef\xbb\xbf")) == []
+
+
+@FAST
+@given(data=st.binary(max_size=200))
+def test_read_lines_random_bytes(tmp_path: Path, data: bytes) -> None:
+    path = write(tmp_path / "r.txt", data)
+    try:
+        lines = read_lines(path)
+    except DataError as err:
+        assert "r.txt" in str(err)
+        return
+    assert all("\n" not in line for line in lines)
+
+
+@FAST
+@given(
+    lines=st.lists(
+        st.text(
+            alphabet=st.characters(blacklist_characters="\n\r\0\ufeff", blacklist_categories=["Cs"])
+        )
+    )
+)
+def test_read_lines_round_trip(tmp_path: Path, lines: list[str]) -> None:
+    path = write(tmp_path / "t.txt.gz", "".join(x + "\n" for x in lines).encode())
+    assert read_lines(path) == lines
+
+
+def test_clean_pairs() -> None:
+    src, tgt, stats = clean_pairs([" a ", "", "b", " \t", "c"], ["x", "y", "  ", "z", " w\t"])
+    assert (src, tgt) == (["a", "c"], ["x", "w"])
+    assert stats == {"read": 5, "dropped_empty": 3, "kept": 2}
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def test_round_trip_every_test_line(prepared: PreparedData, root: Path) -> None:
+    base = root / "multi30k"
+    for lang, tok in (("de", prepared.tokenizers.src), ("en", prepared.tokenizers.tgt)):
+        lines = [x.strip() for x in read_lines(base / f"test_2016_flickr.{lang}.gz")]
+        ids = tok.encode_batch(lines)
+        assert ids[:5] == [tok.encode(x) for x in lines[:5]]
+        bad = [x for x, i in zip(lines, ids, strict=True) if tok.decode(i) != x]
+        assert bad == []
+
+
+def test_unseen_characters_byte_fallback(prepared: PreparedData) -> None:
+    tok = prepared.tokenizers.src
+    text = "Ein Schneemann ☃ sagt 你好  zweimal\tsehr\u2028laut"
+    ids = tok.encode(text)
+    assert UNK_ID not in ids
+    assert tok.decode(ids) == text
+    assert tok.decode([BOS_ID, *ids, EOS_ID, PAD_ID, PAD_ID]) == text
+    assert tok.decode(torch.tensor(ids)) == text
+
+
+def test_special_ids(prepared: PreparedData) -> None:
+    tok = prepared.tokenizers.src
+    assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+    assert tok.pieces([0, 1, 2, 3]) == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert tok.vocab_size == 8000
+    assert tok.encode("") == [] and tok.decode([]) == ""
+    assert all(isinstance(p, str) and p for p in tok.pieces(tok.encode("Ein Hund läuft.")))
+
+
+def test_joint_pair_and_state_dict(prepared: PreparedData, small_tok: Tokenizer) -> None:
+    pair = prepared.tokenizers
+    assert pair.joint and pair.src is pair.tgt
+    restored = TokenizerPair.from_state_dict(pair.state_dict())
+    assert restored.joint and restored.src is restored.tgt
+    assert restored.src.proto == pair.src.proto
+    separate = TokenizerPair(src=pair.src, tgt=small_tok, joint=False)
+    restored = TokenizerPair.from_state_dict(separate.state_dict())
+    assert restored.tgt.vocab_size == 500 and restored.src.vocab_size == 8000
+
+
+def test_save_load_from_proto(small_tok: Tokenizer, tmp_path: Path) -> None:
+    small_tok.save(tmp_path / "a" / "m.model")
+    loaded = Tokenizer.load(tmp_path / "a" / "m.model")
+    assert loaded.proto == small_tok.proto
+    assert Tokenizer.from_proto(small_tok.proto).encode("A dog.") == small_tok.encode("A dog.")
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["m.model"]
+    with pytest.raises(DataError, match="not a valid SentencePiece model"):
+        Tokenizer.from_proto(b"garbage")
+    with pytest.raises(DataError, match="missing.model"):
+        Tokenizer.load(tmp_path / "missing.model")
+
+
+def test_cache_is_reused(
+    prepared: PreparedData,
+    root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    base = root / "multi30k"
+    src, tgt, _ = clean_pairs(*read_parallel(base / "train.de.gz", base / "train.en.gz"))
+
+    def fail(*args, **kwargs):
+        raise AssertionError("retrained instead of reusing the cache")
+
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", fail)
+    caplog.set_level(logging.INFO, logger="nmt.data")
+    pair = train_tokenizers(src, tgt, root / "cache" / "spm", joint=True, vocab_size=8000)
+    assert pair.src.proto == prepared.tokenizers.src.proto
+    assert "reusing" in caplog.text
+    models = list((root / "cache" / "spm").glob("*/spm.model"))
+    assert len(models) == 1 and str(models[0]) in caplog.text
+
+
+def test_small_training_and_cache_layout(tmp_path: Path, root: Path) -> None:
+    lines = read_lines(root / "multi30k" / "val.de.gz")[:300]
+    tok = train_tokenizer(lines, tmp_path, vocab_size=400, model_type="bpe")
+    assert tok.vocab_size == 400
+    (entry,) = tmp_path.iterdir()
+    assert len(entry.name) == 64 and [p.name for p in entry.iterdir()] == ["spm.model"]
+    assert all(tok.decode(tok.encode(x.strip())) == x.strip() for x in lines)
+
+
+def test_vocab_too_large(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="smaller data.vocab_size"):
+        train_tokenizer(["ein kleiner Hund", "a small dog"] * 5, tmp_path, vocab_size=5000)
+    assert list(tmp_path.glob("*/spm.model")) == []
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def test_token_dataset_and_make_batch() -> None:
+    src = [[5, 6, 7], [8], []]
+    tgt = [[9, 10], [11, 12, 13, 14], [15]]
+    ds = TokenDataset(src, tgt)
+    assert len(ds) == 3
+    assert ds.src(0).tolist() == [5, 6, 7] and ds.tgt(1).tolist() == [11, 12, 13, 14]
+    assert ds.src(0).dtype == torch.int32
+    assert ds.src_lens.tolist() == [3, 1, 0] and ds.tgt_lens.tolist() == [2, 4, 1]
+    b = make_batch(ds, [2, 0, 1])
+    assert b.src.tolist() == [[EOS_ID, 0, 0, 0], [5, 6, 7, EOS_ID], [8, EOS_ID, 0, 0]]
+    assert b.src_lens.tolist() == [1, 4, 2]
+    assert b.tgt_in.tolist() == [
+        [BOS_ID, 15, 0, 0, 0],
+        [BOS_ID, 9, 10, 0, 0],
+        [BOS_ID, 11, 12, 13, 14],
+    ]
+    assert b.tgt_out.tolist() == [
+        [15, EOS_ID, 0, 0, 0],
+        [9, 10, EOS_ID, 0, 0],
+        [11, 12, 13, 14, EOS_ID],
+    ]
+    assert b.index.tolist() == [2, 0, 1] and b.n_tgt_tokens == 10
+    assert all(t.dtype == torch.long for t in (b.src, b.src_lens, b.tgt_in, b.tgt_out, b.index))
+    assert len(b) == 3 and b.to("cpu").src.equal(b.src)
+    sub = ds.subset([1, 2, 0, 1])
+    assert [sub.src(i).tolist() for i in range(4)] == [[8], [], [5, 6, 7], [8]]
+    assert [sub.tgt(i).tolist() for i in range(4)] == [
+        [11, 12, 13, 14],
+        [15],
+        [9, 10],
+        [11, 12, 13, 14],
+    ]
+    assert len(ds.subset([])) == 0
+
+
+def check_budget(sampler: TokenBatchSampler, batches: list[list[int]]) -> None:
+    for batch in batches:
+        longest = max(max(sampler.src_lens[i], sampler.tgt_lens[i]) + 1 for i in batch)
+        assert len(batch) * longest <= sampler.max_tokens
+
+
+def test_sampler_on_real_data(prepared: PreparedData) -> None:
+    ds = prepared.train
+    sampler = TokenBatchSampler(ds.src_lens, ds.tgt_lens, max_tokens=4096, seed=1)
+    epoch0 = sampler.batches(0)
+    check_budget(sampler, epoch0)
+    assert sorted(i for b in epoch0 for i in b) == list(range(len(ds)))
+    share = padding_share(ds, epoch0)
+    print(f"padding share on Multi30k train, max_tokens=4096: {share:.2%}")
+    assert share < 0.15
+    batch = make_batch(ds, epoch0[0])
+    assert batch.src.numel() <= 4096 and batch.tgt_out.numel() <= 4096
+
+
+def test_sampler_determinism() -> None:
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 60, 3000), rng.integers(1, 60, 3000)
+    a = TokenBatchSampler(src, tgt, 1000, seed=3)
+    b = TokenBatchSampler(src, tgt, 1000, seed=3)
+    assert a.batches(0) == b.batches(0) and a.batches(5) == b.batches(5)
+    assert a.batches(0) != a.batches(1)
+    assert a.batches(0) != TokenBatchSampler(src, tgt, 1000, seed=4).batches(0)
+    a.set_epoch(2)
+    assert list(a) == b.batches(2) and len(a) == len(b.batches(2))
+    fixed = TokenBatchSampler(src, tgt, 1000, shuffle=False)
+    order = [i for batch in fixed.batches(0) for i in batch]
+    assert fixed.batches(0) == fixed.batches(7)
+    assert np.all(np.diff(src[order]) >= 0)
+
+
+def test_sampler_two_ranks() -> None:
+    rng = np.random.default_rng(1)
+    src, tgt = rng.integers(1, 50, 2000), rng.integers(1, 50, 2000)
+    ranks = [TokenBatchSampler(src, tgt, 800, seed=7, num_replicas=2, rank=r) for r in (0, 1)]
+    for epoch in (0, 1):
+        shares = [r.batches(epoch) for r in ranks]
+        assert len(shares[0]) == len(shares[1]) == len(ranks[0])
+        seen = [i for share in shares for batch in share for i in batch]
+        assert len(seen) == len(set(seen))
+        everything = ranks[0].global_batches(epoch)
+        assert len(everything) - 2 * len(shares[0]) <= 1
+        assert len(seen) >= 2000 - max(len(b) for b in everything)
+
+
+@FAST
+@given(
+    lens=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=200),
+    max_tokens=st.integers(41, 600),
+    epoch=st.integers(0, 3),
+)
+def test_sampler_properties(lens: list[tuple[int, int]], max_tokens: int, epoch: int) -> None:
+    src, tgt = np.array(lens).T
+    sampler = TokenBatchSampler(src, tgt, max_tokens, seed=epoch)
+    batches = sampler.batches(epoch)
+    check_budget(sampler, batches)
+    assert sorted(i for b in batches for i in b) == list(range(len(lens)))
+
+
+def test_example_too_long() -> None:
+    with pytest.raises(DataError, match=r"example 1 \(source 3 tokens, target 99 tokens"):
+        TokenBatchSampler([1, 3, 2], [1, 99, 2], max_tokens=50)
+
+
+def test_eval_batches() -> None:
+    src = np.array([5, 30, 1, 12, 200, 7])
+    batches = eval_batches(src, max_tokens=64)
+    order = [i for b in batches for i in b]
+    assert sorted(order) == list(range(6))
+    assert list(src[order]) == sorted(src, reverse=True)
+    assert batches[0] == [4]  # over the budget on its own, but never dropped
+    for b in batches[1:]:
+        assert len(b) * (max(src[b]) + 1) <= 64
+
+
+# --------------------------------------------------------------------------- prepare_data
+
+
+def test_prepare_multi30k(prepared: PreparedData, root: Path) -> None:
+    stats = prepared.stats["train"]
+    assert stats["read"] == 29_000
+    assert stats["kept"] == len(prepared.train) > 28_900
+    assert stats["kept"] == (
+        stats["read"] - stats["dropped_empty"] - stats["dropped_too_long"] - stats["dropped_ratio"]
+    )
+    assert max(prepared.train.src_lens.max(), prepared.train.tgt_lens.max()) <= 100
+    assert prepared.stats["valid"] == {"val": 1014}
+    assert prepared.stats["tests"] == {"test_2016_flickr": 1000}
+    assert prepared.stats["vocab"] == {"src": 8000, "tgt": 8000, "joint": True}
+    base = root / "multi30k"
+    assert prepared.valid.name == "val"
+    assert prepared.valid.ref_text == [x.strip() for x in read_lines(base / "val.en.gz")]
+    assert prepared.valid.src_text == [x.strip() for x in read_lines(base / "val.de.gz")]
+    (test,) = prepared.tests
+    assert test.name == "test_2016_flickr" and len(test.data) == len(test.ref_text) == 1000
+    tok = prepared.tokenizers.tgt
+    assert test.data.tgt(3).tolist() == tok.encode(test.ref_text[3])
+
+
+def parallel_cfg(tmp_path: Path, **overrides) -> object:
+    cfg = DataConfig(
+        name="toy",
+        corpus="parallel",
+        root=str(tmp_path / "root"),
+        train=str(tmp_path / "tr"),
+        valid=str(tmp_path / "va"),
+        test=[],
+    )
+    return OmegaConf.merge(OmegaConf.structured(cfg), overrides)
+
+
+def test_nothing_left_after_filtering(tmp_path: Path, prepared: PreparedData) -> None:
+    write(tmp_path / "tr.de", "Ein Hund läuft.\nZwei Katzen.\n".encode())
+    write(tmp_path / "tr.en", b"A dog runs.\nTwo cats.\n")
+    write(tmp_path / "va.de", b"Hallo\n")
+    write(tmp_path / "va.en", b"Hello\n")
+    cfg = parallel_cfg(tmp_path, max_len=1)
+    with pytest.raises(DataError, match="read 2, dropped 0 with an empty side, 2 longer than"):
+        prepare_data(cfg, tokenizers=prepared.tokenizers)
+    write(tmp_path / "tr.en", b"  \n\t\n")
+    with pytest.raises(DataError, match="read 2, dropped 2 with an empty side"):
+        prepare_data(parallel_cfg(tmp_path), tokenizers=prepared.tokenizers)
+    assert not (tmp_path / "root").exists()
+
+
+def test_prepare_parallel_keeps_eval_lines(tmp_path: Path, prepared: PreparedData) -> None:
+    write(tmp_path / "tr.de", "Ein Hund läuft.\n\nZwei Katzen.\n".encode())
+    write(tmp_path / "tr.en", b"A dog runs.\nNothing\nTwo cats.\n")
+    write(tmp_path / "va.de.gz", b" Hallo \n\n")
+    write(tmp_path / "va.en", b"Hello\n\n")
+    data = prepare_data(parallel_cfg(tmp_path), tokenizers=prepared.tokenizers)
+    assert data.stats["train"] == {
+        "read": 3,
+        "dropped_empty": 1,
+        "dropped_too_long": 0,
+        "dropped_ratio": 0,
+        "kept": 2,
+    }
+    assert data.valid.src_text == ["Hallo", ""] and data.valid.ref_text == ["Hello", ""]
+    assert data.valid.name == "va" and data.tests == []
+    ev = load_eval_set("extra", tmp_path / "va.de.gz", tmp_path / "va.en", data.tokenizers)
+    assert len(ev.data) == 2 and ev.data.src_lens[1] == 0
