@@ -8,11 +8,15 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from nmt.config import register_configs
 from nmt.runtime import CONFIG_DIR
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def compose_config(name: str, overrides: list[str] | None = None) -> DictConfig:
     """Compose configs/<name>.yaml with overrides, as the command line would."""
+    register_configs()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return compose(config_name=name, overrides=overrides or [])
 
@@ -26,3 +30,34 @@ def write_subset(mirror: Path, out: Path, split: str, n: int, langs=("de", "en")
             lines = f.read().split("\n")[start : start + n]
         (Path(f"{prefix}.{lang}")).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return prefix
+
+
+TINY_TRANSFORMER = [
+    "model=transformer",
+    "model.d_model=64",
+    "model.heads=4",
+    "model.d_ff=128",
+    "model.enc_layers=1",
+    "model.dec_layers=1",
+]
+
+
+def tiny_run_overrides(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
+    """Overrides for a seconds-long run on a small real corpus written by write_subset."""
+    return [
+        "data=parallel",
+        "data.src_lang=de",
+        "data.tgt_lang=en",
+        f"data.train={corpus}",
+        f"data.valid={corpus}",
+        f"data.test=[{corpus}]",
+        f"data.root={tmp_path / 'data'}",
+        "data.vocab_size=600",
+        "data.max_tokens=600",
+        f"outputs={tmp_path / 'outputs'}",
+        "trainer.val_sentences=20",
+        "trainer.log_every=5",
+        "trainer.progress=false",
+        *TINY_TRANSFORMER,
+        *extra,
+    ]

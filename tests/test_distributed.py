@@ -1,0 +1,75 @@
+"""Data-parallel training (torchrun + DDP, gloo on CPU) equals one process with the same batch."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt.checkpoint import load_checkpoint
+from nmt.train import train
+
+from .helpers import REPO, compose_config, tiny_run_overrides, write_subset
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(mirror, tmp_path_factory):
+    return write_subset(mirror, tmp_path_factory.mktemp("corpus"), "train", 120)
+
+
+def test_two_process_ddp_equals_single_process_with_the_same_global_batch(corpus, tmp_path):
+    common = (
+        f"trainer.max_steps={STEPS}",
+        "trainer.val_every=1000",
+        "model.dropout=0.0",
+        "model.attn_dropout=0.0",
+        "trainer.device=cpu",
+    )
+    # Rank r takes batches r, r+2, ... of the epoch, so an update of 2 ranks covers the same
+    # two batches as an update of one process accumulating 2.
+    single = train(
+        compose_config(
+            "train", tiny_run_overrides(corpus, tmp_path, "trainer.accumulate=2", *common)
+        ),
+        tmp_path / "single",
+    )
+    assert single["state"]["step"] == STEPS
+    ddp_dir = tmp_path / "ddp"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        f"--master-port={free_port()}", "-m", "nmt.train",
+        *tiny_run_overrides(corpus, tmp_path, *common), f"hydra.run.dir={ddp_dir}",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ddp = load_checkpoint(ddp_dir / "checkpoints" / "last.pt")
+    one = load_checkpoint(tmp_path / "single" / "checkpoints" / "last.pt")
+    assert ddp["state"]["step"] == STEPS
+    for key, value in one["model"].items():
+        torch.testing.assert_close(ddp["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    # the checkpoint of the distributed run resumes in one process
+    resumed = train(
+        compose_config(
+            "train",
+            tiny_run_overrides(
+                corpus, tmp_path, *common[1:], "trainer.max_steps=8", f"trainer.resume={ddp_dir}"
+            ),
+        ),
+        tmp_path / "unused",
+    )
+    assert resumed["state"]["step"] == 8

@@ -1,0 +1,182 @@
+"""The training loop: exact resume, accumulation, non-finite updates, signals, schedules."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nmt import optim
+from nmt import train as train_mod
+from nmt.checkpoint import load_checkpoint
+from nmt.train import train
+
+from .helpers import REPO, compose_config, tiny_run_overrides, write_subset
+
+
+@pytest.fixture(scope="module")
+def corpus(mirror, tmp_path_factory):
+    return write_subset(mirror, tmp_path_factory.mktemp("corpus"), "train", 120)
+
+
+def run(corpus, tmp_path, name, *extra):
+    cfg = compose_config("train", tiny_run_overrides(corpus, tmp_path, *extra))
+    return train(cfg, tmp_path / "outputs" / "runs" / name)
+
+
+def weights(run_dir, name="last.pt"):
+    return load_checkpoint(run_dir / "checkpoints" / name)["model"]
+
+
+def test_resume_equals_uninterrupted_run_bit_for_bit(corpus, tmp_path):
+    common = ("trainer.val_every=6", "model.dropout=0.1", "trainer.seed=7")
+    full = run(corpus, tmp_path, "full", "trainer.max_steps=18", *common)
+    half = run(corpus, tmp_path, "half", "trainer.max_steps=9", *common)
+    assert half["state"]["step"] == 9
+    half_dir = tmp_path / "outputs" / "runs" / "half"
+    resumed = run(
+        corpus, tmp_path, "ignored", "trainer.max_steps=18", f"trainer.resume={half_dir}", *common
+    )
+    assert resumed["run_dir"] == str(half_dir.resolve())  # continued in place
+    assert resumed["state"]["step"] == 18
+    assert resumed["state"]["epoch"] == full["state"]["epoch"]
+    a, b = weights(tmp_path / "outputs" / "runs" / "full"), weights(half_dir)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_accumulation_equals_one_big_batch(corpus, tmp_path):
+    cfg = compose_config(
+        "train", tiny_run_overrides(corpus, tmp_path, "model.dropout=0.0", "model.attn_dropout=0.0")
+    )
+    from nmt.data.batching import make_batch
+    from nmt.data.prepare import prepare_data
+    from nmt.inference import build_model
+    from nmt.runtime import DistInfo
+
+    data = prepare_data(cfg.data)
+    idx = list(range(16))
+    results = []
+    for groups in ([idx], [idx[:5], idx[5:]]):
+        torch.manual_seed(0)
+        model = build_model(cfg, data.tokenizers)
+        opt = optim.build_optimizer(model, cfg.optim)
+        micro = [make_batch(data.train, g) for g in groups]
+        cfg.trainer.accumulate = len(groups)
+        res = train_mod.train_step(model, micro, opt, None, cfg, torch.device("cpu"), DistInfo())
+        results.append((res, [p.grad.clone() for p in model.parameters()]))
+    (one, p_one), (acc, p_acc) = results
+    assert one.tokens == acc.tokens
+    torch.testing.assert_close(one.loss, acc.loss, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(one.grad_norm, acc.grad_norm, rtol=1e-4, atol=1e-6)
+    # The gradients agree up to float rounding. Compared as whole vectors: a ReLU input that
+    # rounds to either side of 0 in the two batch layouts flips single elements.
+    g_one = torch.cat([g.flatten() for g in p_one])
+    g_acc = torch.cat([g.flatten() for g in p_acc])
+    assert (g_one - g_acc).norm() / g_one.norm() < 5e-3
+
+
+def test_non_finite_updates_are_skipped_then_stop_the_run(corpus, tmp_path, monkeypatch, caplog):
+    real = train_mod.loss_sum
+    calls = {"n": 0}
+
+    def sometimes_nan(model, batch, ls):
+        calls["n"] += 1
+        loss = real(model, batch, ls)
+        return loss * float("nan") if calls["n"] == 3 or calls["n"] >= 10 else loss
+
+    monkeypatch.setattr(train_mod, "loss_sum", sometimes_nan)
+    with pytest.raises(FloatingPointError, match="in a row"):
+        run(corpus, tmp_path, "nan", "trainer.max_steps=40", "trainer.val_every=100")
+    assert "update skipped" in caplog.text
+    assert "non-finite" in caplog.text
+
+
+def test_early_stopping_with_patience(corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        train_mod,
+        "validate_model",
+        lambda *a, **k: {"loss": 1.0, "ppl": 2.7, "bleu": 5.0, "chrf": 9.0, "seconds": 0.0},
+    )
+    res = run(
+        corpus, tmp_path, "es", "trainer.max_steps=100", "trainer.val_every=2", "trainer.patience=3"
+    )
+    assert res["stop_reason"].startswith("early stopping")
+    assert res["state"]["step"] == 8  # best at 2, then 3 validations without a gain
+    assert res["state"]["best_step"] == 2
+
+
+def test_max_epochs_limit(corpus, tmp_path):
+    res = run(corpus, tmp_path, "ep", "trainer.max_epochs=2", "trainer.val_every=1000")
+    assert res["state"]["epoch"] == 2
+    assert "max_epochs" in res["stop_reason"]
+
+
+def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(corpus, tmp_path):
+    overrides = tiny_run_overrides(
+        corpus,
+        tmp_path,
+        "trainer.max_steps=100000",
+        "trainer.val_every=100000",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt.train", *overrides],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 120
+    log_file = tmp_path / "run" / "train.log"
+    while time.time() < deadline:
+        if log_file.is_file() and "padding share" in log_file.read_text():
+            break
+        time.sleep(0.5)
+    time.sleep(3)  # let some steps run
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "stopped by SIGTERM" in out
+    assert "trainer.resume=" in out
+    payload = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert payload["state"]["step"] > 0
+
+
+@pytest.mark.parametrize("name", ["inverse_sqrt", "noam", "constant"])
+def test_warmup_schedules_peak_at_lr(name):
+    cfg = compose_config("train", [f"optim.schedule={name}", "optim.warmup_steps=100"]).optim
+    f = optim.schedule_fn(cfg, 0)
+    values = [f(s) for s in range(400)]
+    assert values[0] < 0.02
+    assert max(values) == pytest.approx(1.0)
+    assert values.index(max(values)) == 99
+    assert all(b >= a for a, b in zip(values[:99], values[1:100], strict=True))  # warmup rises
+    if name != "constant":
+        assert values[399] == pytest.approx(0.5, rel=0.01)  # 1/sqrt decay: 4x steps, half lr
+
+
+@pytest.mark.parametrize("name", ["cosine", "linear"])
+def test_decay_schedules_reach_the_floor(name):
+    cfg = compose_config(
+        "train",
+        [
+            f"optim.schedule={name}",
+            "optim.warmup_steps=10",
+            "optim.min_lr=1e-4",
+            "optim.lr=1e-3",
+            "trainer.max_steps=110",
+        ],
+    ).optim
+    f = optim.schedule_fn(cfg, 110)
+    assert f(9) == pytest.approx(1.0)
+    assert f(60) < 1.0
+    assert f(110) == pytest.approx(0.1)
