@@ -56,6 +56,9 @@ def setup_logging(log_file: Path | None = None, rank: int = 0) -> None:
     root = logging.getLogger()
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     fmt = logging.Formatter("[%(asctime)s %(levelname)s %(name)s] %(message)s", "%H:%M:%S")
+    for h in list(root.handlers):  # e.g. Hydra's multirun console handler: ours replaces it
+        if type(h) is logging.StreamHandler and not getattr(h, "_nmt", False):
+            root.removeHandler(h)
     if not any(getattr(h, "_nmt", False) for h in root.handlers):
         console = logging.StreamHandler(sys.stderr)
         console.setFormatter(fmt)
@@ -88,8 +91,30 @@ class DistInfo:
         return self.world_size > 1
 
 
+def slurm_dist_env(port: int = 29500) -> dict[str, str]:
+    """torchrun's rank variables derived from a SLURM task started by submitit ({} elsewhere)."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or "RANK" in os.environ:
+        return {}
+    try:
+        import submitit
+
+        job = submitit.JobEnvironment()
+    except (ImportError, RuntimeError):
+        return {}
+    if job.num_tasks <= 1:
+        return {}
+    return {
+        "RANK": str(job.global_rank),
+        "WORLD_SIZE": str(job.num_tasks),
+        "LOCAL_RANK": str(job.local_rank),
+        "MASTER_ADDR": job.hostnames[0],
+        "MASTER_PORT": os.environ.get("MASTER_PORT", str(port)),
+    }
+
+
 def init_distributed(device_name: str) -> DistInfo:
-    """Join the process group when started by torchrun (RANK/WORLD_SIZE set), else single."""
+    """Join the process group when started by torchrun or a SLURM job, else run single."""
+    os.environ.update(slurm_dist_env())
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()

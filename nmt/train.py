@@ -9,6 +9,7 @@ goes into its run directory.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import shutil
@@ -564,7 +565,28 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if reason.startswith("stopped by"):
         log.warning('to continue this run: make train ARGS="trainer.resume=%s"', run_dir)
     log.info("run directory: %s", run_dir)
-    return {"state": asdict(s), "stop_reason": reason, "run_dir": str(run_dir)}
+    result = {"state": asdict(s), "stop_reason": reason, "run_dir": str(run_dir)}
+    if dist_info.is_main:
+        write_summary(run_dir, s, reason)
+    return result
+
+
+def write_summary(run_dir: Path, s: TrainState, reason: str) -> None:
+    """A small JSON of the run's outcome (read by sweep summaries and scripts)."""
+    try:
+        overrides = list(HydraConfig.get().overrides.task)
+    except ValueError:  # called without Hydra (tests, scripts)
+        overrides = []
+    summary = {
+        "best_bleu": s.best_bleu,
+        "best_step": s.best_step,
+        "step": s.step,
+        "epoch": s.epoch,
+        "train_time": s.train_time,
+        "stop_reason": reason,
+        "overrides": overrides,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
 def _drop_if_unused(hydra_dir: Path) -> None:

@@ -15,8 +15,6 @@ from nmt.train import train
 
 from .helpers import REPO, compose_config, tiny_run_overrides, write_subset
 
-pytestmark = pytest.mark.slow
-
 STEPS = 6
 
 
@@ -31,6 +29,7 @@ def corpus(mirror, tmp_path_factory):
     return write_subset(mirror, tmp_path_factory.mktemp("corpus"), "train", 120)
 
 
+@pytest.mark.slow
 def test_two_process_ddp_equals_single_process_with_the_same_global_batch(corpus, tmp_path):
     common = (
         f"trainer.max_steps={STEPS}",
@@ -73,3 +72,37 @@ def test_two_process_ddp_equals_single_process_with_the_same_global_batch(corpus
         tmp_path / "unused",
     )
     assert resumed["state"]["step"] == 8
+
+
+def test_slurm_launcher_config_composes():
+    from hydra import compose, initialize_config_dir
+
+    from nmt.runtime import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(
+            "train",
+            overrides=["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4"],
+            return_hydra_config=True,
+        )
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher.tasks_per_node == 4  # one process per GPU
+
+
+def test_slurm_tasks_map_to_torchrun_variables(monkeypatch):
+    from nmt.runtime import slurm_dist_env
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    slurm = {
+        "SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "42", "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "SLURM_STEP_NODELIST": "gpu[07-08]",
+    }  # fmt: skip
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    env = slurm_dist_env()
+    assert env["RANK"] == "5" and env["WORLD_SIZE"] == "8" and env["LOCAL_RANK"] == "1"
+    assert env["MASTER_ADDR"] == "gpu07"

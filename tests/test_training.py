@@ -180,3 +180,21 @@ def test_decay_schedules_reach_the_floor(name):
     assert f(9) == pytest.approx(1.0)
     assert f(60) < 1.0
     assert f(110) == pytest.approx(0.1)
+
+
+@pytest.mark.slow
+def test_multirun_sweep_gives_one_run_per_combination_and_a_summary(corpus, tmp_path):
+    sweep = tmp_path / "sweep"
+    overrides = tiny_run_overrides(
+        corpus, tmp_path, "trainer.max_steps=4", "trainer.val_every=4",
+        f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+    cmd = [sys.executable, "-m", "nmt.train", "-m", *overrides, "optim.lr=1e-3,2e-3",
+           "model.d_ff=64,128"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = [p for p in sweep.iterdir() if (p / "checkpoints" / "last.pt").is_file()]
+    assert len(runs) == 4
+    summary = __import__("json").loads((sweep / "summary.json").read_text())
+    assert len(summary) == 4
+    assert "Sweep summary" in proc.stdout
