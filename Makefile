@@ -12,9 +12,13 @@ NPROC ?= 1
 NNODES ?= 1
 TORCHRUN_ARGS ?=
 PORT ?= 6006
+N ?= 5
 
 .DEFAULT_GOAL := help
 .PHONY: help install train eval translate tensorboard test test-fast lint format clean
+.PHONY: attention demo-pooling
+.PHONY: average
+.PHONY: bench
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -41,6 +45,18 @@ eval: install ## Score a run's checkpoint on its test set(s): RUN=<run dir> CKPT
 
 translate: install ## Translate stdin (or ARGS="input=FILE output=FILE") with a run's best checkpoint
 	$(BIN)/nmt-translate run=$(RUN) $(if $(CKPT),ckpt=$(CKPT)) $(ARGS)
+
+average: install ## Average the weights of a run's last N step checkpoints: RUN=<run dir> N=5 (-> checkpoints/averaged.pt)
+	$(BIN)/nmt-average $(RUN) --last $(N) $(ARGS)
+
+attention: install ## Attention heatmap PNGs of a run: ARGS="sentence='Ein Mann fährt Fahrrad.'" (or input=FILE)
+	$(BIN)/nmt-attention run=$(RUN) $(if $(CKPT),ckpt=$(CKPT)) $(ARGS)
+
+demo-pooling: install ## Attention pooling demo (Nadaraya-Watson kernel regression) into outputs/demo/
+	$(BIN)/python scripts/attention_pooling.py --out outputs/demo $(ARGS)
+
+bench: install ## Benchmark training and decoding speed (JSON into outputs/bench/; ARGS="--quick", "--models transformer")
+	$(BIN)/python scripts/bench.py $(ARGS)
 
 tensorboard: install ## Watch training curves and attention maps (http://localhost:6006, PORT=...)
 	$(BIN)/tensorboard --logdir outputs --port $(PORT)

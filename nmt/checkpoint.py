@@ -6,8 +6,10 @@ A truncated or corrupted file fails the length or checksum test with a clear err
 unpickling. Loading always uses ``torch.load(..., weights_only=True)``: a checkpoint can hold
 tensors, numbers, strings, bytes and containers of them, never code.
 
-Writes go to a temporary file in the same directory, are fsynced, then renamed over the
-target, so at every moment the file under the final name is either the old or the new one.
+Writes go to a temporary file (``.<name>.<random>.tmp``) in the same directory, are fsynced,
+then renamed over the target, so at every moment the file under the final name is either the
+old or the new one. A crash can leave a temporary file behind; :func:`remove_temporaries`
+clears them.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import hashlib
 import io
 import os
 import random
+import re
+import secrets
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +29,26 @@ import torch
 
 MAGIC = b"NMTCKPT1"
 _TRAILER = struct.Struct("<8sQ32s")
+TEMP_SUFFIX = ".tmp"
+STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, truncated, corrupted or not loadable safely."""
 
 
+# --------------------------------------------------------------------------- writing
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one.
+
+    The new file gets the permissions a plain ``open(path, "wb")`` would give it (umask).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -44,12 +56,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (best effort: not every system allows it)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -62,8 +75,26 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def remove_temporaries(directory: Path) -> list[Path]:
+    """Delete the temporary files an interrupted :func:`atomic_write_bytes` left behind.
+
+    Only call this while nothing else writes into ``directory``. Returns the removed paths.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.glob(f".*{TEMP_SUFFIX}") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
 def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
-    """Serialise ``payload`` with a checksum trailer and write it atomically."""
+    """Serialise ``payload`` with a checksum trailer and write it atomically.
+
+    Raises :class:`CheckpointError` (naming the file and the reason, e.g. a full disk) when the
+    file cannot be written; the file previously under that name is then left unchanged.
+    """
     buf = io.BytesIO()
     torch.save(payload, buf)
     body = buf.getvalue()
@@ -77,12 +108,18 @@ def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
         ) from e
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Verify and load a checkpoint written by :func:`save_checkpoint`."""
+# --------------------------------------------------------------------------- reading
+
+
+def _verified_body(path: Path) -> bytes:
+    """The payload bytes of a checkpoint file, after the length and sha256 checks."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {e.strerror or e}") from e
     if len(data) < _TRAILER.size:
         raise CheckpointError(f"checkpoint {path} is truncated ({len(data)} bytes)")
     magic, length, digest = _TRAILER.unpack(data[-_TRAILER.size :])
@@ -98,10 +135,33 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         )
     if hashlib.sha256(body).digest() != digest:
         raise CheckpointError(f"checkpoint {path} is corrupted: its sha256 does not match")
+    return body
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Check a checkpoint's length and sha256 without unpickling it; CheckpointError if bad."""
+    _verified_body(path)
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Verify and load a checkpoint written by :func:`save_checkpoint`."""
+    body = _verified_body(path)
     try:
         return torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
     except Exception as e:  # the safe unpickler refuses anything but plain data
         raise CheckpointError(f"checkpoint {path} could not be loaded safely: {e}") from e
+
+
+def step_checkpoints(directory: Path) -> list[Path]:
+    """The ``step_N.pt`` files in ``directory``, oldest (lowest N) first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := STEP_FILE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+# --------------------------------------------------------------------------- random state
 
 
 def rng_state() -> dict[str, Any]:
@@ -123,6 +183,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the states saved by :func:`rng_state`."""
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]

@@ -102,7 +102,7 @@ class TrainerConfig:
     max_epochs: int = 0  # 0 = no limit
     max_time: float = 0.0  # seconds of training; 0 = no limit
     cpu_max_time: float = 1800.0  # cap applied when running on CPU with no other limit set
-    precision: str = "32"  # 32 | bf16 | 16
+    precision: str = "auto"  # auto | 32 | bf16 | 16 (auto: bf16 where native and faster)
     accumulate: int = 1
     label_smoothing: float = 0.1
     clip_grad_norm: float = 1.0  # 0 disables clipping
@@ -112,7 +112,9 @@ class TrainerConfig:
     max_output_len_a: float = 1.2  # decoding cap: a * source_length + b
     max_output_len_b: int = 10
     patience: int = 0  # validations without BLEU improvement before stopping; 0 = off
-    keep_last: int = 2
+    attention_sentences: int = 4  # validation sentences drawn in TensorBoard; 0 = none
+    attention_layers: str = "last"  # self-attention layers drawn: last | all | none | 0,2
+    keep_last: int = 5
     resume: str | None = None  # run dir, checkpoint file, or "auto"
     compile: bool = False
     progress: bool = True
@@ -131,11 +133,12 @@ class TrainConfig:
 class EvalConfig:
     run: str = "outputs/latest"
     ckpt: str | None = None  # default: <run>/checkpoints/best.pt
-    beam: int = 1
-    length_penalty: float = 1.0
-    max_output_len_a: float = 1.2
+    beam: int = 1  # 1 = greedy search
+    length_penalty: float = 1.0  # GNMT alpha for beam search: ((5 + len) / 6) ** alpha; 0 = none
+    max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens
     max_output_len_b: int = 10
-    max_tokens: int = 8192
+    max_tokens: int = 8192  # token budget of a decoding batch
+    precision: str = "32"  # 32 | bf16 | 16: autocast dtype for decoding
     # extra test sets: "src_file:ref_file" pairs; default: the run's own test split(s)
     test: list[str] = field(default_factory=list)
     device: str = "auto"
@@ -148,11 +151,30 @@ class TranslateConfig:
     ckpt: str | None = None
     input: str | None = None  # default: stdin (an interactive prompt when it is a terminal)
     output: str | None = None  # default: stdout
-    beam: int = 1
-    length_penalty: float = 1.0
-    max_output_len_a: float = 1.2
+    beam: int = 1  # 1 = greedy search
+    length_penalty: float = 1.0  # GNMT alpha for beam search: ((5 + len) / 6) ** alpha; 0 = none
+    max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens
     max_output_len_b: int = 10
-    max_tokens: int = 8192
+    max_tokens: int = 8192  # token budget of a decoding batch
+    precision: str = "32"  # 32 | bf16 | 16: autocast dtype for decoding
+    n_best: int = 1  # > 1: print "index<TAB>score<TAB>translation" for the n best (<= beam)
+    device: str = "auto"
+
+
+@dataclass
+class AttentionConfig:
+    """``nmt-attention``: heatmap PNGs of a trained model's attention on given sentences."""
+
+    run: str = "outputs/latest"
+    ckpt: str | None = None  # default: <run>/checkpoints/best.pt (else last.pt)
+    sentence: str | None = None  # one source sentence ...
+    input: str | None = None  # ... or a file with one source sentence per line
+    out: str | None = None  # default: <run dir>/attention
+    layers: Any = "last"  # self-attention layers drawn: last | all | none | 2 | [0, 2]
+    max_sentences: int = 100  # from the input file
+    max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens
+    max_output_len_b: int = 10
+    dpi: int = 120
     device: str = "auto"
 
 
@@ -162,6 +184,7 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="eval_schema", node=EvalConfig)
     cs.store(name="translate_schema", node=TranslateConfig)
+    cs.store(name="attention_schema", node=AttentionConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="model", name="gru_bahdanau_schema", node=GRUBahdanauConfig)
     cs.store(group="model", name="transformer_schema", node=TransformerConfig)
@@ -210,7 +233,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
     if o.schedule in ("cosine", "linear") and t.max_steps <= 0:
         raise ConfigError(f"optim.schedule={o.schedule} decays to trainer.max_steps: set it > 0")
-    _choice("trainer.precision", str(t.precision), ("32", "bf16", "16"))
+    _choice("trainer.precision", str(t.precision), ("auto", "32", "bf16", "16"))
     _positive("trainer.accumulate", t.accumulate)
     _positive("trainer.log_every", t.log_every)
     _positive("trainer.val_every", t.val_every)

@@ -1,9 +1,11 @@
 """Evaluation: ``nmt-eval`` / ``make eval``.
 
-Decodes test sets with a trained checkpoint and scores the detokenized output against the raw
-references with sacreBLEU (BLEU, chrF, TER, each with its signature). By default the test
-split(s) of the run's own data config are used; ``test=[src:ref,...]`` names other file pairs.
-Hypotheses and a JSON of scores, signatures and options go into ``<run>/eval``.
+Decodes test sets with a trained checkpoint (greedy, or beam search with ``beam=K
+length_penalty=ALPHA``) and scores the detokenized output against the raw references with
+sacreBLEU (BLEU, chrF, TER, each with its signature). By default the test split(s) of the run's
+own data config are used; ``test=[src:ref,...]`` names other file pairs, several at once.
+Hypotheses and a JSON of scores, signatures, decoding options and checkpoint go into
+``<run>/eval`` (``out=DIR`` elsewhere), named after the checkpoint and the search.
 """
 
 from __future__ import annotations
@@ -46,30 +48,54 @@ def file_test_set(spec: str, tokenizers: TokenizerPair) -> EvalSet:
     return EvalSet(src_file.name, src, ref, encode_texts(tokenizers, src, ref))
 
 
+def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
+    """``out`` if given, else ``eval/`` in the checkpoint's run (or in ``run``)."""
+    if cfg.out:
+        return Path(cfg.out)
+    ckpt = ckpt.resolve()
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else resolve_run_dir(cfg.run)
+    return run_dir / "eval"
+
+
+def options_tag(ckpt: Path, opts: DecodeOptions) -> str:
+    """File-name tag of a checkpoint and search: ``best.beam1``, ``averaged.beam5.lp0.6``."""
+    tag = f"{ckpt.stem}.beam{opts.beam}"
+    return f"{tag}.lp{opts.length_penalty:g}" if opts.beam > 1 else tag
+
+
+def unique_names(sets: list[EvalSet]) -> None:
+    """Rename sets that share a name (``a/test.de`` and ``b/test.de``): ``test.de.2``."""
+    seen: dict[str, int] = {}
+    for ds in sets:
+        count = seen[ds.name] = seen.get(ds.name, 0) + 1
+        if count > 1:
+            ds.name = f"{ds.name}.{count}"
+
+
 def evaluate(cfg: DictConfig) -> dict:
+    """Decode and score every test set; returns the report also written as JSON."""
     device = pick_device(cfg.device)
+    opts = DecodeOptions.from_config(cfg)
     path = checkpoint_path(cfg.run, cfg.ckpt)
     trained = load_trained(path, device)
-    out_dir = Path(cfg.out) if cfg.out else path.resolve().parent.parent / "eval"
-    opts = DecodeOptions(
-        beam=cfg.beam,
-        length_penalty=cfg.length_penalty,
-        max_len_a=cfg.max_output_len_a,
-        max_len_b=cfg.max_output_len_b,
-        max_tokens=cfg.max_tokens,
-    )
+    out_dir = output_dir(cfg, path)
     if cfg.test:
         sets = [file_test_set(spec, trained.tokenizers) for spec in cfg.test]
     else:
         sets = load_test_sets(trained.cfg.data, trained.tokenizers)
-    log.info("checkpoint %s (step %d); decoding: %s", path, trained.step, asdict(opts))
+    unique_names(sets)
+    for ds in sets:
+        if len(ds) == 0:
+            raise DataError(f"test set {ds.name} has no sentences")
+    print(f"checkpoint {path} (step {trained.step})")
+    print("decoding: " + " ".join(f"{k}={v}" for k, v in asdict(opts).items()))
     report: dict = {
         "checkpoint": str(path),
         "step": trained.step,
         "options": asdict(opts),
         "sets": {},
     }
-    tag = f"{path.stem}.beam{opts.beam}"
+    tag = options_tag(path, opts)
     for ds in sets:
         start = time.perf_counter()
         hyps = translate_dataset(trained.model, ds.data, trained.tokenizers.tgt, opts, device)

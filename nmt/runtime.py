@@ -158,3 +158,22 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     if precision == "16":
         return torch.autocast(device.type, dtype=torch.float16)
     return contextlib.nullcontext()
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether the device computes in bf16 natively (CUDA bf16, or AVX512-BF16/AMX on CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+    return False
+
+
+def resolve_precision(precision: str, device: torch.device, bf16_on_cpu: bool) -> str:
+    """``auto``: bf16 where native and faster (on CPU, for models that measured so), else 32."""
+    if precision != "auto":
+        return precision
+    if not native_bf16(device):
+        return "32"
+    return "bf16" if device.type == "cuda" or bf16_on_cpu else "32"

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from nmt import checkpoint as ckpt
 from nmt.config import ConfigError, register_configs, to_container, validate
@@ -45,11 +46,13 @@ from nmt.runtime import (
     config_dir,
     init_distributed,
     pick_device,
+    resolve_precision,
     seed_everything,
     setup_logging,
     update_latest_link,
 )
 from nmt.search import DecodeOptions, translate_dataset
+from nmt.visualize import log_hparams, log_validation_views
 
 log = logging.getLogger("nmt.train")
 register_configs()
@@ -193,44 +196,106 @@ class Checkpointer:
     """Writes ``step_N.pt`` at every save (keeping the last K), ``last.pt`` and ``best.pt``.
 
     ``last.pt`` and ``best.pt`` are hard links to a step file (copies where links fail),
-    swapped in atomically.
+    swapped in atomically. The step file is complete before ``last.pt`` moves to it, so a crash
+    at any moment leaves ``last.pt`` naming a whole checkpoint. Temporary files left by an
+    interrupted write are removed at the first save.
     """
 
     def __init__(self, directory: Path, keep_last: int):
         self.dir = directory
         self.keep_last = keep_last
+        self._swept = False
 
     def save(self, payload: dict[str, Any], is_best: bool) -> Path:
+        """Write the step file, point ``last.pt`` (and ``best.pt``) at it, drop old step files."""
+        if not self._swept:
+            for stale in ckpt.remove_temporaries(self.dir):
+                log.info("removed %s, left by an interrupted checkpoint write", stale)
+            self._swept = True
         step_file = self.dir / f"step_{payload['state']['step']:08d}.pt"
         ckpt.save_checkpoint(payload, step_file)
         self._link(step_file, self.dir / "last.pt")
         if is_best:
             self._link(step_file, self.dir / "best.pt")
-        for old in sorted(self.dir.glob("step_*.pt"))[: -self.keep_last]:
+        for old in ckpt.step_checkpoints(self.dir)[: -self.keep_last]:
             old.unlink(missing_ok=True)
         return step_file
 
     @staticmethod
     def _link(src: Path, dst: Path) -> None:
-        tmp = dst.with_name(f".{dst.name}.tmp")
-        tmp.unlink(missing_ok=True)
+        tmp = dst.with_name(f".{dst.name}{ckpt.TEMP_SUFFIX}")
         try:
-            tmp.hardlink_to(src)
-        except OSError:
-            shutil.copyfile(src, tmp)
-        tmp.replace(dst)
+            tmp.unlink(missing_ok=True)
+            try:
+                tmp.hardlink_to(src)
+            except OSError:
+                shutil.copyfile(src, tmp)
+            tmp.replace(dst)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise ckpt.CheckpointError(
+                f"could not update {dst} to {src.name}: {e.strerror or e}; {src} is complete"
+            ) from e
+
+
+def _usable_checkpoint(last: Path) -> Path:
+    """``last`` if it verifies, else the newest ``step_N.pt`` beside it that does.
+
+    A fallback is logged as a warning naming the unusable file(s) and the one used. Raises
+    CheckpointError when no checkpoint in the directory verifies.
+    """
+    tried: list[Path] = []
+    problems: list[str] = []
+    candidates = [last] if last.is_file() else []
+    candidates += reversed(ckpt.step_checkpoints(last.parent))
+    for path in candidates:
+        twin = next((bad for bad in tried if path.samefile(bad)), None)
+        if twin is not None:  # a hard link to a file that already failed
+            problems.append(f"{path} is the same file as {twin.name}")
+            continue
+        try:
+            ckpt.verify_checkpoint(path)
+        except ckpt.CheckpointError as e:
+            log.warning("%s", e)
+            tried.append(path)
+            problems.append(str(e))
+            continue
+        if path != last:
+            unusable = ", ".join(map(str, tried)) if tried else f"{last} (missing)"
+            log.warning(
+                "cannot resume from %s; falling back to %s, the newest checkpoint that verifies",
+                unusable, path,
+            )  # fmt: skip
+        return path
+    detail = "; ".join(problems) if problems else "no checkpoint files"
+    raise ckpt.CheckpointError(f"no usable checkpoint in {last.parent}: {detail}")
 
 
 def find_resume_checkpoint(resume: str, outputs: Path) -> Path | None:
-    """A checkpoint file from ``trainer.resume``: a file, a run dir, or ``auto`` (newest run)."""
+    """A verified checkpoint file from ``trainer.resume``: a file, a run dir, or ``auto``.
+
+    ``auto`` means the newest run (``<outputs>/latest``; None when it has no checkpoint). For a
+    run dir or ``auto``, a ``last.pt`` that is missing, truncated or corrupted is replaced by
+    the newest ``step_N.pt`` that verifies, with a warning. A file named explicitly (other than
+    ``last.pt``) is used only if it verifies.
+    """
     if resume == "auto":
-        latest = outputs / "latest" / "checkpoints" / "last.pt"
-        return latest if latest.is_file() else None
+        ckpt_dir = outputs / "latest" / "checkpoints"
+        last = ckpt_dir / "last.pt"
+        if not (last.is_file() or ckpt.step_checkpoints(ckpt_dir)):
+            return None
+        return _usable_checkpoint(last)
     path = Path(resume)
     if path.is_dir():
-        path = path / "checkpoints" / "last.pt"
+        last = path / "checkpoints" / "last.pt"
+        if not (last.is_file() or ckpt.step_checkpoints(last.parent)):
+            raise ConfigError(f"trainer.resume={resume!r}: no checkpoint at {last}")
+        return _usable_checkpoint(last)
     if not path.is_file():
         raise ConfigError(f"trainer.resume={resume!r}: no checkpoint at {path}")
+    if path.name == "last.pt":
+        return _usable_checkpoint(path)
+    ckpt.verify_checkpoint(path)
     return path
 
 
@@ -375,6 +440,11 @@ class Trainer:
         if self.writer is not None:
             for key in ("loss", "ppl", "bleu", "chrf"):
                 self.writer.add_scalar(f"val/{key}", metrics[key], s.step)
+            if self.t.attention_sentences > 0:
+                log_validation_views(
+                    self.writer, self.model, self.data.valid, self.data.tokenizers, s.step,
+                    self.device, self.t.attention_sentences, self.t.attention_layers,
+                )  # fmt: skip
             self.writer.flush()
         self.save(is_best=improved)
         return self.t.patience > 0 and s.bad_validations >= self.t.patience
@@ -386,6 +456,10 @@ class Trainer:
         tps = w.tokens * self.dist.world_size / max(w.seconds, 1e-9)
         lr = self.optimizer.param_groups[0]["lr"]
         pbar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
+        log.info(
+            "step %d: loss %.3f, lr %.2e, %.0f target tokens/s, grad norm %.2f",
+            self.state.step, loss, lr, tps, float(w.grad_norm) / w.steps,
+        )  # fmt: skip
         if self.writer is None:
             return
         step = self.state.step
@@ -425,8 +499,9 @@ class Trainer:
             dynamic_ncols=True,
         )
         self.model.train()
-        window, bad_in_row, reason = Window.new(self.device), 0, ""
-        with StopSignal() as stop:
+        window, bad_in_row = Window.new(self.device), 0
+        reason = self.stop_reason(None)  # a resumed run may already be at its limit
+        with StopSignal() as stop, logging_redirect_tqdm():
             while not reason:
                 if t.max_epochs and s.epoch >= t.max_epochs:
                     reason = f"reached trainer.max_epochs={t.max_epochs}"
@@ -546,6 +621,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if dist_info.is_main:
         save_tokenizers(data.tokenizers, run_dir / "tokenizer")
     model = build_model(cfg, data.tokenizers).to(device)
+    precision = resolve_precision(str(t.precision), device, model.bf16_on_cpu)
+    if precision != str(t.precision):
+        log.info("trainer.precision=%s: using %s on %s", t.precision, precision, device)
+        t.precision = precision
     log.info(
         "model %s: %s parameters on %s", type(model).__name__, f"{model.num_parameters():,}", device
     )
@@ -558,10 +637,15 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         len(data.train), len(first), 100 * padding_share(data.train, first),
     )  # fmt: skip
     reason = trainer.fit()
-    if trainer.writer is not None:
-        trainer.writer.close()
     s = trainer.state
-    log.info("%s; best validation BLEU %.2f at step %d", reason, s.best_bleu, s.best_step)
+    if trainer.writer is not None:
+        final = {"best_bleu": s.best_bleu, "best_step": s.best_step}
+        log_hparams(trainer.writer, to_container(cfg), final, step=s.step)
+        trainer.writer.close()
+    if s.history:
+        log.info("%s; best validation BLEU %.2f at step %d", reason, s.best_bleu, s.best_step)
+    else:
+        log.info("%s at step %d (no validation yet)", reason, s.step)
     if reason.startswith("stopped by"):
         log.warning('to continue this run: make train ARGS="trainer.resume=%s"', run_dir)
     log.info("run directory: %s", run_dir)

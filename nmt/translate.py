@@ -1,8 +1,14 @@
 """Translation: ``nmt-translate`` / ``make translate``.
 
 Reads source sentences from ``input=FILE`` or stdin (an interactive prompt when stdin is a
-terminal) and writes one translation per line to ``output=FILE`` or stdout. An empty line
-translates to an empty line.
+terminal) and writes one translation per line to ``output=FILE`` or stdout. Search options are
+those of ``nmt-eval`` (``beam``, ``length_penalty``, ``max_output_len_a/b``). An empty line
+translates to an empty line; a line longer than anything seen in training still returns, its
+output capped at ``max_output_len_a * length + max_output_len_b`` tokens.
+
+With ``n_best=N`` (N <= beam) every input line gives N lines
+``<line index><TAB><score><TAB><translation>`` (index from 0, best first); an empty input line
+gives one line with an empty translation and score 0.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import sys
 from pathlib import Path
 
 import hydra
+import torch
 from omegaconf import DictConfig
 
 from nmt.checkpoint import CheckpointError, atomic_write_bytes
@@ -20,20 +27,36 @@ from nmt.data.corpus import DataError, read_lines
 from nmt.data.prepare import encode_texts
 from nmt.inference import Trained, checkpoint_path, load_trained
 from nmt.runtime import config_dir, pick_device, setup_logging
-from nmt.search import DecodeOptions, translate_dataset
+from nmt.search import DecodeOptions, translate_dataset_nbest
 
 log = logging.getLogger("nmt.translate")
 register_configs()
 
 
-def translate_lines(trained: Trained, lines: list[str], opts: DecodeOptions, device) -> list[str]:
+def translate_lines(
+    trained: Trained, lines: list[str], opts: DecodeOptions, device: torch.device, n_best: int = 1
+) -> list[list[tuple[str, float]]]:
+    """Up to ``n_best`` (translation, score) pairs per input line, best first, in input order.
+
+    Lines are stripped; an empty line gives ``[("", 0.0)]`` and is not decoded.
+    """
     src = [line.strip() for line in lines]
     data = encode_texts(trained.tokenizers, src, [""] * len(src))
-    hyps = translate_dataset(trained.model, data, trained.tokenizers.tgt, opts, device)
-    return [h if s else "" for s, h in zip(src, hyps, strict=True)]
+    tgt = trained.tokenizers.tgt
+    return translate_dataset_nbest(trained.model, data, tgt, opts, device, n_best)
 
 
-def interactive(trained: Trained, opts: DecodeOptions, device) -> None:
+def format_lines(results: list[list[tuple[str, float]]], n_best: int) -> str:
+    """The output text: one translation per line, or the n-best lines with index and score."""
+    if n_best <= 1:
+        return "".join(r[0][0] + "\n" for r in results)
+    return "".join(
+        f"{i}\t{score:.4f}\t{text}\n" for i, result in enumerate(results) for text, score in result
+    )
+
+
+def interactive(trained: Trained, opts: DecodeOptions, device: torch.device, n_best: int) -> None:
+    """Translate each line typed at the prompt until end of input."""
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
     while True:
         try:
@@ -41,7 +64,37 @@ def interactive(trained: Trained, opts: DecodeOptions, device) -> None:
         except EOFError:
             print(file=sys.stderr)
             return
-        print(translate_lines(trained, [line], opts, device)[0], flush=True)
+        results = translate_lines(trained, [line], opts, device, n_best)
+        print(format_lines(results, n_best), end="", flush=True)
+
+
+def read_input(cfg: DictConfig) -> list[str]:
+    """The lines of ``input=FILE`` or of stdin."""
+    if cfg.input:
+        return read_lines(Path(cfg.input))
+    lines = sys.stdin.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    return [line.removesuffix("\r") for line in lines]
+
+
+def translate(cfg: DictConfig) -> None:
+    """Run one ``nmt-translate`` command."""
+    opts = DecodeOptions.from_config(cfg)
+    if cfg.n_best < 1 or cfg.n_best > opts.beam:
+        raise ConfigError(f"n_best={cfg.n_best} must be between 1 and beam={opts.beam}")
+    device = pick_device(cfg.device)
+    trained = load_trained(checkpoint_path(cfg.run, cfg.ckpt), device)
+    if cfg.input is None and sys.stdin.isatty():
+        interactive(trained, opts, device, cfg.n_best)
+        return
+    results = translate_lines(trained, read_input(cfg), opts, device, cfg.n_best)
+    text = format_lines(results, cfg.n_best)
+    if cfg.output:
+        atomic_write_bytes(Path(cfg.output), text.encode("utf-8"))
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="translate")
@@ -49,27 +102,7 @@ def _main(cfg: DictConfig) -> None:
     setup_logging()
     logging.getLogger().setLevel(logging.WARNING)
     try:
-        device = pick_device(cfg.device)
-        trained = load_trained(checkpoint_path(cfg.run, cfg.ckpt), device)
-        opts = DecodeOptions(
-            beam=cfg.beam,
-            length_penalty=cfg.length_penalty,
-            max_len_a=cfg.max_output_len_a,
-            max_len_b=cfg.max_output_len_b,
-            max_tokens=cfg.max_tokens,
-        )
-        if cfg.input is None and sys.stdin.isatty():
-            interactive(trained, opts, device)
-            return
-        lines = read_lines(Path(cfg.input)) if cfg.input else sys.stdin.read().split("\n")
-        if cfg.input is None and lines and lines[-1] == "":
-            lines.pop()  # the newline that ends the last line
-        hyps = translate_lines(trained, lines, opts, device)
-        text = "".join(h + "\n" for h in hyps)
-        if cfg.output:
-            atomic_write_bytes(Path(cfg.output), text.encode("utf-8"))
-        else:
-            sys.stdout.write(text)
+        translate(cfg)
     except (ConfigError, DataError, CheckpointError) as e:
         log.error("%s", e)
         raise SystemExit(2) from None

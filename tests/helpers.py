@@ -58,6 +58,7 @@ def tiny_run_overrides(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
         "trainer.val_sentences=20",
         "trainer.log_every=5",
         "trainer.progress=false",
+        "trainer.attention_sentences=0",
         *TINY_TRANSFORMER,
         *extra,
     ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from nmt.evaluate import evaluate
 from nmt.train import train
@@ -68,6 +69,7 @@ def test_train_then_eval_overfits(model, tiny_corpus, tmp_path):
         "trainer.log_every=20",
         "trainer.label_smoothing=0.0",
         "trainer.progress=false",
+        "trainer.attention_sentences=1",
         *MODEL_OVERRIDES[model],
     ]
     cfg = compose_config("train", overrides)
@@ -78,7 +80,9 @@ def test_train_then_eval_overfits(model, tiny_corpus, tmp_path):
     assert (run_dir / "checkpoints" / "best.pt").is_file()
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     assert (run_dir / "config.yaml").is_file()
-    assert any((run_dir / "tb").iterdir())
+    tb = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0}).Reload()
+    assert "attention/cross/sent0" in tb.Tags()["images"]
+    assert len(tb.Scalars("val/bleu")) == 3
     assert (tmp_path / "outputs" / "latest").resolve() == run_dir.resolve()
     assert state["best_bleu"] > 60, state["history"]
 

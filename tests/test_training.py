@@ -45,6 +45,10 @@ def test_resume_equals_uninterrupted_run_bit_for_bit(corpus, tmp_path):
     assert resumed["run_dir"] == str(half_dir.resolve())  # continued in place
     assert resumed["state"]["step"] == 18
     assert resumed["state"]["epoch"] == full["state"]["epoch"]
+    again = run(
+        corpus, tmp_path, "ignored", "trainer.max_steps=18", f"trainer.resume={half_dir}", *common
+    )
+    assert again["state"]["step"] == 18  # a finished run resumed at its limit takes no step
     a, b = weights(tmp_path / "outputs" / "runs" / "full"), weights(half_dir)
     assert a.keys() == b.keys()
     for key in a:

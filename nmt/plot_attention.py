@@ -1,0 +1,139 @@
+"""Attention heatmaps of a trained model: ``nmt-attention`` / ``make attention``.
+
+::
+
+    nmt-attention run=outputs/latest "sentence=Ein Mann fährt Fahrrad."
+    nmt-attention ckpt=run/checkpoints/best.pt input=sentences.de out=plots layers=all
+
+For the k-th sentence it writes ``<out>/sent<k>/<view>.png`` (the views of
+:mod:`nmt.visualize`: the alignment ``cross``, and for the Transformer every decoder layer's
+cross-attention plus the chosen self-attention layers) and a line
+``sent<k> TAB source TAB translation`` in ``<out>/translations.tsv``. ``out`` defaults to
+``<run dir>/attention``. The value of ``sentence`` may be given unquoted: it is quoted for
+Hydra's override parser, which rejects spaces, most punctuation and non-ASCII letters.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from nmt.checkpoint import CheckpointError, atomic_write_bytes
+from nmt.config import ConfigError, register_configs
+from nmt.data.batching import make_batch
+from nmt.data.corpus import DataError, read_lines
+from nmt.data.prepare import encode_texts
+from nmt.inference import Trained, checkpoint_path, load_trained
+from nmt.runtime import config_dir, pick_device, setup_logging
+from nmt.visualize import attend, save_png, sentence_views, view_title
+
+log = logging.getLogger("nmt.plot_attention")
+register_configs()
+
+BATCH_SENTENCES = 16
+FREE_TEXT_KEYS = ("sentence",)
+_BEFORE_QUOTE = re.compile(r"(\\*)'")  # a quote and the backslashes before it
+_BACKSLASHES_AT_END = re.compile(r"(\\+)$")
+
+
+def source_sentences(cfg: DictConfig) -> list[str]:
+    """The non-empty sentences of ``sentence=`` or ``input=`` (at most ``max_sentences``)."""
+    if cfg.sentence is not None and cfg.input is not None:
+        raise ConfigError("give either sentence=... or input=FILE, not both")
+    if cfg.sentence is not None:
+        lines = [str(cfg.sentence)]
+    elif cfg.input is not None:
+        lines = read_lines(Path(cfg.input))
+    else:
+        raise ConfigError("nothing to plot: give sentence='...' or input=FILE")
+    sentences = [line.strip() for line in lines if line.strip()][: cfg.max_sentences]
+    if not sentences:
+        raise ConfigError("no non-empty sentence to plot")
+    return sentences
+
+
+def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
+    """``out``, or ``attention/`` in the run directory the checkpoint belongs to."""
+    if cfg.out:
+        return Path(cfg.out)
+    ckpt = ckpt.resolve()
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    return run_dir / "attention"
+
+
+def plot_sentences(
+    trained: Trained, sentences: list[str], cfg: DictConfig, out: Path, device: torch.device
+) -> list[Path]:
+    """Write every view of every sentence as PNG, and the translations; returns the PNGs."""
+    tokenizers = trained.tokenizers
+    data = encode_texts(tokenizers, sentences, [""] * len(sentences))
+    written, rows = [], []
+    for start in range(0, len(sentences), BATCH_SENTENCES):
+        index = list(range(start, min(start + BATCH_SENTENCES, len(sentences))))
+        batch = make_batch(data, index).to(device)
+        decoded = attend(
+            trained.model, batch.src, batch.src_lens, cfg.max_output_len_a, cfg.max_output_len_b
+        )
+        for k, sent in zip(index, decoded, strict=True):
+            folder = out / f"sent{k:03d}"
+            for view in sentence_views(sent, tokenizers, cfg.layers):
+                title = view_title(view, trained.step, k)
+                written.append(save_png(view, title, folder / f"{view.name}.png", cfg.dpi))
+            hypothesis = tokenizers.tgt.decode(sent.hypothesis.tokens)
+            rows.append(f"sent{k:03d}\t{sentences[k]}\t{hypothesis}\n")
+            log.info("sent%03d: %s -> %s", k, sentences[k], hypothesis)
+    atomic_write_bytes(out / "translations.tsv", "".join(rows).encode("utf-8"))
+    return written
+
+
+def plot_attention(cfg: DictConfig) -> list[Path]:
+    """Load the run's checkpoint and draw the configured sentences; returns the PNG paths."""
+    sentences = source_sentences(cfg)
+    device = pick_device(cfg.device)
+    path = checkpoint_path(cfg.run, cfg.ckpt)
+    trained = load_trained(path, device)
+    out = output_dir(cfg, path)
+    written = plot_sentences(trained, sentences, cfg, out, device)
+    log.info("wrote %d heatmaps for %d sentence(s) to %s", len(written), len(sentences), out)
+    return written
+
+
+def _quoted(value: str) -> bool:
+    return len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
+
+
+def quote_free_text(args: list[str]) -> list[str]:
+    """``sentence=Ein Mann fährt.`` -> ``sentence='Ein Mann fährt.'`` (escaped for Hydra)."""
+    quoted = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+~") in FREE_TEXT_KEYS and not _quoted(value):
+            escaped = _BACKSLASHES_AT_END.sub(r"\1\1", _BEFORE_QUOTE.sub(r"\1\1\\'", value))
+            arg = f"{key}='{escaped}'"
+        quoted.append(arg)
+    return quoted
+
+
+@hydra.main(version_base="1.3", config_path=config_dir(), config_name="attention")
+def _main(cfg: DictConfig) -> None:
+    setup_logging()
+    try:
+        plot_attention(cfg)
+    except (ConfigError, DataError, CheckpointError) as e:
+        log.error("%s", e)
+        raise SystemExit(2) from None
+
+
+def main() -> None:
+    sys.argv[1:] = quote_free_text(sys.argv[1:])
+    _main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""FLOP counting (nmt.flops) and a smoke run of the benchmark script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from nmt.flops import (
+    TRAIN_FACTOR,
+    forward_flops,
+    forward_flops_breakdown,
+    gru_forward_flops,
+    model_kind,
+    training_flops,
+    transformer_forward_flops,
+)
+from nmt.models.gru import GRUBahdanau
+from nmt.models.transformer import Transformer
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_TRANSFORMER = {
+    "_target_": "nmt.models.transformer.Transformer",
+    "d_model": 8,
+    "heads": 2,
+    "d_ff": 16,
+    "enc_layers": 1,
+    "dec_layers": 1,
+    "dropout": 0.0,
+    "attn_dropout": 0.0,
+    "act_dropout": 0.0,
+    "norm_first": True,
+    "tie_embeddings": True,
+    "learned_positions": False,
+    "max_positions": 64,
+}
+
+TINY_GRU = {
+    "_target_": "nmt.models.gru.GRUBahdanau",
+    "emb_dim": 8,
+    "hidden_dim": 16,
+    "enc_layers": 2,
+    "dec_layers": 2,
+    "bidirectional": True,
+    "dropout": 0.0,
+    "attention": "additive",
+    "attn_dim": 12,
+    "tie_embeddings": False,
+}
+
+
+def mm(m: int, k: int, n: int) -> int:
+    """FLOPs of an (m, k) @ (k, n) product."""
+    return 2 * m * k * n
+
+
+def test_transformer_count_equals_hand_count():
+    d, h, dk, f, v = 8, 2, 4, 16, 10
+    s, t = 3, 2  # source positions (EOS included), decoder positions (BOS included)
+    encoder = 4 * mm(s, d, d) + h * mm(s, dk, s) + h * mm(s, s, dk) + mm(s, d, f) + mm(s, f, d)
+    self_attn = 4 * mm(t, d, d) + h * mm(t, dk, t) + h * mm(t, t, dk)  # full T x T
+    cross = 2 * mm(t, d, d) + 2 * mm(s, d, d) + h * mm(t, dk, s) + h * mm(t, s, dk)
+    decoder = self_attn + cross + mm(t, d, f) + mm(t, f, d)
+    hand = encoder + decoder + mm(t, d, v)
+    assert hand == 7328
+    assert forward_flops(TINY_TRANSFORMER, [s], [t], v) == hand
+    assert training_flops(TINY_TRANSFORMER, [s], [t], v) == TRAIN_FACTOR * hand
+
+
+def _counted(fn, *args) -> int:
+    """FLOPs that torch's counter sees in ``fn(*args)``."""
+    with FlopCounterMode(display=False) as counter:
+        fn(*args)
+    return counter.get_total_flops()
+
+
+@torch.no_grad()
+def test_transformer_count_matches_torch_flop_counter():
+    """With explicit attention (forward_with_attention) every product is a matmul torch sees."""
+    cfg = {**TINY_TRANSFORMER, "d_model": 16, "d_ff": 32, "enc_layers": 2, "dec_layers": 3}
+    model_args = {k: v for k, v in cfg.items() if k != "_target_"}
+    torch.manual_seed(0)
+    model = Transformer(**model_args, src_vocab_size=50, tgt_vocab_size=50, shared_vocab=True)
+    model.eval()
+    counted = 0
+    for s, t in ((7, 5), (3, 9)):  # one sentence at a time: no padding
+        src, tgt = torch.randint(4, 50, (1, s)), torch.randint(4, 50, (1, t))
+        counted += _counted(model.forward_with_attention, src, torch.tensor([s]), tgt)
+    assert forward_flops(cfg, [7, 3], [5, 9], 50) == counted
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("attention", ["additive", "dot", "general"])
+def test_gru_count_matches_torch_flop_counter(attention):
+    cfg = {**TINY_GRU, "attention": attention}
+    model_args = {k: v for k, v in cfg.items() if k != "_target_"}
+    torch.manual_seed(0)
+    model = GRUBahdanau(**model_args, src_vocab_size=50, tgt_vocab_size=40).eval()
+    counted = 0
+    for s, t in ((7, 5), (4, 8)):
+        src, tgt = torch.randint(4, 50, (1, s)), torch.randint(4, 40, (1, t))
+        counted += _counted(model, src, torch.tensor([s]), tgt)
+    assert forward_flops(cfg, [7, 4], [5, 8], 40) == counted
+
+
+PROJECTIONS = {
+    "transformer": [
+        "enc_attn_proj",
+        "enc_ffn",
+        "dec_self_attn_proj",
+        "dec_cross_attn_proj",
+        "dec_ffn",
+        "output_proj",
+    ],
+    "gru": ["encoder_gru", "attn_keys", "attn_query", "decoder_gru", "pre_output", "output_proj"],
+}
+QUADRATIC = {
+    "transformer": ["enc_attn_scores", "dec_self_attn_scores", "dec_cross_attn_scores"],
+    "gru": ["attn_scores_context"],
+}
+
+
+@pytest.mark.parametrize("cfg", [TINY_TRANSFORMER, TINY_GRU], ids=["transformer", "gru"])
+def test_projections_scale_linearly_in_tokens(cfg):
+    kind = model_kind(cfg)
+    src, tgt = [5, 9, 3], [6, 11, 4]
+    one = forward_flops_breakdown(cfg, src, tgt, 30)
+    double = forward_flops_breakdown(cfg, [2 * n for n in src], [2 * n for n in tgt], 30)
+    for key in PROJECTIONS[kind]:
+        assert one[key] > 0
+        assert double[key] == 2 * one[key], key
+    for key in QUADRATIC[kind]:  # attention over the sentence grows with its square
+        assert double[key] == 4 * one[key], key
+    # per sentence, so a batch costs the sum of its sentences
+    parts = [forward_flops(cfg, [s], [t], 30) for s, t in zip(src, tgt, strict=True)]
+    assert forward_flops(cfg, src, tgt, 30) == sum(parts)
+
+
+def test_gru_count_by_components():
+    e, h, c, a, v = 8, 16, 32, 12, 40  # C = 2H (bidirectional)
+    s, t = 7, 5
+    gru = gru_forward_flops(TINY_GRU, [s], [t], v)
+    assert gru["encoder_gru"] == s * 2 * (mm(1, e, 3 * h) + mm(1, h, 3 * h)) + s * 2 * (
+        mm(1, c, 3 * h) + mm(1, h, 3 * h)
+    )
+    assert gru["decoder_gru"] == t * (mm(1, e + c, 3 * h) + 2 * mm(1, h, 3 * h) + mm(1, h, 3 * h))
+    assert gru["attn_scores_context"] == t * (mm(s, a, 1) + mm(1, s, c))
+    assert gru["output_proj"] == mm(t, e, v)
+
+
+def test_model_kind():
+    assert model_kind(TINY_TRANSFORMER) == "transformer"
+    assert model_kind(TINY_GRU) == "gru"
+    with pytest.raises(ValueError, match="no FLOP count"):
+        model_kind({"_target_": "somewhere.Else"})
+    assert transformer_forward_flops(TINY_TRANSFORMER, [], [], 10)["output_proj"] == 0
+
+
+TRAIN_KEYS = {
+    "precision", "steps", "step_seconds_median", "tgt_tokens_per_s", "src_tgt_tokens_per_s",
+    "train_flops_per_tgt_token", "forward_flops_per_tgt_token", "forward_flops_share",
+    "achieved_tflops", "peak_tflops", "mfu", "peak_memory_bytes", "memory_growth_bytes",
+    "memory_method", "padding_share",
+}  # fmt: skip
+RUN_KEYS = {
+    "beam", "batching", "cache", "sentences", "seconds", "sentences_per_s", "tgt_tokens",
+    "tgt_tokens_per_s", "capped_share",
+}  # fmt: skip
+DECODE_RUNS = {
+    "greedy_batched", "beam5_batched", "greedy_single", "beam5_single", "greedy_batched_no_cache",
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_bench_quick_smoke(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [
+        sys.executable, str(REPO / "scripts" / "bench.py"), "--quick", "--models", "transformer",
+        "--steps", "2", "--max-tokens", "1024", "--sentences", "12", "--single-sentences", "3",
+        "--device", "cpu", "--runs", str(tmp_path / "no_runs"), "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "weights=random" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["schema"] == "nmt-bench/1" and result["quick"] is True
+    machine = result["machine"]
+    for key in ("device_name", "torch", "torch_threads", "matmul_peak"):
+        assert key in machine
+    for precision in ("32", "bf16"):
+        assert machine["matmul_peak"][precision]["tflops"] > 0
+    model = result["models"]["transformer"]
+    assert model["parameters"] > 0
+    assert set(model["train"]) == set(result["settings"]["precisions"])
+    for train in model["train"].values():
+        assert set(train) >= TRAIN_KEYS
+        assert train["steps"] == 2 and train["tgt_tokens_per_s"] > 0 and train["mfu"] > 0
+        assert sum(train["forward_flops_share"].values()) == pytest.approx(1.0)
+    decode = model["decode"]
+    assert decode["weights"] == "random" and decode["test_set"] == "test_2016_flickr"
+    assert set(decode["runs"]) == DECODE_RUNS
+    for name, run in decode["runs"].items():
+        assert set(run) >= RUN_KEYS, name
+        assert run["sentences"] == (3 if "single" in name else 12)
+        assert run["sentences_per_s"] > 0
+    assert decode["runs"]["greedy_batched_no_cache"]["same_as_cached_greedy"] >= 0.9
