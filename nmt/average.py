@@ -13,36 +13,28 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
-from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, step_checkpoints
 from nmt.runtime import resolve_run_dir, setup_logging
 
 log = logging.getLogger("nmt.average")
 
-STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 KEPT_KEYS = ("config", "tokenizers", "state")  # what the averaged checkpoint keeps
-
-
-def step_checkpoints(run_dir: Path) -> list[Path]:
-    """The ``step_*.pt`` files of a run, oldest first (by step number)."""
-    ckpt_dir = run_dir / "checkpoints"
-    if not ckpt_dir.is_dir():
-        raise CheckpointError(f"no checkpoint directory {ckpt_dir} (train a model first)")
-    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := STEP_FILE.match(p.name))]
-    return [p for _, p in sorted(found)]
 
 
 def last_checkpoints(run_dir: Path, n: int) -> list[Path]:
     """The last ``n`` step checkpoints of a run; an error if the run kept fewer."""
     if n < 1:
         raise CheckpointError(f"N={n}: need at least one checkpoint to average")
-    paths = step_checkpoints(run_dir)
+    ckpt_dir = run_dir / "checkpoints"
+    if not ckpt_dir.is_dir():
+        raise CheckpointError(f"no checkpoint directory {ckpt_dir} (train a model first)")
+    paths = step_checkpoints(ckpt_dir)
     if len(paths) < n:
         raise CheckpointError(
             f"{run_dir / 'checkpoints'} holds {len(paths)} step checkpoint(s), fewer than "

@@ -621,7 +621,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if dist_info.is_main:
         save_tokenizers(data.tokenizers, run_dir / "tokenizer")
     model = build_model(cfg, data.tokenizers).to(device)
-    precision = resolve_precision(str(t.precision), device, model.bf16_on_cpu)
+    precision = resolve_precision(str(t.precision), device)
     if precision != str(t.precision):
         log.info("trainer.precision=%s: using %s on %s", t.precision, precision, device)
         t.precision = precision

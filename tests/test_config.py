@@ -37,7 +37,9 @@ def test_every_model_config_builds(model):
 @pytest.mark.parametrize("optim", OPTIMS)
 @pytest.mark.parametrize("data", [d for d in DATA if d != "parallel"])
 def test_data_and_optim_configs_compose(data, optim):
-    validate(compose_config("train", [f"data={data}", f"optim={optim}"]))
+    cfg = compose_config("train", [f"data={data}", f"optim={optim}", "trainer.max_steps=1000"])
+    validate(cfg)
+    assert cfg.optim.schedule in ("noam", "inverse_sqrt", "cosine", "linear", "constant")
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)

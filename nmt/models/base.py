@@ -58,9 +58,6 @@ class Seq2Seq(nn.Module):
     """
 
     pad_id: int
-    # Whether bf16 autocast trains this model faster than fp32 on a CPU with native bf16
-    # (trainer.precision=auto reads it; measured on AVX512-BF16 CPUs).
-    bf16_on_cpu: bool = False
 
     def encode(self, src: Tensor, src_lens: Tensor) -> DecoderState:
         """Encode the source once; returns the initial decoder state (B rows)."""
