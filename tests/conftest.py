@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 _DEFAULT_MIRROR = REPO.parent / "shared" / "data" / "multi30k"
@@ -24,3 +26,12 @@ def mirror() -> Path:
             "train/val/test_2016_flickr .gz files"
         )
     return path
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny tensors: one thread is fastest, and does not fight other processes for cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

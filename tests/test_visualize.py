@@ -8,7 +8,6 @@ import importlib.util
 import io
 import math
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -78,12 +77,7 @@ class PieceTokenizer:
         return text.replace("▁", " ").strip()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
