@@ -42,8 +42,8 @@ TINY_TRANSFORMER = [
 ]
 
 
-def tiny_run_overrides(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
-    """Overrides for a seconds-long run on a small real corpus written by write_subset."""
+def corpus_overrides(corpus: Path, root: Path) -> list[str]:
+    """A de->en `parallel` data config training, validating and testing on one small corpus."""
     return [
         "data=parallel",
         "data.src_lang=de",
@@ -51,8 +51,15 @@ def tiny_run_overrides(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
         f"data.train={corpus}",
         f"data.valid={corpus}",
         f"data.test=[{corpus}]",
-        f"data.root={tmp_path / 'data'}",
+        f"data.root={root / 'data'}",
         "data.vocab_size=600",
+    ]
+
+
+def tiny_run_overrides(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
+    """Overrides for a seconds-long run on a small real corpus written by write_subset."""
+    return [
+        *corpus_overrides(corpus, tmp_path),
         "data.max_tokens=600",
         f"outputs={tmp_path / 'outputs'}",
         "trainer.val_sentences=20",

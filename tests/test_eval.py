@@ -21,7 +21,7 @@ from nmt.evaluate import evaluate
 from nmt.inference import build_model, load_trained
 from nmt.translate import translate
 
-from .helpers import compose_config, write_subset
+from .helpers import compose_config, corpus_overrides, write_subset
 
 N_PAIRS = 200
 TINY = [
@@ -61,17 +61,7 @@ def run_dir(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     corpus = write_subset(mirror, root / "corpus", "train", N_PAIRS)
     cfg = compose_config(
         "train",
-        [
-            "data=parallel",
-            "data.src_lang=de",
-            "data.tgt_lang=en",
-            f"data.train={corpus}",
-            f"data.valid={corpus}",
-            f"data.test=[{corpus}]",
-            f"data.root={root / 'data'}",
-            "data.vocab_size=600",
-            *TINY,
-        ],
+        [*corpus_overrides(corpus, root), *TINY],
     )
     tokenizers = prepare_data(cfg.data).tokenizers
     run = root / "run"

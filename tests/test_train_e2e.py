@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from nmt.evaluate import evaluate
 from nmt.train import train
 
-from .helpers import compose_config, write_subset
+from .helpers import compose_config, corpus_overrides, write_subset
 
 N_PAIRS = 200
 
@@ -55,14 +55,7 @@ def tiny_corpus(mirror, tmp_path_factory):
 @pytest.mark.parametrize("model", sorted(MODEL_OVERRIDES))
 def test_train_then_eval_overfits(model, tiny_corpus, tmp_path):
     overrides = [
-        "data=parallel",
-        "data.src_lang=de",
-        "data.tgt_lang=en",
-        f"data.train={tiny_corpus}",
-        f"data.valid={tiny_corpus}",
-        f"data.test=[{tiny_corpus}]",
-        f"data.root={tmp_path / 'data'}",
-        "data.vocab_size=600",
+        *corpus_overrides(tiny_corpus, tmp_path),
         "data.max_tokens=1200",
         f"outputs={tmp_path / 'outputs'}",
         "trainer.val_every=100",
