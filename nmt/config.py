@@ -91,6 +91,9 @@ class OptimConfig:
     schedule: str = "inverse_sqrt"  # noam | inverse_sqrt | cosine | linear | constant
     warmup_steps: int = 800
     min_lr: float = 0.0  # floor for cosine/linear decay
+    # cosine/linear decay runs over `steps` (to trainer.max_steps) or `time` (to the
+    # training-time limit: trainer.max_time, or trainer.cpu_max_time on CPU)
+    decay_over: str = "steps"
 
 
 @dataclass
@@ -115,9 +118,19 @@ class TrainerConfig:
     attention_sentences: int = 4  # validation sentences drawn in TensorBoard; 0 = none
     attention_layers: str = "last"  # self-attention layers drawn: last | all | none | 0,2
     keep_last: int = 5
+    average_last: int = 0  # > 0: at the end, average the last N step checkpoints (averaged.pt)
     resume: str | None = None  # run dir, checkpoint file, or "auto"
     compile: bool = False
     progress: bool = True
+
+
+@dataclass
+class DecodeConfig:
+    """How a run is meant to be decoded: the defaults of its `make eval` and `make translate`."""
+
+    beam: int = 1  # 1 = greedy search
+    length_penalty: float = 1.0  # GNMT alpha for beam search; 0 = none
+    checkpoint: str = "best"  # best | last | averaged (trainer.average_last writes averaged.pt)
 
 
 @dataclass
@@ -126,17 +139,22 @@ class TrainConfig:
     model: Any = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
     outputs: str = "outputs"  # parent of run directories and of the `latest` link
 
 
 @dataclass
 class EvalConfig:
     run: str = "outputs/latest"
-    ckpt: str | None = None  # default: <run>/checkpoints/best.pt
-    beam: int = 1  # 1 = greedy search
-    length_penalty: float = 1.0  # GNMT alpha for beam search: ((5 + len) / 6) ** alpha; 0 = none
+    # a file, or a name in <run>/checkpoints (best, last, averaged, step_400);
+    # default: the run's decode.checkpoint, else best
+    ckpt: str | None = None
+    beam: int | None = None  # 1 = greedy search; default: the run's decode.beam
+    # GNMT alpha for beam search: ((5 + len) / 6) ** alpha; 0 = none; default: the run's
+    length_penalty: float | None = None
     max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens
     max_output_len_b: int = 10
+    min_output_len: int = 0  # no EOS before this many tokens (equal-length timing runs)
     max_tokens: int = 8192  # token budget of a decoding batch
     precision: str = "32"  # 32 | bf16 | 16: autocast dtype for decoding
     # extra test sets: "src_file:ref_file" pairs; default: the run's own test split(s)
@@ -148,13 +166,14 @@ class EvalConfig:
 @dataclass
 class TranslateConfig:
     run: str = "outputs/latest"
-    ckpt: str | None = None
+    ckpt: str | None = None  # as in nmt-eval
     input: str | None = None  # default: stdin (an interactive prompt when it is a terminal)
     output: str | None = None  # default: stdout
-    beam: int = 1  # 1 = greedy search
-    length_penalty: float = 1.0  # GNMT alpha for beam search: ((5 + len) / 6) ** alpha; 0 = none
+    beam: int | None = None  # 1 = greedy search; default: the run's decode.beam
+    length_penalty: float | None = None  # default: the run's decode.length_penalty
     max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens
     max_output_len_b: int = 10
+    min_output_len: int = 0  # no EOS before this many tokens (equal-length timing runs)
     max_tokens: int = 8192  # token budget of a decoding batch
     precision: str = "32"  # 32 | bf16 | 16: autocast dtype for decoding
     n_best: int = 1  # > 1: print "index<TAB>score<TAB>translation" for the n best (<= beam)
@@ -231,8 +250,17 @@ def validate(cfg: DictConfig) -> None:
     _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         raise ConfigError(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
-    if o.schedule in ("cosine", "linear") and t.max_steps <= 0:
-        raise ConfigError(f"optim.schedule={o.schedule} decays to trainer.max_steps: set it > 0")
+    _choice("optim.decay_over", o.decay_over, ("steps", "time"))
+    decays = o.schedule in ("cosine", "linear")
+    if decays and o.decay_over == "steps" and t.max_steps <= 0:
+        raise ConfigError(
+            f"optim.schedule={o.schedule} decays to trainer.max_steps: set it > 0, or decay "
+            "over a time budget with optim.decay_over=time and trainer.max_time"
+        )
+    if decays and o.decay_over == "time" and t.max_time <= 0 and t.cpu_max_time <= 0:
+        raise ConfigError(
+            "optim.decay_over=time decays to the training-time limit: set trainer.max_time > 0"
+        )
     _choice("trainer.precision", str(t.precision), ("auto", "32", "bf16", "16"))
     _positive("trainer.accumulate", t.accumulate)
     _positive("trainer.log_every", t.log_every)
@@ -249,6 +277,18 @@ def validate(cfg: DictConfig) -> None:
     if not 0 <= t.label_smoothing < 1:
         raise ConfigError(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
     _positive("trainer.keep_last", t.keep_last)
+    _positive("trainer.average_last", t.average_last, allow_zero=True)
+    if t.average_last > t.keep_last:
+        raise ConfigError(
+            f"trainer.average_last={t.average_last} needs trainer.keep_last>={t.average_last} "
+            "step checkpoints on disk"
+        )
+    dec = cfg.decode
+    _positive("decode.beam", dec.beam)
+    _positive("decode.length_penalty", dec.length_penalty, allow_zero=True)
+    _choice("decode.checkpoint", dec.checkpoint, ("best", "last", "averaged"))
+    if dec.checkpoint == "averaged" and t.average_last == 0:
+        raise ConfigError("decode.checkpoint=averaged needs trainer.average_last > 0")
     validate_model(cfg.model)
 
 

@@ -75,9 +75,9 @@ def unique_names(sets: list[EvalSet]) -> None:
 def evaluate(cfg: DictConfig) -> dict:
     """Decode and score every test set; returns the report also written as JSON."""
     device = pick_device(cfg.device)
-    opts = DecodeOptions.from_config(cfg)
     path = checkpoint_path(cfg.run, cfg.ckpt)
     trained = load_trained(path, device)
+    opts = DecodeOptions.from_config(cfg, trained.cfg.get("decode"))
     out_dir = output_dir(cfg, path)
     if cfg.test:
         sets = [file_test_set(spec, trained.tokenizers) for spec in cfg.test]

@@ -35,18 +35,45 @@ class Trained:
     step: int
 
 
+def run_decode_defaults(run_dir: Path) -> DictConfig:
+    """The ``decode`` section of a run's config.yaml (defaults for runs that predate it)."""
+    defaults = OmegaConf.create({"beam": 1, "length_penalty": 1.0, "checkpoint": "best"})
+    config_file = run_dir / "config.yaml"
+    if config_file.is_file():
+        saved = OmegaConf.load(config_file)
+        if "decode" in saved:
+            return OmegaConf.merge(defaults, saved.decode)
+    return defaults
+
+
 def checkpoint_path(run: str | Path, ckpt: str | Path | None = None) -> Path:
-    """``ckpt`` if given, else the run's best checkpoint (its last one if it has no best)."""
-    if ckpt:
+    """The checkpoint to load.
+
+    ``ckpt`` is a file, or a name in the run's ``checkpoints/`` (``averaged``, ``last.pt``,
+    ``step_400``). Without it: the run's ``decode.checkpoint`` (default ``best``), falling
+    back to the best, then the last checkpoint when that file was never written.
+    """
+    if ckpt and (Path(ckpt).is_file() or len(Path(ckpt).parts) > 1):
         return Path(ckpt)
     run_dir = resolve_run_dir(run)
     if not run_dir.is_dir():
         raise CheckpointError(f"run directory not found: {run} (train a model first)")
-    for name in ("best.pt", "last.pt"):
-        path = run_dir / "checkpoints" / name
+    ckpt_dir = run_dir / "checkpoints"
+    if ckpt:
+        name = str(ckpt) if str(ckpt).endswith(".pt") else f"{ckpt}.pt"
+        if (ckpt_dir / name).is_file():
+            return ckpt_dir / name
+        present = sorted(p.stem for p in ckpt_dir.glob("*.pt")) if ckpt_dir.is_dir() else []
+        raise CheckpointError(
+            f"no checkpoint {ckpt!r}: neither a file nor one of {ckpt_dir}: "
+            f"{', '.join(present) or 'none'}"
+        )
+    preferred = f"{run_decode_defaults(run_dir).checkpoint}.pt"
+    for name in dict.fromkeys((preferred, "best.pt", "last.pt")):
+        path = ckpt_dir / name
         if path.is_file():
             return path
-    raise CheckpointError(f"no checkpoint in {run_dir / 'checkpoints'}")
+    raise CheckpointError(f"no checkpoint in {ckpt_dir}")
 
 
 def load_trained(path: Path, device: torch.device) -> Trained:

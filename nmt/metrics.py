@@ -29,12 +29,18 @@ def _check_lengths(hyps: list[str], refs: list[str]) -> None:
         )
 
 
-def bleu(hyps: list[str], refs: list[str]) -> Score:
-    """Cased, detokenized corpus BLEU with the default 13a tokenizer."""
+def bleu(hyps: list[str], refs: list[str], lowercase: bool = False) -> Score:
+    """Corpus BLEU on detokenized text with the default 13a tokenizer; cased unless asked.
+
+    The standard figure is cased. ``lowercase=True`` gives the lowercased, 13a-tokenized
+    BLEU that is closer to the figures of tutorials scoring lowercased word tokens; it is
+    reported as ``BLEU-lc`` and never in place of the cased score.
+    """
     _check_lengths(hyps, refs)
-    metric = BLEU()
+    metric = BLEU(lowercase=lowercase)
     result = metric.corpus_score(hyps, [refs])
-    return Score("BLEU", result.score, str(metric.get_signature()), str(result))
+    name = "BLEU-lc" if lowercase else "BLEU"
+    return Score(name, result.score, str(metric.get_signature()), str(result))
 
 
 def chrf(hyps: list[str], refs: list[str]) -> Score:
@@ -52,4 +58,5 @@ def ter(hyps: list[str], refs: list[str]) -> Score:
 
 
 def all_scores(hyps: list[str], refs: list[str]) -> list[Score]:
-    return [bleu(hyps, refs), chrf(hyps, refs), ter(hyps, refs)]
+    """BLEU, chrF2 and TER, then the lowercased BLEU for comparison with tutorial figures."""
+    return [bleu(hyps, refs), chrf(hyps, refs), ter(hyps, refs), bleu(hyps, refs, lowercase=True)]

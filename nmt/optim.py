@@ -37,20 +37,29 @@ def noam(step: int, warmup: int) -> float:
     return min(step**-0.5, step * warmup**-1.5) * math.sqrt(warmup)
 
 
-def cosine(step: int, warmup: int, total: int, floor: float) -> float:
-    """Linear warmup, then a half cosine from 1 down to ``floor`` at ``total`` steps."""
-    if step < warmup:
-        return _warmup(step, warmup)
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+DecayProgress = Callable[[int], float]
+"""Share of the decay phase done after ``step`` updates, in [0, 1]; called after warmup only."""
 
 
-def linear(step: int, warmup: int, total: int, floor: float) -> float:
-    """Linear warmup, then a straight line from 1 down to ``floor`` at ``total`` steps."""
+def step_progress(total: int, warmup: int) -> DecayProgress:
+    """Decay measured in updates: from the end of warmup to update ``total``."""
+    return lambda step: (step - warmup) / max(1, total - warmup)
+
+
+def cosine(step: int, warmup: int, progress: DecayProgress, floor: float) -> float:
+    """Linear warmup, then a half cosine from 1 down to ``floor`` at the end of the decay."""
     if step < warmup:
         return _warmup(step, warmup)
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 1 - (1 - floor) * progress
+    done = min(1.0, max(0.0, progress(step)))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * done))
+
+
+def linear(step: int, warmup: int, progress: DecayProgress, floor: float) -> float:
+    """Linear warmup, then a straight line from 1 down to ``floor`` at the end of the decay."""
+    if step < warmup:
+        return _warmup(step, warmup)
+    done = min(1.0, max(0.0, progress(step)))
+    return 1 - (1 - floor) * done
 
 
 def constant(step: int, warmup: int) -> float:
@@ -58,15 +67,25 @@ def constant(step: int, warmup: int) -> float:
     return _warmup(step, warmup)
 
 
-def schedule_fn(cfg: DictConfig, max_steps: int) -> Callable[[int], float]:
-    """The multiplier function for ``cfg.schedule`` (validated in nmt.config)."""
+def schedule_fn(
+    cfg: DictConfig, max_steps: int, progress: DecayProgress | None = None
+) -> Callable[[int], float]:
+    """The multiplier function for ``cfg.schedule`` (validated in nmt.config).
+
+    ``progress`` drives the cosine/linear decay; by default it runs over updates, from the
+    end of warmup to ``max_steps``. The trainer passes a clock-based one for
+    ``optim.decay_over=time``, so that a run with a time budget ends its decay on time
+    whatever the speed of the machine.
+    """
     floor = cfg.min_lr / cfg.lr
+    warmup = cfg.warmup_steps
+    progress = progress or step_progress(max_steps, warmup)
     fns: dict[str, Callable[[int], float]] = {
-        "inverse_sqrt": partial(inverse_sqrt, warmup=cfg.warmup_steps),
-        "noam": partial(noam, warmup=cfg.warmup_steps),
-        "constant": partial(constant, warmup=cfg.warmup_steps),
-        "cosine": partial(cosine, warmup=cfg.warmup_steps, total=max_steps, floor=floor),
-        "linear": partial(linear, warmup=cfg.warmup_steps, total=max_steps, floor=floor),
+        "inverse_sqrt": partial(inverse_sqrt, warmup=warmup),
+        "noam": partial(noam, warmup=warmup),
+        "constant": partial(constant, warmup=warmup),
+        "cosine": partial(cosine, warmup=warmup, progress=progress, floor=floor),
+        "linear": partial(linear, warmup=warmup, progress=progress, floor=floor),
     }
     return fns[cfg.schedule]
 
@@ -90,6 +109,9 @@ def build_optimizer(
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: DictConfig, max_steps: int
+    optimizer: torch.optim.Optimizer,
+    cfg: DictConfig,
+    max_steps: int,
+    progress: DecayProgress | None = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_fn(cfg, max_steps))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_fn(cfg, max_steps, progress))

@@ -58,17 +58,31 @@ class DecodeOptions:
     length_penalty: float = 1.0  # GNMT alpha (beam search only; 0 = none)
     max_len_a: float = 1.2  # output cap: a * source_length + b
     max_len_b: int = 10
+    min_len: int = 0  # no EOS before this many tokens (unless the cap comes first)
     max_tokens: int = 8192  # token budget of a decoding batch
     precision: str = "32"  # autocast: 32 | bf16 | 16 | auto (bf16 on a CUDA device that has it)
 
     @classmethod
-    def from_config(cls, cfg: Any) -> DecodeOptions:
-        """The checked options of an eval or translate config (EvalConfig, TranslateConfig)."""
+    def from_config(cls, cfg: Any, run_decode: Any = None) -> DecodeOptions:
+        """The checked options of an eval or translate config (EvalConfig, TranslateConfig).
+
+        ``beam`` and ``length_penalty`` left unset (None) come from ``run_decode``, the
+        training run's ``decode`` section, else greedy search with alpha 1.
+        """
+
+        def pick(key: str, fallback: Any) -> Any:
+            if cfg[key] is not None:
+                return cfg[key]
+            if run_decode is not None and run_decode.get(key) is not None:
+                return run_decode[key]
+            return fallback
+
         opts = cls(
-            beam=cfg.beam,
-            length_penalty=cfg.length_penalty,
+            beam=int(pick("beam", 1)),
+            length_penalty=float(pick("length_penalty", 1.0)),
             max_len_a=cfg.max_output_len_a,
             max_len_b=cfg.max_output_len_b,
+            min_len=cfg.min_output_len,
             max_tokens=cfg.max_tokens,
             precision=str(cfg.precision),
         )
@@ -86,6 +100,8 @@ class DecodeOptions:
                 f"max_output_len_a={self.max_len_a} and max_output_len_b={self.max_len_b} "
                 "must be >= 0"
             )
+        if self.min_len < 0:
+            raise ConfigError(f"min_output_len={self.min_len} must be >= 0")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens={self.max_tokens} must be >= 1")
         if str(self.precision) not in ("auto", "32", "bf16", "16"):
@@ -127,11 +143,13 @@ def greedy_search(
     bos_id: int,
     eos_id: int,
     keep_attention: bool = False,
+    min_len: int = 0,
 ) -> list[Hypothesis]:
     """Greedy decoding of a batch.
 
     src: (B, S); src_lens, max_lens: (B,). Returns one hypothesis per row, in input order.
-    Rows that emit EOS (or reach their cap) are dropped from the state at once.
+    Rows that emit EOS (or reach their cap) are dropped from the state at once. EOS is not
+    chosen before ``min_len`` tokens, except at a cap that is shorter.
     """
     batch, device = src.size(0), src.device
     limit = max_lens.to(device)  # (B,)
@@ -146,6 +164,8 @@ def greedy_search(
     for step in range(steps):
         logits, state, attn = model.decode_step(prev, state)  # (A, V), (A, S)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (A, V)
+        if step < min_len:
+            logp[:, eos_id] = NEG_INF
         # the argmax, except that a sentence at its length cap is closed with EOS
         best = logp.argmax(dim=-1).masked_fill(limit[alive] <= step, eos_id)  # (A,)
         out[alive, step] = best
@@ -303,8 +323,11 @@ def beam_search(
     beam: int,
     alpha: float = 0.0,
     keep_attention: bool = False,
+    min_len: int = 0,
 ) -> list[Hypothesis]:
     """Beam search over a batch (see the module docstring for the exact rules).
+
+    No hypothesis ends before ``min_len`` tokens, except at a cap that is shorter.
 
     src: (B, S); src_lens, max_lens: (B,); ``alpha`` is the GNMT length-penalty exponent.
     Returns one hypothesis per row, in input order: the best finished one (score = summed
@@ -329,8 +352,10 @@ def beam_search(
         n_alive, k = scores.shape
         logp = torch.log_softmax(logits.float(), dim=-1).view(n_alive, k, -1)  # (A, k, V)
         vocab = logp.size(2)
-        cand = scores[:, :, None] + logp  # (A, k, V)
         at_cap = caps[alive] <= step  # (A,)
+        if step < min_len:  # EOS only where the cap forces it
+            logp[:, :, eos_id] = logp[:, :, eos_id].masked_fill(~at_cap[:, None], NEG_INF)
+        cand = scores[:, :, None] + logp  # (A, k, V)
         if history is not None:
             history = _extend_history(history, attn, n_alive, k)  # (A, k, t + 1, S) | None
 
@@ -439,10 +464,13 @@ def search(
             src, src_lens = clip_sources(src, src_lens, limit)
         caps = caps.clamp(max=limit - 1)  # positions 0..cap are fed to the decoder
     if opts.beam == 1:
-        return greedy_search(model, src, src_lens, caps, BOS_ID, EOS_ID, keep_attention)
+        return greedy_search(
+            model, src, src_lens, caps, BOS_ID, EOS_ID, keep_attention, min_len=opts.min_len
+        )
     return beam_search(
-        model, src, src_lens, caps, BOS_ID, EOS_ID, opts.beam, opts.length_penalty, keep_attention
-    )
+        model, src, src_lens, caps, BOS_ID, EOS_ID, opts.beam, opts.length_penalty,
+        keep_attention, min_len=opts.min_len,
+    )  # fmt: skip
 
 
 @torch.inference_mode()

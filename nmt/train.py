@@ -31,6 +31,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from nmt import checkpoint as ckpt
+from nmt.average import average_checkpoints
 from nmt.config import ConfigError, register_configs, to_container, validate
 from nmt.data.batching import Batch, TokenBatchSampler, eval_batches, make_batch, padding_share
 from nmt.data.corpus import DataError
@@ -44,6 +45,7 @@ from nmt.runtime import (
     DistInfo,
     autocast,
     config_dir,
+    device_name,
     init_distributed,
     pick_device,
     resolve_precision,
@@ -71,6 +73,7 @@ class TrainState:
     best_step: int = 0
     bad_validations: int = 0  # validations since the best one (early stopping)
     train_time: float = 0.0  # seconds spent in training steps, summed over resumes
+    decay_start: float = -1.0  # train_time when warmup ended (optim.decay_over=time)
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -361,12 +364,21 @@ class Trainer:
         dist_info: DistInfo,
         run_dir: Path,
         resumed: dict[str, Any] | None,
+        time_limit: float = 0.0,
     ) -> None:
         t = cfg.trainer
         self.cfg, self.t, self.model, self.data = cfg, t, model, data
         self.device, self.dist = device, dist_info
+        self.time_limit = time_limit
         self.optimizer = build_optimizer(model, cfg.optim, fused=device.type == "cuda")
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.max_steps)
+        progress = None
+        if cfg.optim.decay_over == "time":
+            if time_limit <= 0:
+                raise ConfigError(
+                    "optim.decay_over=time needs a training-time limit: set trainer.max_time"
+                )
+            progress = self._time_progress
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.max_steps, progress)
         self.scaler = torch.amp.GradScaler(device.type) if str(t.precision) == "16" else None
         self.state = TrainState()
         if resumed is not None:
@@ -392,7 +404,18 @@ class Trainer:
             if dist_info.is_main
             else None
         )
-        self.time_limit = 0.0
+
+    def _slowest_rank(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def _time_progress(self, step: int) -> float:
+        """Share of the post-warmup training time spent (optim.decay_over=time)."""
+        s = self.state
+        if s.decay_start < 0:
+            s.decay_start = s.train_time
+        return (s.train_time - s.decay_start) / max(self.time_limit - s.decay_start, 1e-9)
 
     def _restore(self, payload: dict[str, Any]) -> None:
         self.model.load_state_dict(payload["model"])
@@ -524,10 +547,12 @@ class Trainer:
                         self._non_finite(bad_in_row)
                         continue
                     bad_in_row = 0
-                    self.scheduler.step()
-                    s.step += 1
                     seconds = time.perf_counter() - tic
                     s.train_time += seconds
+                    if self.dist.enabled:  # one clock for all ranks: same lr, same stop
+                        s.train_time = self._slowest_rank(s.train_time)
+                    self.scheduler.step()
+                    s.step += 1
                     window.add(res, seconds)
                     pbar.update(1)
                     if s.step % t.log_every == 0:
@@ -561,6 +586,35 @@ class Trainer:
             self.save(is_best=False)
         else:
             self.validate()
+
+    def average_last(self) -> dict[str, float] | None:
+        """Average the last ``trainer.average_last`` step checkpoints into ``averaged.pt``.
+
+        The averaged weights are validated like any checkpoint; the scores are logged and
+        kept in the checkpoint (``averaged.validation``). Returns them, or None when the run
+        kept fewer than two step checkpoints.
+        """
+        paths = ckpt.step_checkpoints(self.checkpointer.dir)[-self.t.average_last :]
+        if len(paths) < 2:
+            log.warning(
+                "trainer.average_last=%d: only %d step checkpoint(s); averaged.pt not written",
+                self.t.average_last, len(paths),
+            )  # fmt: skip
+            return None
+        payload = average_checkpoints(paths)
+        self.model.load_state_dict(payload["model"])
+        metrics = validate_model(self.model, self.data, self.cfg, self.device)
+        payload["averaged"]["validation"] = metrics
+        ckpt.save_checkpoint(payload, self.checkpointer.dir / "averaged.pt")
+        log.info(
+            "averaged %s: validation loss %.3f BLEU %.2f chrF %.2f (best single checkpoint: "
+            "BLEU %.2f at step %d) -> %s",
+            ", ".join(p.stem for p in paths), metrics["loss"], metrics["bleu"], metrics["chrf"],
+            self.state.best_bleu, self.state.best_step, self.checkpointer.dir / "averaged.pt",
+        )  # fmt: skip
+        if self.writer is not None:
+            self.writer.add_scalar("val/bleu_averaged", metrics["bleu"], self.state.step)
+        return metrics
 
 
 # --------------------------------------------------------------------------- entry points
@@ -629,8 +683,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "model %s: %s parameters on %s", type(model).__name__, f"{model.num_parameters():,}", device
     )
 
-    trainer = Trainer(cfg, model, data, device, dist_info, run_dir, resumed)
-    trainer.time_limit = time_limit(cfg, device)
+    limit = time_limit(cfg, device)
+    trainer = Trainer(cfg, model, data, device, dist_info, run_dir, resumed, limit)
     first = trainer.sampler.batches(trainer.state.epoch)
     log.info(
         "training data: %d pairs, %d batches per epoch per rank, padding share %.1f%%",
@@ -638,6 +692,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     )  # fmt: skip
     reason = trainer.fit()
     s = trainer.state
+    averaged = None
+    if t.average_last > 0 and dist_info.is_main and not reason.startswith("stopped by"):
+        averaged = trainer.average_last()
     if trainer.writer is not None:
         final = {"best_bleu": s.best_bleu, "best_step": s.best_step}
         log_hparams(trainer.writer, to_container(cfg), final, step=s.step)
@@ -650,12 +707,28 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         log.warning('to continue this run: make train ARGS="trainer.resume=%s"', run_dir)
     log.info("run directory: %s", run_dir)
     result = {"state": asdict(s), "stop_reason": reason, "run_dir": str(run_dir)}
+    if averaged is not None:
+        result["averaged"] = averaged
     if dist_info.is_main:
-        write_summary(run_dir, s, reason)
+        hardware = {
+            "device": device_name(device),
+            "device_type": device.type,
+            "world_size": dist_info.world_size,
+            "threads": torch.get_num_threads(),
+            "precision": str(t.precision),
+            "torch": torch.__version__,
+        }
+        write_summary(run_dir, s, reason, averaged, hardware)
     return result
 
 
-def write_summary(run_dir: Path, s: TrainState, reason: str) -> None:
+def write_summary(
+    run_dir: Path,
+    s: TrainState,
+    reason: str,
+    averaged: dict[str, float] | None = None,
+    hardware: dict[str, Any] | None = None,
+) -> None:
     """A small JSON of the run's outcome (read by sweep summaries and scripts)."""
     try:
         overrides = list(HydraConfig.get().overrides.task)
@@ -670,6 +743,10 @@ def write_summary(run_dir: Path, s: TrainState, reason: str) -> None:
         "stop_reason": reason,
         "overrides": overrides,
     }
+    if averaged is not None:
+        summary["averaged_bleu"] = averaged["bleu"]
+    if hardware is not None:
+        summary["hardware"] = hardware
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
 

@@ -80,11 +80,11 @@ def read_input(cfg: DictConfig) -> list[str]:
 
 def translate(cfg: DictConfig) -> None:
     """Run one ``nmt-translate`` command."""
-    opts = DecodeOptions.from_config(cfg)
-    if cfg.n_best < 1 or cfg.n_best > opts.beam:
-        raise ConfigError(f"n_best={cfg.n_best} must be between 1 and beam={opts.beam}")
     device = pick_device(cfg.device)
     trained = load_trained(checkpoint_path(cfg.run, cfg.ckpt), device)
+    opts = DecodeOptions.from_config(cfg, trained.cfg.get("decode"))
+    if cfg.n_best < 1 or cfg.n_best > opts.beam:
+        raise ConfigError(f"n_best={cfg.n_best} must be between 1 and beam={opts.beam}")
     if cfg.input is None and sys.stdin.isatty():
         interactive(trained, opts, device, cfg.n_best)
         return

@@ -56,7 +56,15 @@ from nmt.flops import TRAIN_FACTOR, forward_flops_breakdown
 from nmt.inference import build_model, load_trained
 from nmt.models.base import Seq2Seq
 from nmt.optim import build_optimizer, build_scheduler
-from nmt.runtime import DistInfo, autocast, config_dir, native_bf16, pick_device
+from nmt.runtime import (
+    DistInfo,
+    autocast,
+    config_dir,
+    cpu_model,
+    device_name,
+    native_bf16,
+    pick_device,
+)
 from nmt.search import (
     DecodeOptions,
     decode_batches,
@@ -206,23 +214,6 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued device work, so that host timers measure it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (platform's guess elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return cpu_model()
 
 
 def _timed(fn: Callable[[], Any], device: torch.device) -> float:

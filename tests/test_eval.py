@@ -18,7 +18,8 @@ from nmt.config import ConfigError, to_container
 from nmt.data.corpus import DataError
 from nmt.data.prepare import prepare_data
 from nmt.evaluate import evaluate
-from nmt.inference import build_model, load_trained
+from nmt.inference import build_model, checkpoint_path, load_trained
+from nmt.metrics import bleu
 from nmt.translate import translate
 
 from .helpers import compose_config, corpus_overrides, write_subset
@@ -108,7 +109,9 @@ def test_eval_on_user_file_pairs(run_dir: Path, pairs, capsys) -> None:
         hyps = Path(entry["hypotheses"]).read_text(encoding="utf-8").split("\n")
         assert len(hyps) == n + 1 and hyps[-1] == ""
         assert "nrefs:1|case:mixed|eff:no|tok:13a" in entry["scores"]["BLEU"]["signature"]
-        assert set(entry["scores"]) == {"BLEU", "chrF2", "TER"}
+        assert set(entry["scores"]) == {"BLEU", "chrF2", "TER", "BLEU-lc"}
+        assert "case:lc" in entry["scores"]["BLEU-lc"]["signature"]
+        assert entry["scores"]["BLEU-lc"]["score"] >= entry["scores"]["BLEU"]["score"]
     first = Path(report["sets"]["x.de"]["hypotheses"])
     assert first.parent == run_dir / "eval" and first.name == "x.de.best.beam3.lp0.6.hyp"
     assert first.read_text(encoding="utf-8").split("\n")[2] == ""  # the empty source line
@@ -189,3 +192,50 @@ def test_translate_stdin_to_stdout_with_n_best(run_dir: Path, monkeypatch, capsy
     assert float(rows[0][1]) >= float(rows[1][1])
     with pytest.raises(ConfigError, match="n_best=4"):
         translate(compose_config("translate", [f"run={run_dir}", "beam=3", "n_best=4"]))
+
+
+# ------------------------------------------------------------------- the run's decoding
+
+
+def test_eval_takes_beam_and_checkpoint_from_the_runs_decode_section(
+    run_dir: Path, pairs, tmp_path: Path
+) -> None:
+    """A run trained with decode.beam=3 and decode.checkpoint=last is scored that way by
+    default; explicit options still win."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    payload = load_checkpoint(run_dir / "checkpoints" / "best.pt")
+    payload["config"]["decode"] = {"beam": 3, "length_penalty": 0.6, "checkpoint": "last"}
+    save_checkpoint(payload, run / "checkpoints" / "step_00000020.pt")
+    os.link(run / "checkpoints" / "step_00000020.pt", run / "checkpoints" / "last.pt")
+    save_checkpoint(payload, run / "checkpoints" / "best.pt")
+    (run / "config.yaml").write_text(
+        "decode:\n  beam: 3\n  length_penalty: 0.6\n  checkpoint: last\n"
+    )
+    src, ref = pairs[1]
+    report = evaluate(compose_config("eval", [f"run={run}", f"test=[{src}:{ref}]"]))
+    assert report["options"]["beam"] == 3 and report["options"]["length_penalty"] == 0.6
+    assert Path(report["checkpoint"]).name == "last.pt"
+    report = evaluate(
+        compose_config("eval", [f"run={run}", f"test=[{src}:{ref}]", "beam=1", "ckpt=best"])
+    )
+    assert report["options"]["beam"] == 1 and Path(report["checkpoint"]).name == "best.pt"
+
+
+def test_checkpoint_names_resolve_in_the_run_and_unknown_names_list_the_choices(
+    run_dir: Path,
+) -> None:
+    assert checkpoint_path(run_dir, "step_00000010") == run_dir / "checkpoints" / "step_00000010.pt"
+    assert checkpoint_path(run_dir, "best.pt") == run_dir / "checkpoints" / "best.pt"
+    assert checkpoint_path(run_dir) == run_dir / "checkpoints" / "best.pt"  # runs without decode
+    with pytest.raises(CheckpointError, match=r"'step_99'.*best, .*step_00000010"):
+        checkpoint_path(run_dir, "step_99")
+
+
+def test_lowercased_bleu_only_differs_in_case() -> None:
+    hyps = ["The Dog runs on the grass .", "A man rides a bike ."]
+    refs = ["the dog runs on the grass .", "A man rides a bike ."]
+    cased, lowered = bleu(hyps, refs), bleu(hyps, refs, lowercase=True)
+    assert lowered.name == "BLEU-lc" and "case:lc" in lowered.signature
+    assert lowered.score == pytest.approx(100.0)
+    assert cased.score < 100.0

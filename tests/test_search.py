@@ -182,6 +182,23 @@ def test_output_cap_is_per_sentence_and_closes_with_eos() -> None:
             assert all(len(tokens) <= cap for tokens, _ in hyp.nbest)
 
 
+def test_minimum_length_holds_back_eos_until_it_or_the_cap() -> None:
+    eos_now = logits_for({EOS: 0.99})
+    model = TableModel(vocab=5, fixed={(): eos_now, (4,): eos_now, (4, 4): eos_now})
+    src, src_lens = table_batch([0, 0, 1])
+    caps = torch.tensor([6, 2, 6])
+    greedy = greedy_search(model, src, src_lens, caps, BOS, EOS, min_len=4)
+    lengths = [len(h.tokens) for h in greedy]
+    assert lengths[:2] == [4, 2] and 4 <= lengths[2] <= 6  # EOS once allowed; cap 2 wins
+    for beam in (1, 3):
+        hyps = beam_search(model, src, src_lens, caps, BOS, EOS, beam, 1.0, min_len=4)
+        for hyp, cap in zip(hyps, caps.tolist(), strict=True):
+            assert all(min(4, cap) <= len(tokens) <= cap for tokens, _ in hyp.nbest)
+    fixed_len = beam_search(model, src, src_lens, torch.tensor([5, 5, 5]), BOS, EOS, 3, 1.0,
+                            min_len=5)  # fmt: skip
+    assert all(len(t) == 5 for h in fixed_len for t, _ in h.nbest)  # min = cap: equal work
+
+
 def test_finished_sentences_leave_the_batch() -> None:
     # sentence 0: two likely first tokens, each followed by EOS almost surely;
     # sentence 1: random, never more than 4 tokens

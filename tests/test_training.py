@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +16,8 @@ import torch
 from nmt import optim
 from nmt import train as train_mod
 from nmt.checkpoint import load_checkpoint
+from nmt.config import ConfigError, validate
+from nmt.inference import checkpoint_path
 from nmt.train import train
 
 from .helpers import REPO, compose_config, tiny_run_overrides, write_subset
@@ -184,6 +188,86 @@ def test_decay_schedules_reach_the_floor(name):
     assert f(9) == pytest.approx(1.0)
     assert f(60) < 1.0
     assert f(110) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("name", ["cosine", "linear"])
+def test_time_decay_follows_the_given_clock_not_the_step_count(name):
+    cfg = compose_config(
+        "train",
+        [
+            f"optim.schedule={name}",
+            "optim.warmup_steps=10",
+            "optim.decay_over=time",
+            "trainer.max_time=100",
+        ],
+    ).optim
+    clock = {"share": 0.0}
+    f = optim.schedule_fn(cfg, 0, progress=lambda step: clock["share"])
+    assert f(5) == pytest.approx(0.6)  # warmup still counts updates
+    assert f(10) == pytest.approx(1.0)
+    clock["share"] = 0.5
+    half = f(11)
+    assert f(10_000) == pytest.approx(half)  # the step count alone does not move it
+    assert 0 < half < 1
+    clock["share"] = 1.0
+    assert f(12) == pytest.approx(0.0)
+    clock["share"] = 1.7  # past the budget (a resumed run): stays at the floor
+    assert f(13) == pytest.approx(0.0)
+
+
+def test_time_decay_needs_a_time_limit():
+    with pytest.raises(ConfigError, match="trainer.max_time"):
+        validate(
+            compose_config(
+                "train",
+                ["optim=adam_linear", "optim.decay_over=time", "trainer.cpu_max_time=0"],
+            )
+        )
+    with pytest.raises(ConfigError, match="optim.decay_over"):
+        validate(compose_config("train", ["optim.decay_over=epochs"]))
+
+
+def test_time_decay_reaches_the_floor_at_the_time_limit(corpus, tmp_path):
+    """A run of 3 s with decay over time ends with an lr near min_lr, whatever its speed."""
+    overrides = tiny_run_overrides(
+        corpus, tmp_path, "optim=adam_linear", "optim.decay_over=time",
+        "optim.warmup_steps=2", "trainer.max_time=3", "trainer.val_every=100000",
+        "trainer.log_every=1",
+    )  # fmt: skip
+    result = train(compose_config("train", overrides), tmp_path / "run")
+    state = result["state"]
+    assert result["stop_reason"].startswith("reached the time limit")
+    payload = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    final_lr = payload["optimizer"]["param_groups"][0]["lr"]
+    peak = payload["config"]["optim"]["lr"]
+    assert state["step"] > 2 and 0 < state["decay_start"] < 3
+    # the update that crossed the limit was scheduled with the whole budget spent
+    assert final_lr == 0.0 < peak
+
+
+def test_average_last_writes_a_validated_average_that_eval_picks_by_default(corpus, tmp_path):
+    overrides = tiny_run_overrides(
+        corpus, tmp_path, "trainer.max_steps=12", "trainer.val_every=3", "trainer.keep_last=3",
+        "trainer.average_last=3", "decode.checkpoint=averaged", "decode.beam=2",
+    )  # fmt: skip
+    run = tmp_path / "run"
+    result = train(compose_config("train", overrides), run)
+    averaged = load_checkpoint(run / "checkpoints" / "averaged.pt")
+    assert averaged["averaged"]["count"] == 3
+    assert [Path(p).name for p in averaged["averaged"]["checkpoints"]] == [
+        f"step_{n:08d}.pt" for n in (6, 9, 12)
+    ]
+    assert averaged["averaged"]["validation"]["bleu"] == result["averaged"]["bleu"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["averaged_bleu"] == result["averaged"]["bleu"]
+    assert checkpoint_path(run) == run / "checkpoints" / "averaged.pt"
+
+
+def test_average_last_beyond_keep_last_is_a_config_error():
+    with pytest.raises(ConfigError, match="trainer.average_last=6"):
+        validate(compose_config("train", ["trainer.average_last=6", "trainer.keep_last=5"]))
+    with pytest.raises(ConfigError, match="decode.checkpoint=averaged"):
+        validate(compose_config("train", ["decode.checkpoint=averaged"]))
 
 
 @pytest.mark.slow
