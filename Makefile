@@ -58,6 +58,13 @@ demo-pooling: install ## Attention pooling demo (Nadaraya-Watson kernel regressi
 bench: install ## Benchmark training and decoding speed (JSON into outputs/bench/; ARGS="--quick", "--models transformer")
 	$(BIN)/python scripts/bench.py $(ARGS)
 
+# JoeyNMT 2.3.0 in its own venv and working folder (README: "Speed next to JoeyNMT")
+JOEY_PYTHON ?= ../joeyvenv/bin/python
+JOEY_DIR ?= ../joeywork
+.PHONY: bench-joeynmt
+bench-joeynmt: install ## Speed next to JoeyNMT on this CPU (JOEY_PYTHON=its venv python, JOEY_DIR=its folder; ARGS="--quick")
+	$(BIN)/python scripts/bench_joeynmt.py --joey-python $(JOEY_PYTHON) --joey-dir $(JOEY_DIR) $(ARGS)
+
 tensorboard: install ## Watch training curves and attention maps (http://localhost:6006, PORT=...)
 	$(BIN)/tensorboard --logdir outputs --port $(PORT)
 
