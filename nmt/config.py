@@ -130,7 +130,9 @@ class DecodeConfig:
 
     beam: int = 1  # 1 = greedy search
     length_penalty: float = 1.0  # GNMT alpha for beam search; 0 = none
-    checkpoint: str = "best"  # best | last | averaged (trainer.average_last writes averaged.pt)
+    # best | last | averaged (trainer.average_last writes averaged.pt) | auto: averaged if its
+    # validation BLEU beat the best single checkpoint's, else best
+    checkpoint: str = "best"
 
 
 @dataclass
@@ -286,7 +288,7 @@ def validate(cfg: DictConfig) -> None:
     dec = cfg.decode
     _positive("decode.beam", dec.beam)
     _positive("decode.length_penalty", dec.length_penalty, allow_zero=True)
-    _choice("decode.checkpoint", dec.checkpoint, ("best", "last", "averaged"))
+    _choice("decode.checkpoint", dec.checkpoint, ("best", "last", "averaged", "auto"))
     if dec.checkpoint == "averaged" and t.average_last == 0:
         raise ConfigError("decode.checkpoint=averaged needs trainer.average_last > 0")
     validate_model(cfg.model)

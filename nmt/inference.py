@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,11 +47,25 @@ def run_decode_defaults(run_dir: Path) -> DictConfig:
     return defaults
 
 
+def chosen_checkpoint(run_dir: Path, choice: str) -> str:
+    """``decode.checkpoint`` resolved: ``auto`` is the averaged weights when their validation
+    BLEU beat the best single checkpoint's (both in summary.json), else ``best``."""
+    if choice != "auto":
+        return choice
+    summary_file = run_dir / "summary.json"
+    if summary_file.is_file():
+        summary = json.loads(summary_file.read_text())
+        if summary.get("averaged_bleu", -1.0) > summary.get("best_bleu", -1.0):
+            return "averaged"
+    return "best"
+
+
 def checkpoint_path(run: str | Path, ckpt: str | Path | None = None) -> Path:
     """The checkpoint to load.
 
     ``ckpt`` is a file, or a name in the run's ``checkpoints/`` (``averaged``, ``last.pt``,
-    ``step_400``). Without it: the run's ``decode.checkpoint`` (default ``best``), falling
+    ``step_400``). Without it: the run's ``decode.checkpoint`` (default ``best``; ``auto``
+    picks by validation BLEU, see :func:`chosen_checkpoint`), falling
     back to the best, then the last checkpoint when that file was never written.
     """
     if ckpt and (Path(ckpt).is_file() or len(Path(ckpt).parts) > 1):
@@ -68,7 +83,7 @@ def checkpoint_path(run: str | Path, ckpt: str | Path | None = None) -> Path:
             f"no checkpoint {ckpt!r}: neither a file nor one of {ckpt_dir}: "
             f"{', '.join(present) or 'none'}"
         )
-    preferred = f"{run_decode_defaults(run_dir).checkpoint}.pt"
+    preferred = f"{chosen_checkpoint(run_dir, run_decode_defaults(run_dir).checkpoint)}.pt"
     for name in dict.fromkeys((preferred, "best.pt", "last.pt")):
         path = ckpt_dir / name
         if path.is_file():

@@ -18,7 +18,7 @@ from nmt.config import ConfigError, to_container
 from nmt.data.corpus import DataError
 from nmt.data.prepare import prepare_data
 from nmt.evaluate import evaluate
-from nmt.inference import build_model, checkpoint_path, load_trained
+from nmt.inference import build_model, checkpoint_path, chosen_checkpoint, load_trained
 from nmt.metrics import bleu
 from nmt.translate import translate
 
@@ -239,3 +239,14 @@ def test_lowercased_bleu_only_differs_in_case() -> None:
     assert lowered.name == "BLEU-lc" and "case:lc" in lowered.signature
     assert lowered.score == pytest.approx(100.0)
     assert cased.score < 100.0
+
+
+def test_auto_checkpoint_follows_validation_bleu(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    assert chosen_checkpoint(run, "auto") == "best"  # no summary: the best checkpoint
+    (run / "summary.json").write_text(json.dumps({"best_bleu": 40.3, "averaged_bleu": 39.9}))
+    assert chosen_checkpoint(run, "auto") == "best"
+    (run / "summary.json").write_text(json.dumps({"best_bleu": 40.3, "averaged_bleu": 40.5}))
+    assert chosen_checkpoint(run, "auto") == "averaged"
+    assert chosen_checkpoint(run, "last") == "last"

@@ -1,0 +1,182 @@
+"""Markdown rows of the results table from finished, evaluated runs.
+
+Each run directory holds ``summary.json`` (written by training: updates, training time,
+hardware, the command-line overrides), ``config.yaml`` and the ``eval/scores.*.json`` written by
+``make eval``. Runs whose overrides differ only in ``trainer.seed`` form one row, with the mean
+and standard deviation over seeds::
+
+    python scripts/results_table.py outputs/runs/*cpu_quick* outputs/runs/*gru*
+    python scripts/results_table.py --json results.json outputs/runs/*
+
+The score of a run is the one of its own decoding (``decode`` in its config: checkpoint, beam,
+length penalty), the way ``make eval`` scores it without options; runs not evaluated that way
+are listed as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nmt.inference import chosen_checkpoint
+
+TEST_SET = "test_2016_flickr"
+
+
+@dataclass
+class RunResult:
+    run: Path
+    model: str
+    direction: str
+    overrides: list[str]
+    seed: int
+    steps: int
+    train_minutes: float
+    hardware: str
+    scores: dict[str, float]  # BLEU, chrF2, BLEU-lc
+
+
+@dataclass
+class Row:
+    model: str
+    direction: str
+    command: str
+    runs: list[RunResult] = field(default_factory=list)
+
+    def stat(self, key: str) -> str:
+        values = [r.scores[key] for r in self.runs]
+        if len(values) == 1:
+            return f"{values[0]:.1f}"
+        return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+
+def decode_tag(decode: dict[str, Any]) -> str:
+    """The file tag ``make eval`` gives the run's own decoding (see nmt.evaluate.options_tag)."""
+    beam = int(decode.get("beam", 1))
+    tag = f"{decode.get('checkpoint', 'best')}.beam{beam}"
+    return f"{tag}.lp{float(decode.get('length_penalty', 1.0)):g}" if beam > 1 else tag
+
+
+def model_name(cfg: dict[str, Any]) -> str:
+    target = cfg["model"]["_target_"].rsplit(".", 1)[-1]
+    return {"GRUBahdanau": "GRU + Bahdanau", "Transformer": "Transformer"}.get(target, target)
+
+
+def hardware_text(hw: dict[str, Any] | None) -> str:
+    if not hw:
+        return "?"
+    if hw.get("device_type") == "cuda":
+        return f"{hw['world_size']} x {hw['device']}, {hw['precision']}"
+    return f"{hw['device']}, {hw['threads']} threads, {hw['precision']}"
+
+
+def load_run(run: Path) -> RunResult | str:
+    """The run's result, or why it cannot be tabulated."""
+    summary_file, config_file = run / "summary.json", run / "config.yaml"
+    if not summary_file.is_file() or not config_file.is_file():
+        return "no summary.json/config.yaml (unfinished?)"
+    summary = json.loads(summary_file.read_text())
+    cfg = yaml.safe_load(config_file.read_text())
+    decode = dict(cfg.get("decode", {}))
+    decode["checkpoint"] = chosen_checkpoint(run, decode.get("checkpoint", "best"))
+    tag = decode_tag(decode)
+    scores_file = run / "eval" / f"scores.{tag}.json"
+    if not scores_file.is_file():
+        return f"not evaluated with its own decoding: no {scores_file.name} (run make eval)"
+    sets = json.loads(scores_file.read_text())["sets"]
+    if TEST_SET not in sets:
+        return f"{scores_file.name} has no {TEST_SET}"
+    raw = sets[TEST_SET]["scores"]
+    scores = {k: raw[k]["score"] for k in ("BLEU", "chrF2", "BLEU-lc") if k in raw}
+    data = cfg["data"]
+    return RunResult(
+        run=run,
+        model=model_name(cfg),
+        direction=f"{data['src_lang']}→{data['tgt_lang']}",
+        overrides=[o for o in summary.get("overrides", []) if not o.startswith(SKIPPED)],
+        seed=int(cfg["trainer"]["seed"]),
+        steps=int(summary["step"]),
+        train_minutes=float(summary["train_time"]) / 60,
+        hardware=hardware_text(summary.get("hardware")),
+        scores=scores,
+    )
+
+
+# overrides that do not change the experiment (seeds form one row; the rest is bookkeeping)
+SKIPPED = ("trainer.seed=", "trainer.progress=", "outputs=", "hydra.")
+
+
+def command(overrides: list[str]) -> str:
+    args = " ".join(overrides)
+    return f'make train ARGS="{args}" && make eval' if args else "make train && make eval"
+
+
+def group(results: list[RunResult]) -> list[Row]:
+    rows: dict[tuple[str, ...], Row] = {}
+    for r in results:
+        key = (r.model, r.direction, *sorted(r.overrides))
+        row = rows.setdefault(key, Row(r.model, r.direction, command(r.overrides)))
+        row.runs.append(r)
+    return list(rows.values())
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = [
+        "| model | direction | BLEU | chrF2 | BLEU-lc | seeds | updates | training time | "
+        "hardware | command |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        minutes = statistics.mean(r.train_minutes for r in row.runs)
+        steps = statistics.mean(r.steps for r in row.runs)
+        hardware = "; ".join(sorted({r.hardware for r in row.runs}))
+        lc = row.stat("BLEU-lc") if all("BLEU-lc" in r.scores for r in row.runs) else "–"
+        lines.append(
+            f"| {row.model} | {row.direction} | {row.stat('BLEU')} | {row.stat('chrF2')} | "
+            f"{lc} | {len(row.runs)} | {steps:.0f} | {minutes:.0f} min | {hardware} | "
+            f"`{row.command}` |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories")
+    parser.add_argument("--json", type=Path, help="also write the rows and runs as JSON")
+    args = parser.parse_args(argv)
+    results: list[RunResult] = []
+    for run in args.runs:
+        loaded = load_run(run)
+        if isinstance(loaded, str):
+            print(f"skipped {run}: {loaded}", file=sys.stderr)
+        else:
+            results.append(loaded)
+    rows = group(results)
+    print(markdown(rows))
+    if args.json:
+        payload = [
+            {
+                "model": row.model,
+                "direction": row.direction,
+                "command": row.command,
+                "runs": [
+                    {**r.__dict__, "run": str(r.run)}
+                    for r in sorted(row.runs, key=lambda r: r.seed)
+                ],
+            }
+            for row in rows
+        ]
+        args.json.write_text(json.dumps(payload, indent=2, ensure_ascii=False))
+    return 0 if results else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""scripts/results_table.py: rows from run directories, seeds pooled into mean ± std."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def table():
+    spec = importlib.util.spec_from_file_location(
+        "results_table", REPO / "scripts" / "results_table.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_run(root: Path, name: str, seed: int, bleu: float, evaluated: bool = True) -> Path:
+    """A finished run as training and `make eval` leave it (only the files the table reads)."""
+    run = root / name
+    (run / "eval").mkdir(parents=True)
+    overrides = ["experiment=cpu_quick", "trainer.progress=false"]
+    if seed != 1234:
+        overrides.append(f"trainer.seed={seed}")
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "step": 1600,
+                "train_time": 1800.0,
+                "overrides": overrides,
+                "hardware": {
+                    "device": "Some CPU",
+                    "device_type": "cpu",
+                    "world_size": 1,
+                    "threads": 2,
+                    "precision": "bf16",
+                },
+            }
+        )
+    )
+    (run / "config.yaml").write_text(
+        "data: {src_lang: de, tgt_lang: en}\n"
+        "model: {_target_: nmt.models.transformer.Transformer}\n"
+        f"trainer: {{seed: {seed}}}\n"
+        "decode: {beam: 5, length_penalty: 1.0, checkpoint: averaged}\n"
+    )
+    if evaluated:
+        scores = {k: {"score": bleu + d} for k, d in (("BLEU", 0), ("chrF2", 20), ("BLEU-lc", 1))}
+        report = {"sets": {"test_2016_flickr": {"scores": scores}}}
+        (run / "eval" / "scores.averaged.beam5.lp1.json").write_text(json.dumps(report))
+    return run
+
+
+def test_seeds_form_one_row_with_mean_and_std(table, tmp_path: Path, capsys) -> None:
+    runs = [
+        fake_run(tmp_path, "a", 1234, 40.0),
+        fake_run(tmp_path, "b", 7, 42.0),
+        fake_run(tmp_path, "c", 8, 0.0, evaluated=False),
+    ]
+    out_json = tmp_path / "rows.json"
+    assert table.main([*map(str, runs), "--json", str(out_json)]) == 0
+    captured = capsys.readouterr()
+    (row,) = [line for line in captured.out.splitlines() if line.startswith("| Transformer")]
+    assert "| de→en | 41.0 ± 1.4 | 61.0 ± 1.4 | 42.0 ± 1.4 | 2 | 1600 | 30 min |" in row
+    assert "Some CPU, 2 threads, bf16" in row
+    assert '`make train ARGS="experiment=cpu_quick" && make eval`' in row
+    assert "skipped" in captured.err and "scores.averaged.beam5.lp1.json" in captured.err
+    saved = json.loads(out_json.read_text())
+    assert [r["seed"] for r in saved[0]["runs"]] == [7, 1234]
+
+
+def test_decode_tag_matches_eval_file_names(table) -> None:
+    assert table.decode_tag({"beam": 1, "checkpoint": "best"}) == "best.beam1"
+    assert table.decode_tag({"beam": 5, "length_penalty": 0.6}) == "best.beam5.lp0.6"
