@@ -44,7 +44,7 @@ from torch import Tensor
 from nmt.config import ConfigError
 from nmt.data.batching import TokenDataset, eval_batches, make_batch
 from nmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
-from nmt.models.base import Seq2Seq, select_state
+from nmt.models.base import SAME_SENTENCES, Seq2Seq, select_state
 from nmt.runtime import autocast
 
 log = logging.getLogger("nmt.search")
@@ -179,7 +179,7 @@ def greedy_search(
             if keep.numel() == 0:
                 break
             alive = alive.index_select(0, keep)
-            state = select_state(state, keep)
+            state = select_state(state, keep, keep)
             best = best.index_select(0, keep)
         prev = best
     out_list, len_list, score_list = out.tolist(), lengths.tolist(), scores.tolist()
@@ -381,6 +381,7 @@ def beam_search(
         beaten = _cannot_improve(best_alive, pool.scores[alive, 0], step + 1, caps[alive], alpha)
         done = at_cap | (best_alive == NEG_INF) | (full & beaten)  # (A,)
         rows = torch.arange(n_alive, device=device)[:, None] * k + parent  # (A, K) state rows
+        sentences: Tensor | str = SAME_SENTENCES  # per-sentence state is left as it is
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)  # (A',)
             if keep.numel() == 0:
@@ -388,7 +389,8 @@ def beam_search(
             alive, scores, seqs = alive[keep], scores[keep], seqs[keep]
             token, rows = token[keep], rows[keep]
             history = history[keep] if history is not None else None
-        state = select_state(state, rows.reshape(-1))  # (A' * K) rows
+            sentences = keep
+        state = select_state(state, rows.reshape(-1), sentences)  # (A' * K) rows
         prev = token.reshape(-1)  # (A' * K,)
     return pool.hypotheses(src_lens)
 

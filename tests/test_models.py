@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from nmt.config import GRUBahdanauConfig, TransformerConfig
-from nmt.models.base import Seq2Seq, lengths_to_mask, select_state
+from nmt.models.base import SAME_SENTENCES, Seq2Seq, lengths_to_mask, map_state, select_state
 from nmt.models.transformer import DecoderLayer, EncoderLayer
 
 PAD, BOS, EOS = 0, 2, 3
@@ -138,6 +138,40 @@ def test_select_state_reorders_repeats_and_filters(name: str) -> None:
         chosen = select_state(state, rows)
         logits, _, _ = model.decode_step(tgt[rows, 2], chosen)
         assert torch.allclose(logits, expected[rows], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@torch.no_grad()
+def test_beams_sharing_their_sentence_state_equal_beams_with_copies(name: str) -> None:
+    """Beam search keeps one copy of each sentence's encoder state for all its beams: the
+    grouped decode step gives the logits and attention of rows that each hold a copy."""
+    model = build(name).eval()
+    src, src_lens, tgt, _ = random_batch([6, 3, 5], [4, 4, 4], seed=3)
+    state = model.encode(src, src_lens)
+    _, state, _ = model.decode_step(tgt[:, 0], state)
+    beams = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])  # 3 beams per sentence, grouped
+    shared = select_state(state, beams, SAME_SENTENCES)
+    copied = select_state(state, beams)  # every row with its own copy
+    pairs = zip(_tensors(shared["shared"]), _tensors(state["shared"]), strict=True)
+    assert all(a is b for a, b in pairs)  # not copied
+    assert _tensors(copied["shared"])[0].size(0) == 9
+    tokens = torch.tensor([4, 5, 6, 7, 8, 9, 4, 5, 6])
+    for _ in range(3):  # several steps: the self-attention caches grow per beam
+        a, shared, attn_a = model.decode_step(tokens, shared)
+        b, copied, attn_b = model.decode_step(tokens, copied)
+        assert torch.allclose(a, b, atol=1e-5) and torch.allclose(attn_a, attn_b, atol=1e-6)
+        tokens = a.argmax(dim=-1)
+    # dropping sentence 1 keeps the shared rows of sentences 0 and 2
+    kept = select_state(shared, torch.tensor([0, 1, 2, 6, 7, 8]), torch.tensor([0, 2]))
+    logits, _, _ = model.decode_step(tokens[[0, 1, 2, 6, 7, 8]], kept)
+    expected, _, _ = model.decode_step(tokens, shared)
+    assert torch.allclose(logits, expected[[0, 1, 2, 6, 7, 8]], atol=1e-5)
+
+
+def _tensors(state) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    map_state(state, lambda t: found.append(t) or t)
+    return found
 
 
 @pytest.mark.parametrize("name", VARIANTS)

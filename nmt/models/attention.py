@@ -38,10 +38,12 @@ def masked_softmax(scores: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor
 
 
 class ScoredAttention(nn.Module):
-    """Attention with a single query per row: weights = masked_softmax(score(q, k_j)).
+    """Attention with one query per row: weights = masked_softmax(score(q, k_j)).
 
     Subclasses define :meth:`project_keys`, run once per source sentence, and :meth:`score`,
-    run once per decoder step against the projected keys.
+    run once per decoder step against the projected keys. Several consecutive query rows may
+    share one sentence's keys (the beams of a sentence): with B sentences and G * B queries,
+    every group of G queries attends to its sentence, and the keys are never copied.
     """
 
     def project_keys(self, keys: Tensor) -> Tensor:
@@ -49,19 +51,24 @@ class ScoredAttention(nn.Module):
         raise NotImplementedError
 
     def score(self, query: Tensor, projected_keys: Tensor) -> Tensor:
-        """Query (B, Dq) and projected keys (B, S, *) -> unnormalised scores (B, S)."""
+        """Query (B, Dq) or (B, G, Dq) and projected keys (B, S, *) -> unnormalised scores
+        (B, S) or (B, G, S)."""
         raise NotImplementedError
 
     def forward(
         self, query: Tensor, projected_keys: Tensor, values: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """Query (B, Dq), projected keys (B, S, *), values (B, S, Dv), mask (B, S) True = real.
+        """Query (G * B, Dq), projected keys (B, S, *), values (B, S, Dv), mask (B, S) True =
+        real or None; G consecutive queries per sentence (G = 1 normally).
 
-        Returns the context (B, Dv) and the attention weights (B, S).
+        Returns the context (G * B, Dv) and the attention weights (G * B, S).
         """
-        weights = masked_softmax(self.score(query, projected_keys), mask)  # (B, S)
-        context = torch.bmm(weights.unsqueeze(1), values).squeeze(1)  # (B, Dv)
-        return context, weights
+        b = projected_keys.size(0)
+        grouped = query.view(b, -1, query.size(-1))  # (B, G, Dq)
+        mask = mask[:, None] if mask is not None else None  # (B, 1, S)
+        weights = masked_softmax(self.score(grouped, projected_keys), mask)  # (B, G, S)
+        context = torch.bmm(weights, values)  # (B, G, Dv)
+        return context.view(-1, values.size(-1)), weights.view(-1, weights.size(-1))
 
 
 class AdditiveScore(ScoredAttention):
@@ -80,9 +87,11 @@ class AdditiveScore(ScoredAttention):
         return self.key_proj(keys)  # (B, S, A)
 
     def score(self, query: Tensor, projected_keys: Tensor) -> Tensor:
-        q = self.query_proj(query).unsqueeze(1)  # (B, 1, A)
-        hidden = torch.tanh(q + projected_keys)  # (B, S, A)
-        return self.v(hidden).squeeze(-1)  # (B, S)
+        grouped = query.dim() == 3
+        q = self.query_proj(query if grouped else query.unsqueeze(1))  # (B, G, A)
+        hidden = torch.tanh(q.unsqueeze(2) + projected_keys.unsqueeze(1))  # (B, G, S, A)
+        scores = self.v(hidden).squeeze(-1)  # (B, G, S)
+        return scores if grouped else scores.squeeze(1)
 
 
 class DotScore(ScoredAttention):
@@ -103,8 +112,10 @@ class DotScore(ScoredAttention):
         return self.key_proj(keys)  # (B, S, Dq)
 
     def score(self, query: Tensor, projected_keys: Tensor) -> Tensor:
-        scores = torch.bmm(projected_keys, query.unsqueeze(-1)).squeeze(-1)  # (B, S)
-        return scores * self.scale  # (B, S)
+        grouped = query.dim() == 3
+        q = query if grouped else query.unsqueeze(1)  # (B, G, Dq)
+        scores = torch.bmm(q, projected_keys.transpose(1, 2)) * self.scale  # (B, G, S)
+        return scores if grouped else scores.squeeze(1)
 
 
 class ScaledDotScore(DotScore):
@@ -227,6 +238,25 @@ class MultiHeadAttention(nn.Module):
         dropped = F.dropout(weights, self.dropout, self.training)  # (B, H, Tq, Tk)
         return dropped @ v, weights  # (B, H, Tq, dk), (B, H, Tq, Tk)
 
+    def _grouped(
+        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """One query per row (G * B, H, 1, dk) against B sentences' keys/values (B, H, S, dk):
+        the G queries of a sentence attend as G positions of one row, with no copy of k/v."""
+        b, heads, dk = k.size(0), self.heads, self.d_head
+        if q.size(2) != 1 or q.size(0) % b:
+            raise ValueError(f"grouped attention needs one query per row, got {tuple(q.shape)}")
+        grouped = q.view(b, -1, heads, dk).transpose(1, 2)  # (B, H, G, dk)
+        mask = attention_mask(key_padding_mask, False, grouped.size(2), k.size(2), q.device)
+        weights = None
+        if need_weights:
+            out, weights = self._explicit(grouped, k, v, mask)  # (B, H, G, dk), (B, H, G, S)
+            weights = weights.transpose(1, 2).reshape(-1, heads, 1, k.size(2))  # (G*B, H, 1, S)
+        else:
+            out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)  # (B, H, G, dk)
+        out = out.transpose(1, 2).reshape(-1, 1, heads * dk)  # (G * B, 1, D)
+        return self.out_proj(out), weights
+
     def forward(
         self,
         query: Tensor,
@@ -250,6 +280,8 @@ class MultiHeadAttention(nn.Module):
         """
         q = self._split(self.q_proj(query))  # (B, H, Tq, dk)
         k, v = self._keys_values(key, value, cache)  # (B, H, Tk, dk) each
+        if k.size(0) != q.size(0):  # G beams per sentence share its cached keys/values
+            return self._grouped(q, k, v, key_padding_mask, need_weights)
         tq, tk = q.size(2), k.size(2)
         if not need_weights and causal and key_padding_mask is None and tq == tk:
             out = F.scaled_dot_product_attention(

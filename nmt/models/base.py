@@ -11,8 +11,12 @@ A model is used in two ways:
 
 A :data:`DecoderState` is a nested structure (dicts, lists, tuples) of tensors whose first
 dimension is the batch (hypothesis) dimension, plus non-tensor leaves (ints such as the current
-step) that apply to every row. :func:`select_state` reorders or filters the rows of every tensor
-in it, which is all beam search needs (reorder after a step, drop finished sentences).
+step) that apply to every row. What is the same for every hypothesis of a sentence (the encoder
+memory, its attention keys, the source mask) lives under the key ``"shared"`` with one row per
+sentence; the hypotheses of a sentence are consecutive rows, so a model finds the group size as
+hypothesis rows // sentence rows. :func:`select_state` reorders, repeats or filters the rows,
+which is all beam search needs (reorder beams after a step, drop finished sentences); beams
+reordered within their sentences leave the shared part untouched, so it is never copied.
 """
 
 from __future__ import annotations
@@ -39,9 +43,47 @@ def map_state(state: DecoderState, fn: Callable[[Tensor], Tensor]) -> DecoderSta
     return state
 
 
-def select_state(state: DecoderState, index: Tensor) -> DecoderState:
-    """Rows ``index`` (LongTensor (N,)) of every tensor in the state: reorder, repeat or filter."""
-    return map_state(state, lambda t: t.index_select(0, index))
+SAME_SENTENCES = "same"  # select_state: the new rows are beams of the same sentences, in order
+
+
+def _rows(state: DecoderState) -> int | None:
+    """The number of hypothesis rows: the first dimension of the first per-row tensor."""
+    found: list[int] = []
+
+    def note(t: Tensor) -> Tensor:
+        found.append(t.size(0))
+        return t
+
+    map_state({k: v for k, v in state.items() if k != "shared"}, note)
+    return found[0] if found else None
+
+
+def select_state(
+    state: DecoderState, index: Tensor, sentences: Tensor | str | None = None
+) -> DecoderState:
+    """Rows ``index`` (LongTensor (N,)) of every per-row tensor: reorder, repeat or filter.
+
+    The shared (per-sentence) part follows ``sentences``: a LongTensor of the sentences kept,
+    in order, when the new rows are the beams of those sentences, grouped; ``SAME_SENTENCES``
+    when they are beams of the same sentences as before; None for any other selection, which
+    gives every new row its own copy of its sentence's shared tensors.
+    """
+    if not isinstance(state, dict) or "shared" not in state:
+        return map_state(state, lambda t: t.index_select(0, index))
+    shared = state["shared"]
+    if sentences is None:
+        n_sentences = _rows(shared)
+        group = (_rows(state) or n_sentences or 1) // max(n_sentences or 1, 1)
+        sentences = torch.div(index, group, rounding_mode="floor")  # (N,) sentence of each row
+    out = {k: map_state(v, lambda t: t.index_select(0, index)) for k, v in state.items()
+           if k != "shared"}  # fmt: skip
+    if isinstance(sentences, str):
+        if sentences != SAME_SENTENCES:
+            raise ValueError(f"sentences={sentences!r}: expected a tensor, None or SAME_SENTENCES")
+        out["shared"] = shared
+    else:
+        out["shared"] = map_state(shared, lambda t: t.index_select(0, sentences))
+    return out
 
 
 def lengths_to_mask(lens: Tensor, max_len: int | None = None) -> Tensor:

@@ -119,19 +119,21 @@ class GRUBahdanau(Seq2Seq):
         memory, final = self._encode(src, src_lens)  # (B, S, C), (B, C)
         return {
             "hidden": self._bridge(final),
-            "memory": memory,
-            "keys": self.attention.project_keys(memory),  # (B, S, *)
-            "src_mask": lengths_to_mask(src_lens, src.size(1)),  # (B, S)
+            "shared": {  # one row per sentence, whatever the number of hypotheses
+                "memory": memory,
+                "keys": self.attention.project_keys(memory),  # (B, S, *)
+                "src_mask": lengths_to_mask(src_lens, src.size(1)),  # (B, S)
+            },
         }
 
     # -- decoder -----------------------------------------------------------------------------
 
     def _step(self, emb: Tensor, state: DecoderState) -> tuple[list[Tensor], Tensor, Tensor]:
         """Embedded previous tokens (B, E) -> hidden [(B, H)], context (B, C), weights (B, S)."""
-        hidden = state["hidden"]
+        hidden, shared = state["hidden"], state["shared"]
         context, weights = self.attention(
-            hidden[-1], state["keys"], state["memory"], state["src_mask"]
-        )  # (B, C), (B, S)
+            hidden[-1], shared["keys"], shared["memory"], shared["src_mask"]
+        )  # (B, C), (B, S): B hypotheses, G per sentence
         x = torch.cat([emb, context], dim=-1)  # (B, E + C)
         new_hidden: list[Tensor] = []
         for cell, h in zip(self.cells, hidden, strict=True):

@@ -265,12 +265,13 @@ class Transformer(Seq2Seq):
     def encode(self, src: Tensor, src_lens: Tensor) -> DecoderState:
         """Encode once and project the memory for every decoder layer's cross-attention."""
         memory, pad, _ = self._encode(src, src_lens)  # (B, S, D)
-        layers = []
+        layers, crosses = [], []
         for layer in self.decoder_layers:
             cross = layer.cross_attn.project_kv(memory, memory)  # (B, H, S, dk) each
-            empty = {name: t[:, :, :0] for name, t in cross.items()}  # (B, H, 0, dk) each
-            layers.append({"self": empty, "cross": cross})
-        return {"step": 0, "memory_pad": pad, "layers": layers}
+            crosses.append(cross)
+            layers.append({"self": {name: t[:, :, :0] for name, t in cross.items()}})  # t = 0
+        # the projected memory and its mask: one row per sentence, whatever the hypotheses
+        return {"step": 0, "layers": layers, "shared": {"memory_pad": pad, "cross": crosses}}
 
     def decode_step(
         self, tokens: Tensor, state: DecoderState
@@ -279,15 +280,18 @@ class Transformer(Seq2Seq):
         step = state["step"]
         x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_pos, step)  # (B, 1, D)
         last = len(self.decoder_layers) - 1
+        shared = state["shared"]
         new_layers, cross = [], None
-        for i, (layer, cache) in enumerate(zip(self.decoder_layers, state["layers"], strict=True)):
+        for i, (layer, cache, cross_cache) in enumerate(
+            zip(self.decoder_layers, state["layers"], shared["cross"], strict=True)
+        ):
             self_cache = dict(cache["self"])  # a new dict: the old state stays valid
             x, _, cross = layer(
-                x, None, state["memory_pad"], self_cache, cache["cross"], need_weights=i == last
+                x, None, shared["memory_pad"], self_cache, cross_cache, need_weights=i == last
             )  # (B, 1, D)
-            new_layers.append({"self": self_cache, "cross": cache["cross"]})
+            new_layers.append({"self": self_cache})
         logits = self.out_proj(self.dec_norm(x)).squeeze(1)  # (B, V)
-        new_state = {"step": step + 1, "memory_pad": state["memory_pad"], "layers": new_layers}
+        new_state = {"step": step + 1, "layers": new_layers, "shared": shared}
         return logits, new_state, cross[:, :, 0].mean(dim=1)  # (B, S)
 
     def _run(
