@@ -8,7 +8,8 @@ One run (under 8 minutes on an H200) that
    training throughput (target tokens/s);
 3. times real training steps of the trained configuration (``bench.bench_training``): target
    tokens/s, achieved TFLOP/s and model FLOPs utilisation against the measured peak;
-4. scores the run as it is meant to be decoded (averaged weights, beam 5) on the test split
+4. scores the run as it is meant to be decoded (beam 5; the averaged weights if they beat the
+   best checkpoint on validation) on the test split
    (``python -m nmt.evaluate``);
 5. prints a summary and writes one JSON (``--out``).
 

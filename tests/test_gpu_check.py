@@ -249,7 +249,7 @@ def test_gpu_quick_preset():
     assert cfg.trainer.max_time == 180 and cfg.optim.decay_over == "time"
     assert cfg.optim.schedule == "linear" and cfg.trainer.patience == 0
     assert cfg.trainer.val_sentences == 0 and cfg.trainer.average_last == 5
-    assert (cfg.decode.beam, cfg.decode.checkpoint) == (5, "averaged")
+    assert (cfg.decode.beam, cfg.decode.checkpoint) == (5, "auto")
     assert cfg.data.max_tokens >= 12000
 
 
@@ -289,6 +289,8 @@ def test_whole_check_on_cpu(tmp_path, mirror):
     assert r["train_mfu"] > 0
     [test] = r["test"].values()
     assert test["bleu"] >= 0 and test["sentences"] == 200
-    assert Path(r["evaluation"]["checkpoint"]).name == "averaged.pt"
+    summary = train["summary"]  # auto: the averaged weights only if they validated better
+    better = summary["averaged_bleu"] > summary["best_bleu"]
+    assert Path(r["evaluation"]["checkpoint"]).name == ("averaged.pt" if better else "best.pt")
     assert r["evaluation"]["options"]["beam"] == 5
     assert r["goal"]["test_bleu"] == test["bleu"] and r["goal"]["met"] is False
