@@ -78,15 +78,16 @@ def hardware_text(hw: dict[str, Any] | None) -> str:
     return f"{hw['device']}, {hw['threads']} threads, {hw['precision']}"
 
 
-def load_run(run: Path) -> RunResult | str:
-    """The run's result, or why it cannot be tabulated."""
+def load_run(run: Path, checkpoint: str | None = None) -> RunResult | str:
+    """The run's result, or why it cannot be tabulated; ``checkpoint`` overrides the run's
+    ``decode.checkpoint`` (``auto`` resolves by validation BLEU, as eval does)."""
     summary_file, config_file = run / "summary.json", run / "config.yaml"
     if not summary_file.is_file() or not config_file.is_file():
         return "no summary.json/config.yaml (unfinished?)"
     summary = json.loads(summary_file.read_text())
     cfg = yaml.safe_load(config_file.read_text())
     decode = dict(cfg.get("decode", {}))
-    decode["checkpoint"] = chosen_checkpoint(run, decode.get("checkpoint", "best"))
+    decode["checkpoint"] = chosen_checkpoint(run, checkpoint or decode.get("checkpoint", "best"))
     tag = decode_tag(decode)
     scores_file = run / "eval" / f"scores.{tag}.json"
     if not scores_file.is_file():
@@ -151,10 +152,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories")
     parser.add_argument("--json", type=Path, help="also write the rows and runs as JSON")
+    parser.add_argument(
+        "--checkpoint",
+        help="score this checkpoint choice (best, averaged, last, auto) instead of each run's own",
+    )
     args = parser.parse_args(argv)
     results: list[RunResult] = []
     for run in args.runs:
-        loaded = load_run(run)
+        loaded = load_run(run, args.checkpoint)
         if isinstance(loaded, str):
             print(f"skipped {run}: {loaded}", file=sys.stderr)
         else:
