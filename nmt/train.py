@@ -370,8 +370,11 @@ class Trainer:
         self.cfg, self.t, self.model, self.data = cfg, t, model, data
         self.device, self.dist = device, dist_info
         self.time_limit = time_limit
+        self.state = TrainState()  # before the scheduler: a time decay reads its clock
         self.optimizer = build_optimizer(model, cfg.optim, fused=device.type == "cuda")
         progress = None
+        # ranks must share one clock when the lr follows it (one scalar all-reduce per step)
+        self.sync_clock = dist_info.enabled and cfg.optim.decay_over == "time"
         if cfg.optim.decay_over == "time":
             if time_limit <= 0:
                 raise ConfigError(
@@ -380,7 +383,6 @@ class Trainer:
             progress = self._time_progress
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.max_steps, progress)
         self.scaler = torch.amp.GradScaler(device.type) if str(t.precision) == "16" else None
-        self.state = TrainState()
         if resumed is not None:
             self._restore(resumed)
         self.train_model: torch.nn.Module = model
@@ -549,7 +551,7 @@ class Trainer:
                     bad_in_row = 0
                     seconds = time.perf_counter() - tic
                     s.train_time += seconds
-                    if self.dist.enabled:  # one clock for all ranks: same lr, same stop
+                    if self.sync_clock:  # same lr on every rank
                         s.train_time = self._slowest_rank(s.train_time)
                     self.scheduler.step()
                     s.step += 1

@@ -867,6 +867,14 @@ def run(s: Settings) -> dict[str, Any]:
     }
 
 
+def write_result(out: Path, result: dict[str, Any], text: str) -> None:
+    """Write the JSON, then print the report and where the JSON went."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(text)
+    print(f"\nwritten: {out}  ({result['seconds']:.0f} s)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads > 0:
@@ -880,10 +888,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unknown model config(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
     result = run(s)
-    s.out.parent.mkdir(parents=True, exist_ok=True)
-    s.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(report(result))
-    print(f"\nwritten: {s.out}  ({result['seconds']:.0f} s)")
+    write_result(s.out, result, report(result))
     return 0
 
 

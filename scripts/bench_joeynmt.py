@@ -958,10 +958,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(problems), file=sys.stderr)
         return 2
     result = run(s)
-    s.out.parent.mkdir(parents=True, exist_ok=True)
-    s.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(report(result))
-    print(f"\nwritten: {s.out}  ({result['seconds']:.0f} s)")
+    bench.write_result(s.out, result, report(result))
     return 0
 
 

@@ -26,7 +26,9 @@ from typing import Any
 
 import yaml
 
-from nmt.inference import chosen_checkpoint
+from nmt.evaluate import options_tag
+from nmt.inference import chosen_checkpoint, run_decode_defaults
+from nmt.search import DecodeOptions
 
 TEST_SET = "test_2016_flickr"
 
@@ -59,10 +61,11 @@ class Row:
 
 
 def decode_tag(decode: dict[str, Any]) -> str:
-    """The file tag ``make eval`` gives the run's own decoding (see nmt.evaluate.options_tag)."""
-    beam = int(decode.get("beam", 1))
-    tag = f"{decode.get('checkpoint', 'best')}.beam{beam}"
-    return f"{tag}.lp{float(decode.get('length_penalty', 1.0)):g}" if beam > 1 else tag
+    """The file tag ``make eval`` gives the run's own decoding (nmt.evaluate.options_tag)."""
+    opts = DecodeOptions(
+        beam=int(decode.get("beam", 1)), length_penalty=float(decode.get("length_penalty", 1.0))
+    )
+    return options_tag(Path(f"{decode.get('checkpoint', 'best')}.pt"), opts)
 
 
 def model_name(cfg: dict[str, Any]) -> str:
@@ -86,8 +89,8 @@ def load_run(run: Path, checkpoint: str | None = None) -> RunResult | str:
         return "no summary.json/config.yaml (unfinished?)"
     summary = json.loads(summary_file.read_text())
     cfg = yaml.safe_load(config_file.read_text())
-    decode = dict(cfg.get("decode", {}))
-    decode["checkpoint"] = chosen_checkpoint(run, checkpoint or decode.get("checkpoint", "best"))
+    decode = dict(run_decode_defaults(run))
+    decode["checkpoint"] = chosen_checkpoint(run, checkpoint or decode["checkpoint"])
     tag = decode_tag(decode)
     scores_file = run / "eval" / f"scores.{tag}.json"
     if not scores_file.is_file():

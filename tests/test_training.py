@@ -215,6 +215,15 @@ def test_time_decay_follows_the_given_clock_not_the_step_count(name):
     assert f(13) == pytest.approx(0.0)
 
 
+def test_time_decay_without_warmup_starts_at_the_peak(corpus, tmp_path):
+    overrides = tiny_run_overrides(
+        corpus, tmp_path, "optim=adam_linear", "optim.decay_over=time", "optim.warmup_steps=0",
+        "trainer.max_time=1", "trainer.val_every=100000",
+    )  # fmt: skip
+    result = train(compose_config("train", overrides), tmp_path / "run")
+    assert result["state"]["step"] > 0 and result["state"]["decay_start"] == 0.0
+
+
 def test_time_decay_needs_a_time_limit():
     with pytest.raises(ConfigError, match="trainer.max_time"):
         validate(
