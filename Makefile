@@ -17,7 +17,7 @@ N ?= 5
 .DEFAULT_GOAL := help
 .PHONY: help install train eval translate tensorboard test test-fast lint format clean
 .PHONY: attention demo-pooling
-.PHONY: average
+.PHONY: average tune-decode
 .PHONY: bench
 
 help: ## List the targets
@@ -48,6 +48,9 @@ translate: install ## Translate stdin (or ARGS="input=FILE output=FILE") with a 
 
 average: install ## Average the weights of a run's last N step checkpoints: RUN=<run dir> N=5 (-> checkpoints/averaged.pt)
 	$(BIN)/nmt-average $(RUN) --last $(N) $(ARGS)
+
+tune-decode: install ## Choose beam and length penalty on a run's validation split: RUN=<run dir> ARGS="--apply"
+	$(BIN)/nmt-tune-decode $(RUN) $(if $(CKPT),--ckpt $(CKPT)) $(ARGS)
 
 attention: install ## Attention heatmap PNGs of a run: ARGS="sentence='Ein Mann fährt Fahrrad.'" (or input=FILE)
 	$(BIN)/nmt-attention run=$(RUN) $(if $(CKPT),ckpt=$(CKPT)) $(ARGS)

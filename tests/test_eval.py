@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from nmt.average import average_checkpoints, last_checkpoints
 from nmt.average import run as average_run
@@ -21,6 +22,7 @@ from nmt.evaluate import evaluate
 from nmt.inference import build_model, checkpoint_path, chosen_checkpoint, load_trained
 from nmt.metrics import bleu
 from nmt.translate import translate
+from nmt.tune_decode import parse_numbers, tune
 
 from .helpers import compose_config, corpus_overrides, write_subset
 
@@ -250,3 +252,36 @@ def test_auto_checkpoint_follows_validation_bleu(tmp_path: Path) -> None:
     (run / "summary.json").write_text(json.dumps({"best_bleu": 40.3, "averaged_bleu": 40.5}))
     assert chosen_checkpoint(run, "auto") == "averaged"
     assert chosen_checkpoint(run, "last") == "last"
+
+
+def test_tune_decode_scores_each_setting_on_validation_and_applies_the_best(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    payload = load_checkpoint(run_dir / "checkpoints" / "best.pt")
+    save_checkpoint(payload, run / "checkpoints" / "best.pt")
+    (run / "config.yaml").write_text("trainer:\n  seed: 1\ndecode:\n  checkpoint: best\n")
+    report = tune(run, None, [1, 2, 2], [0.5, 1.0], "cpu", apply=True)
+    settings = {(r["beam"], r["length_penalty"]) for r in report["rows"]}
+    assert settings == {(1, None), (2, 0.5), (2, 1.0)}  # greedy once, duplicates dropped
+    bleus = [r["BLEU"] for r in report["rows"]]
+    assert bleus == sorted(bleus, reverse=True)
+    best = report["best"]
+    assert any(
+        r["beam"] == best["beam"] and round(r["BLEU"], 2) == round(bleus[0], 2)
+        for r in report["rows"]
+    )
+    saved = OmegaConf.load(run / "config.yaml")
+    assert saved.decode.beam == best["beam"] and saved.decode.checkpoint == "best"
+    assert saved.trainer.seed == 1  # the rest of the config is kept
+    assert Path(report["written"]).is_file()
+    # the greedy row is the BLEU nmt-eval gives for the validation files with beam=1
+    valid = payload["config"]["data"]["valid"]
+    ref = evaluate(
+        compose_config("eval", [f"run={run}", f"test=[{valid}.de:{valid}.en]", "beam=1"])
+    )
+    greedy = next(r for r in report["rows"] if r["beam"] == 1)
+    assert greedy["BLEU"] == pytest.approx(ref["sets"]["train0_200.de"]["scores"]["BLEU"]["score"])
+    with pytest.raises(ConfigError, match="--alphas"):
+        parse_numbers("0.6,x", float, "--alphas")

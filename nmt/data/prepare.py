@@ -83,6 +83,11 @@ def load_test_sets(cfg: Any, tokenizers: TokenizerPair) -> list[EvalSet]:
     return [_eval_set(s, tokenizers) for s in _resolve(cfg, list(cfg.test))]
 
 
+def load_valid_set(cfg: Any, tokenizers: TokenizerPair) -> EvalSet:
+    """The validation split of a data config, without reading the training data."""
+    return _eval_set(_resolve(cfg, [cfg.valid])[0], tokenizers)
+
+
 def encode_texts(
     tokenizers: TokenizerPair, src_text: Sequence[str], ref_text: Sequence[str]
 ) -> TokenDataset:
