@@ -21,6 +21,13 @@ Writes a JSON file (default ``outputs/bench/bench-<timestamp>.json``) and prints
     python scripts/bench.py                      # or: make bench
     python scripts/bench.py --quick              # about a minute: a smoke run, noisy figures
     python scripts/bench.py --models transformer --precision bf16 --device cuda
+    python scripts/bench.py --models transformer --compile both      # eager and torch.compile
+    python scripts/bench.py --set model.attn_dropout=0               # any config override
+
+With ``--compile on|both`` each precision is also timed with the model compiled by
+``torch.compile`` (what ``trainer.compile=true`` does); the untimed steps before the timed ones
+then include the compilation and the recompilation for varying batch shapes, and their total
+time is reported as ``warmup_seconds``.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +106,7 @@ DEFINITIONS = {
     "decode.no_cache": "greedy search re-running model.forward (encoder and decoder) over the "
     "whole prefix at every step; same_as_cached_greedy = share of identical outputs",
 }
+COMPILE_WARMUP = 3  # extra untimed steps for torch.compile: first shapes, then dynamic ones
 SINGLE_SENTENCES = 250  # one-at-a-time decoding is slow on CPU: a subset keeps the run short
 
 
@@ -126,6 +134,8 @@ class Settings:
     decode_precision: str
     out: Path
     quick: bool
+    compile_modes: list[bool] = field(default_factory=lambda: [False])
+    overrides: list[str] = field(default_factory=list)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -159,6 +169,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", default="outputs/runs", help="where to look for trained runs")
     p.add_argument("--data-root", default=str(REPO / "data"), help="data.root for Multi30k")
     p.add_argument("--out", help="JSON output (default outputs/bench/bench-<timestamp>.json)")
+    p.add_argument(
+        "--compile",
+        default="off",
+        choices=["off", "on", "both"],
+        help="time training with torch.compile (trainer.compile=true) too; default off",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a training config override for every model, e.g. model.attn_dropout=0 (repeatable)",
+    )
     p.add_argument("--quick", action="store_true", help="few steps and sentences (~1 minute)")
     return p.parse_args(argv)
 
@@ -199,6 +222,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         decode_precision=args.decode_precision,
         out=Path(args.out or f"outputs/bench/bench-{stamp}.json"),
         quick=quick,
+        compile_modes={"off": [False], "on": [True], "both": [False, True]}[args.compile],
+        overrides=list(args.set),
     )
 
 
@@ -395,6 +420,7 @@ def compose_train_config(model: str, s: Settings) -> DictConfig:
     overrides = [f"model={model}", f"data.root={s.data_root}", f"trainer.device={s.device}"]
     if s.max_tokens:
         overrides.append(f"data.max_tokens={s.max_tokens}")
+    overrides += s.overrides
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         return compose(config_name="train", overrides=overrides)
 
@@ -442,12 +468,20 @@ def _flop_stats(
 
 
 def time_training_steps(
-    cfg: DictConfig, data: PreparedData, batches: list[list[int]], device: torch.device
+    cfg: DictConfig,
+    data: PreparedData,
+    batches: list[list[int]],
+    device: torch.device,
+    compiled: bool = False,
 ) -> list[float]:
-    """Seconds of each training step (batch building included) of a freshly built model."""
+    """Seconds of each training step (batch building included) of a freshly built model.
+
+    ``compiled``: the forward runs through ``torch.compile`` as with ``trainer.compile=true``.
+    """
     torch.manual_seed(cfg.trainer.seed)
     model = build_model(cfg, data.tokenizers).to(device)
     model.train()
+    step_model: torch.nn.Module = torch.compile(model) if compiled else model
     optimizer = build_optimizer(model, cfg.optim, fused=device.type == "cuda")
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.trainer.max_steps)
     seconds = []
@@ -455,7 +489,7 @@ def time_training_steps(
         synchronize(device)
         tic = time.perf_counter()
         batch = make_batch(data.train, idx).to(device, non_blocking=True)
-        train_step(model, [batch], optimizer, None, cfg, device, DistInfo())
+        train_step(step_model, [batch], optimizer, None, cfg, device, DistInfo())
         scheduler.step()
         synchronize(device)
         seconds.append(time.perf_counter() - tic)
@@ -463,18 +497,29 @@ def time_training_steps(
 
 
 def bench_training(
-    cfg: DictConfig, data: PreparedData, precision: str, s: Settings, peak_tflops: float
+    cfg: DictConfig,
+    data: PreparedData,
+    precision: str,
+    s: Settings,
+    peak_tflops: float,
+    compiled: bool = False,
 ) -> dict[str, Any]:
-    """Throughput, FLOPs, utilisation and memory of training steps in ``precision``."""
+    """Throughput, FLOPs, utilisation and memory of training steps in ``precision``.
+
+    ``compiled``: through ``torch.compile``, with COMPILE_WARMUP extra untimed steps (the
+    first shapes compile, the next recompile with dynamic shapes).
+    """
     cfg = copy.deepcopy(cfg)
     cfg.trainer.precision = precision
-    batches = training_batches(cfg, data, s.warmup + s.steps)
-    timed = batches[s.warmup :]
+    warmup = s.warmup + (COMPILE_WARMUP if compiled else 0)
+    batches = training_batches(cfg, data, warmup + s.steps)
+    timed = batches[warmup:]
     memory = PeakMemory(s.device)
     memory.start()
-    seconds = time_training_steps(cfg, data, batches, s.device)
+    seconds = time_training_steps(cfg, data, batches, s.device, compiled)
     mem = memory.read()
-    seconds = seconds[s.warmup :]
+    warmup_seconds = sum(seconds[:warmup])
+    seconds = seconds[warmup:]
     flops, parts = _flop_stats(cfg, data, timed)
     lengths = [batch_lengths(data.train, idx) for idx in timed]
     tgt = [int(t.sum()) for _, t in lengths]
@@ -483,7 +528,9 @@ def bench_training(
     achieved = statistics.median(f / t for f, t in zip(flops, seconds, strict=True))
     return {
         "precision": precision,
-        "warmup_steps": s.warmup,
+        "compiled": compiled,
+        "warmup_steps": warmup,
+        "warmup_seconds": warmup_seconds,
         "steps": len(seconds),
         "max_tokens": int(cfg.data.max_tokens),
         "step_seconds": [round(t, 5) for t in seconds],
@@ -746,9 +793,11 @@ def bench_model(
         "train": {},
     }
     for precision in s.precisions:
-        say(f"training {model} in {precision}: {s.warmup} + {s.steps} steps")
         peak = machine["matmul_peak"][precision]["tflops"]
-        result["train"][precision] = bench_training(cfg, data, precision, s, peak)
+        for compiled in s.compile_modes:
+            key = precision + ("+compile" if compiled else "")
+            say(f"training {model} in {key}: {s.warmup} + {s.steps} steps")
+            result["train"][key] = bench_training(cfg, data, precision, s, peak, compiled)
     result["decode"] = bench_decoding(model, cfg, data, s)
     return result
 
@@ -853,6 +902,8 @@ def run(s: Settings) -> dict[str, Any]:
         "settings": {
             "models": s.models,
             "precisions": s.precisions,
+            "compile": s.compile_modes,
+            "overrides": s.overrides,
             "steps": s.steps,
             "warmup": s.warmup,
             "decode_sentences": s.decode_sentences,

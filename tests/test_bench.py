@@ -210,3 +210,25 @@ def test_bench_quick_smoke(tmp_path):
         assert run["sentences"] == (3 if "single" in name else 12)
         assert run["sentences_per_s"] > 0
     assert decode["runs"]["greedy_batched_no_cache"]["same_as_cached_greedy"] >= 0.9
+
+
+@pytest.fixture(scope="module")
+def bench_module():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench
+
+    return bench
+
+
+def test_bench_compile_and_override_options(bench_module, tmp_path):
+    args = bench_module.parse_args(
+        ["--device", "cpu", "--compile", "both", "--set", "model.attn_dropout=0", "--set",
+         "model.dropout=0.2", "--data-root", str(tmp_path)]
+    )  # fmt: skip
+    s = bench_module.settings_from_args(args)
+    assert s.compile_modes == [False, True]
+    assert s.overrides == ["model.attn_dropout=0", "model.dropout=0.2"]
+    cfg = bench_module.compose_train_config("transformer", s)
+    assert cfg.model.attn_dropout == 0 and cfg.model.dropout == 0.2
+    plain = bench_module.settings_from_args(bench_module.parse_args(["--device", "cpu"]))
+    assert plain.compile_modes == [False] and plain.overrides == []
