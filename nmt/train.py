@@ -36,7 +36,7 @@ from nmt.config import ConfigError, register_configs, to_container, validate
 from nmt.data.batching import Batch, TokenBatchSampler, eval_batches, make_batch, padding_share
 from nmt.data.corpus import DataError
 from nmt.data.prepare import EvalSet, PreparedData, prepare_data
-from nmt.data.tokenizer import PAD_ID, TokenizerPair
+from nmt.data.tokenizer import TokenizerPair
 from nmt.inference import build_model
 from nmt.metrics import bleu, chrf
 from nmt.models.base import Seq2Seq
@@ -81,12 +81,14 @@ class TrainState:
 
 
 def loss_sum(model: torch.nn.Module, batch: Batch, label_smoothing: float) -> torch.Tensor:
-    """Summed (label-smoothed) cross-entropy over the non-pad target tokens of a batch."""
-    logits = model(batch.src, batch.src_lens, batch.tgt_in)  # (B, T, V)
+    """Summed (label-smoothed) cross-entropy over the non-pad target tokens of a batch.
+
+    Only the N real target positions are projected onto the vocabulary and scored.
+    """
+    logits = model(batch.src, batch.src_lens, batch.tgt_in, batch.tgt_positions)  # (N, V)
     return F.cross_entropy(
-        logits.flatten(0, 1).float(),  # (B*T, V)
-        batch.tgt_out.flatten(),  # (B*T,)
-        ignore_index=PAD_ID,
+        logits.float(),
+        batch.tgt_out.flatten().index_select(0, batch.tgt_positions),  # (N,)
         label_smoothing=label_smoothing,
         reduction="sum",
     )

@@ -415,7 +415,11 @@ def test_token_dataset_and_make_batch() -> None:
         [11, 12, 13, 14, EOS_ID],
     ]
     assert b.index.tolist() == [2, 0, 1] and b.n_tgt_tokens == 10
-    assert all(t.dtype == torch.long for t in (b.src, b.src_lens, b.tgt_in, b.tgt_out, b.index))
+    assert b.tgt_positions.tolist() == [0, 1, 5, 6, 7, 10, 11, 12, 13, 14]  # non-PAD, row-major
+    assert all(
+        t.dtype == torch.long
+        for t in (b.src, b.src_lens, b.tgt_in, b.tgt_out, b.index, b.tgt_positions)
+    )
     assert len(b) == 3 and b.to("cpu").src.equal(b.src)
     sub = ds.subset([1, 2, 0, 1])
     assert [sub.src(i).tolist() for i in range(4)] == [[8], [], [5, 6, 7], [8]]

@@ -114,6 +114,27 @@ def test_padding_changes_no_real_logits(name: str) -> None:
 
 @pytest.mark.parametrize("name", VARIANTS)
 @torch.no_grad()
+def test_projecting_only_real_positions_equals_the_full_logits(name: str) -> None:
+    """forward(..., positions) is the full forward's logits at those flat positions, and the
+    training loss over them equals cross-entropy over the padded grid with PAD ignored."""
+    model = build(name).eval()
+    src, src_lens, tgt, tgt_lens = random_batch([6, 3, 4], [5, 2, 4], seed=2)
+    full = model(src, src_lens, tgt)  # (B, T, V)
+    real = lengths_to_mask(tgt_lens)  # (B, T)
+    positions = torch.nonzero(real.flatten()).squeeze(1)  # (N,)
+    picked = model(src, src_lens, tgt, positions)  # (N, V)
+    assert picked.shape == (int(real.sum()), TGT_V)
+    torch.testing.assert_close(picked, full[real], atol=1e-6, rtol=1e-5)
+    gold = torch.randint(4, TGT_V, tgt.shape).masked_fill(~real, PAD)  # (B, T)
+    grid = F.cross_entropy(
+        full.flatten(0, 1), gold.flatten(), ignore_index=PAD, label_smoothing=0.1, reduction="sum"
+    )
+    picked_loss = F.cross_entropy(picked, gold[real], label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(picked_loss, grid)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@torch.no_grad()
 def test_incremental_decoding_equals_forward(name: str) -> None:
     model = build(name).eval()
     src, src_lens, tgt, _ = random_batch([6, 3, 5], [7, 4, 7], seed=1)

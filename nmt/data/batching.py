@@ -114,6 +114,9 @@ class Batch:
     tgt_out: Tensor  # (B, T) long, target + EOS, PAD after
     index: Tensor  # (B,) long
     n_tgt_tokens: int  # non-PAD positions in tgt_out
+    # (N,) long, N = n_tgt_tokens: the non-PAD positions of tgt_out flattened row-major, so
+    # the loss projects and scores only real tokens (built here, no device sync later)
+    tgt_positions: Tensor
 
     def __len__(self) -> int:
         return self.src.size(0)
@@ -149,6 +152,7 @@ def make_batch(ds: TokenDataset, indices: Sequence[int] | np.ndarray) -> Batch:
     tgt_out = torch.full((len(idx), width), PAD_ID, dtype=torch.long)  # (B, T)
     tgt_out[:, :-1] = tgt_ids
     tgt_out[rows, tgt_len] = EOS_ID
+    positions = torch.nonzero(tgt_out.flatten() != PAD_ID).squeeze(1)  # (N,)
     return Batch(
         src=src,
         src_lens=src_len + 1,
@@ -156,6 +160,7 @@ def make_batch(ds: TokenDataset, indices: Sequence[int] | np.ndarray) -> Batch:
         tgt_out=tgt_out,
         index=torch.from_numpy(idx.copy()),
         n_tgt_tokens=int(tgt_len.sum()) + len(idx),
+        tgt_positions=positions,
     )
 
 

@@ -117,8 +117,11 @@ class Seq2Seq(nn.Module):
         """
         raise NotImplementedError
 
-    def forward(self, src: Tensor, src_lens: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits (B, T, V)."""
+    def forward(
+        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
+    ) -> Tensor:
+        """Teacher-forced logits (B, T, V); with ``positions`` (N,), flat indices into the
+        B x T target positions, only those are projected: (N, V) (the loss skips padding)."""
         raise NotImplementedError
 
     def forward_with_attention(

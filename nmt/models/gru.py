@@ -157,10 +157,11 @@ class GRUBahdanau(Seq2Seq):
         return logits, {**state, "hidden": hidden}, weights
 
     def _teacher_forced(
-        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor
+        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """Logits (B, T, V) and attention weights (B, T, S); the vocabulary projection runs
-        once over all steps after the recurrent loop."""
+        once over all steps after the recurrent loop (at flat ``positions`` only, if given:
+        logits (N, V))."""
         state = self.encode(src, src_lens)
         emb = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
         tops, contexts, weights = [], [], []
@@ -172,11 +173,17 @@ class GRUBahdanau(Seq2Seq):
             weights.append(w)
         top = torch.stack(tops, dim=1)  # (B, T, H)
         context = torch.stack(contexts, dim=1)  # (B, T, C)
+        if positions is not None:  # (B, T, *) -> (N, *)
+            top, context, emb = (
+                x.flatten(0, 1).index_select(0, positions) for x in (top, context, emb)
+            )
         return self._output(top, context, emb), torch.stack(weights, dim=1)  # (B, T, V), (B, T, S)
 
-    def forward(self, src: Tensor, src_lens: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits (B, T, V)."""
-        return self._teacher_forced(src, src_lens, tgt_in)[0]
+    def forward(
+        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
+    ) -> Tensor:
+        """Teacher-forced logits (B, T, V), or (N, V) at flat ``positions`` (N,)."""
+        return self._teacher_forced(src, src_lens, tgt_in, positions)[0]
 
     def forward_with_attention(
         self, src: Tensor, src_lens: Tensor, tgt_in: Tensor

@@ -295,7 +295,12 @@ class Transformer(Seq2Seq):
         return logits, new_state, cross[:, :, 0].mean(dim=1)  # (B, S)
 
     def _run(
-        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, need_weights: bool
+        self,
+        src: Tensor,
+        src_lens: Tensor,
+        tgt_in: Tensor,
+        need_weights: bool,
+        positions: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, list[Tensor]]]:
         memory, pad, enc_self = self._encode(src, src_lens, need_weights)  # (B, S, D)
         x = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, 0)  # (B, T, D)
@@ -304,12 +309,16 @@ class Transformer(Seq2Seq):
             x, sw, cw = layer(x, memory, pad, need_weights=need_weights)  # (B, T, D)
             dec_self.append(sw)
             cross.append(cw)
-        logits = self.out_proj(self.dec_norm(x))  # (B, T, V)
+        if positions is not None:
+            x = x.flatten(0, 1).index_select(0, positions)  # (N, D)
+        logits = self.out_proj(self.dec_norm(x))  # (B, T, V) or (N, V)
         return logits, {"enc_self": enc_self, "dec_self": dec_self, "cross": cross}
 
-    def forward(self, src: Tensor, src_lens: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits (B, T, V)."""
-        return self._run(src, src_lens, tgt_in, need_weights=False)[0]
+    def forward(
+        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
+    ) -> Tensor:
+        """Teacher-forced logits (B, T, V), or (N, V) at flat ``positions`` (N,)."""
+        return self._run(src, src_lens, tgt_in, need_weights=False, positions=positions)[0]
 
     def forward_with_attention(
         self, src: Tensor, src_lens: Tensor, tgt_in: Tensor
