@@ -136,6 +136,7 @@ class Settings:
     quick: bool
     compile_modes: list[bool] = field(default_factory=lambda: [False])
     overrides: list[str] = field(default_factory=list)
+    decode: bool = True
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -182,6 +183,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="a training config override for every model, e.g. model.attn_dropout=0 (repeatable)",
     )
+    p.add_argument(
+        "--decode",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure decoding too (--no-decode: training only)",
+    )
     p.add_argument("--quick", action="store_true", help="few steps and sentences (~1 minute)")
     return p.parse_args(argv)
 
@@ -224,6 +231,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         quick=quick,
         compile_modes={"off": [False], "on": [True], "both": [False, True]}[args.compile],
         overrides=list(args.set),
+        decode=bool(args.decode),
     )
 
 
@@ -798,7 +806,8 @@ def bench_model(
             key = precision + ("+compile" if compiled else "")
             say(f"training {model} in {key}: {s.warmup} + {s.steps} steps")
             result["train"][key] = bench_training(cfg, data, precision, s, peak, compiled)
-    result["decode"] = bench_decoding(model, cfg, data, s)
+    if s.decode:
+        result["decode"] = bench_decoding(model, cfg, data, s)
     return result
 
 
@@ -848,8 +857,8 @@ def decoding_table(result: dict[str, Any]) -> str:
     ]
     rows = []
     for model, m in result["models"].items():
-        d = m["decode"]
-        for name, r in d["runs"].items():
+        d = m.get("decode")
+        for name, r in d["runs"].items() if d else ():
             rows.append([
                 model, d["weights"], name, str(r["sentences"]), f"{r['seconds']:.2f}",
                 f"{r['sentences_per_s']:.1f}", f"{r['tgt_tokens_per_s']:.0f}",
@@ -872,13 +881,22 @@ def report(result: dict[str, Any]) -> str:
     if result["quick"]:
         lines.append("QUICK RUN: few steps and sentences; the figures are noisy")
     lines += ["", "training (median over timed steps; FLOPs = 3 x forward matmuls, no padding)"]
-    lines += [training_table(result), "", "decoding (tokens generated, EOS included)"]
-    lines.append(decoding_table(result))
+    lines.append(training_table(result))
     for model, m in result["models"].items():
-        d = m["decode"]
+        for key, t in m["train"].items():
+            if t.get("compiled"):
+                lines.append(
+                    f"{model} {key}: {t['warmup_steps']} untimed steps took "
+                    f"{t['warmup_seconds']:.0f} s (compilation and recompilation included)"
+                )
+    decoded = {model: m["decode"] for model, m in result["models"].items() if "decode" in m}
+    if not decoded:
+        return "\n".join(lines)
+    lines += ["", "decoding (tokens generated, EOS included)", decoding_table(result)]
+    for model, d in decoded.items():
         source = f"{d['checkpoint']} (step {d['checkpoint_step']})" if d["checkpoint"] else "none"
         lines.append(f"{model}: {d['weights']} weights, checkpoint {source}, {d['test_set']}")
-    if any(m["decode"]["weights"] == "random" for m in result["models"].values()):
+    if any(d["weights"] == "random" for d in decoded.values()):
         lines.append(
             "weights=random: no trained checkpoint found, so a randomly initialised model was "
             "decoded; its outputs run to the length cap, so these speeds are pessimistic"

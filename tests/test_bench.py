@@ -231,4 +231,5 @@ def test_bench_compile_and_override_options(bench_module, tmp_path):
     cfg = bench_module.compose_train_config("transformer", s)
     assert cfg.model.attn_dropout == 0 and cfg.model.dropout == 0.2
     plain = bench_module.settings_from_args(bench_module.parse_args(["--device", "cpu"]))
-    assert plain.compile_modes == [False] and plain.overrides == []
+    assert plain.compile_modes == [False] and plain.overrides == [] and plain.decode
+    assert not bench_module.settings_from_args(bench_module.parse_args(["--no-decode"])).decode
