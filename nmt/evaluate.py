@@ -24,7 +24,7 @@ from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import DataError, read_lines, strip_lines
 from nmt.data.prepare import EvalSet, encode_texts, load_test_sets
 from nmt.data.tokenizer import TokenizerPair
-from nmt.inference import checkpoint_path, load_trained
+from nmt.inference import checkpoint_path, decode_defaults, load_trained
 from nmt.metrics import all_scores
 from nmt.runtime import config_dir, pick_device, resolve_run_dir, setup_logging
 from nmt.search import DecodeOptions, translate_dataset
@@ -77,7 +77,7 @@ def evaluate(cfg: DictConfig) -> dict:
     device = pick_device(cfg.device)
     path = checkpoint_path(cfg.run, cfg.ckpt)
     trained = load_trained(path, device)
-    opts = DecodeOptions.from_config(cfg, trained.cfg.get("decode"))
+    opts = DecodeOptions.from_config(cfg, decode_defaults(trained))
     out_dir = output_dir(cfg, path)
     if cfg.test:
         sets = [file_test_set(spec, trained.tokenizers) for spec in cfg.test]

@@ -47,6 +47,21 @@ def run_decode_defaults(run_dir: Path) -> DictConfig:
     return defaults
 
 
+def decode_defaults(trained: Trained) -> DictConfig | None:
+    """How a checkpoint is meant to be decoded: the ``decode`` section of its run's
+    config.yaml (which ``nmt-tune-decode --apply`` updates) over the one saved in the
+    checkpoint; only the latter for a checkpoint outside a run directory."""
+    saved = trained.cfg.get("decode")
+    ckpt = trained.path.resolve()
+    config_file = ckpt.parent.parent / "config.yaml"
+    if ckpt.parent.name != "checkpoints" or not config_file.is_file():
+        return saved
+    run = OmegaConf.load(config_file).get("decode")
+    if run is None:
+        return saved
+    return run if saved is None else OmegaConf.merge(saved, run)
+
+
 def chosen_checkpoint(run_dir: Path, choice: str) -> str:
     """``decode.checkpoint`` resolved: ``auto`` is the averaged weights when their validation
     BLEU beat the best single checkpoint's (both in summary.json), else ``best``."""

@@ -25,7 +25,7 @@ from nmt.checkpoint import CheckpointError, atomic_write_bytes
 from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import DataError, read_lines
 from nmt.data.prepare import encode_texts
-from nmt.inference import Trained, checkpoint_path, load_trained
+from nmt.inference import Trained, checkpoint_path, decode_defaults, load_trained
 from nmt.runtime import config_dir, pick_device, setup_logging
 from nmt.search import DecodeOptions, translate_dataset_nbest
 
@@ -82,7 +82,7 @@ def translate(cfg: DictConfig) -> None:
     """Run one ``nmt-translate`` command."""
     device = pick_device(cfg.device)
     trained = load_trained(checkpoint_path(cfg.run, cfg.ckpt), device)
-    opts = DecodeOptions.from_config(cfg, trained.cfg.get("decode"))
+    opts = DecodeOptions.from_config(cfg, decode_defaults(trained))
     if cfg.n_best < 1 or cfg.n_best > opts.beam:
         raise ConfigError(f"n_best={cfg.n_best} must be between 1 and beam={opts.beam}")
     if cfg.input is None and sys.stdin.isatty():

@@ -22,7 +22,7 @@ from nmt.evaluate import evaluate
 from nmt.inference import build_model, checkpoint_path, chosen_checkpoint, load_trained
 from nmt.metrics import bleu
 from nmt.translate import translate
-from nmt.tune_decode import parse_numbers, tune
+from nmt.tune_decode import apply_to_run, parse_numbers, tune
 
 from .helpers import compose_config, corpus_overrides, write_subset
 
@@ -275,9 +275,12 @@ def test_tune_decode_scores_each_setting_on_validation_and_applies_the_best(
     saved = OmegaConf.load(run / "config.yaml")
     assert saved.decode.beam == best["beam"] and saved.decode.checkpoint == "best"
     assert saved.trainer.seed == 1  # the rest of the config is kept
+    apply_to_run(run, 3, 0.7)  # nmt-eval and nmt-translate follow the applied decoding
+    valid = payload["config"]["data"]["valid"]
+    applied = evaluate(compose_config("eval", [f"run={run}", f"test=[{valid}.de:{valid}.en]"]))
+    assert applied["options"]["beam"] == 3 and applied["options"]["length_penalty"] == 0.7
     assert Path(report["written"]).is_file()
     # the greedy row is the BLEU nmt-eval gives for the validation files with beam=1
-    valid = payload["config"]["data"]["valid"]
     ref = evaluate(
         compose_config("eval", [f"run={run}", f"test=[{valid}.de:{valid}.en]", "beam=1"])
     )
