@@ -78,7 +78,8 @@ def tune(
     """Decode and score the validation split for each setting; returns the JSON report."""
     device = pick_device(device_name)
     path = checkpoint_path(run, ckpt)
-    run_dir = path.resolve().parent.parent
+    inside = path.resolve().parent.name == "checkpoints"  # else a file given from elsewhere
+    run_dir = path.resolve().parent.parent if inside else resolve_run_dir(run)
     trained = load_trained(path, device)
     valid = load_valid_set(trained.cfg.data, trained.tokenizers)
     rows, signature = [], ""
@@ -105,7 +106,10 @@ def tune(
         "sentences": len(valid),
         "signature": signature,
         "rows": sorted(rows, key=lambda r: r["BLEU"], reverse=True),
-        "best": {"beam": best["beam"], "length_penalty": best["length_penalty"] or 1.0},
+        "best": {
+            "beam": best["beam"],
+            "length_penalty": 1.0 if best["length_penalty"] is None else best["length_penalty"],
+        },
         "applied": False,
     }
     if apply:
