@@ -24,7 +24,7 @@ from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import DataError, read_lines, strip_lines
 from nmt.data.prepare import EvalSet, encode_texts, load_test_sets
 from nmt.data.tokenizer import TokenizerPair
-from nmt.inference import checkpoint_path, decode_defaults, load_trained
+from nmt.inference import checkpoint_path, checkpoint_run_dir, decode_defaults, load_trained
 from nmt.metrics import all_scores
 from nmt.runtime import config_dir, pick_device, resolve_run_dir, setup_logging
 from nmt.search import DecodeOptions, translate_dataset
@@ -52,9 +52,7 @@ def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
     """``out`` if given, else ``eval/`` in the checkpoint's run (or in ``run``)."""
     if cfg.out:
         return Path(cfg.out)
-    ckpt = ckpt.resolve()
-    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else resolve_run_dir(cfg.run)
-    return run_dir / "eval"
+    return (checkpoint_run_dir(ckpt) or resolve_run_dir(cfg.run)) / "eval"
 
 
 def options_tag(ckpt: Path, opts: DecodeOptions) -> str:

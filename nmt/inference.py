@@ -36,15 +36,24 @@ class Trained:
     step: int
 
 
+def checkpoint_run_dir(ckpt: Path) -> Path | None:
+    """The run directory holding ``ckpt`` (``<run>/checkpoints/x.pt``), or None for a file
+    kept elsewhere."""
+    ckpt = ckpt.resolve()
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
+
+
+def _saved_decode(run_dir: Path) -> DictConfig | None:
+    """The ``decode`` section of a run's config.yaml, None where there is none."""
+    config_file = run_dir / "config.yaml"
+    return OmegaConf.load(config_file).get("decode") if config_file.is_file() else None
+
+
 def run_decode_defaults(run_dir: Path) -> DictConfig:
     """The ``decode`` section of a run's config.yaml (defaults for runs that predate it)."""
     defaults = OmegaConf.create({"beam": 1, "length_penalty": 1.0, "checkpoint": "best"})
-    config_file = run_dir / "config.yaml"
-    if config_file.is_file():
-        saved = OmegaConf.load(config_file)
-        if "decode" in saved:
-            return OmegaConf.merge(defaults, saved.decode)
-    return defaults
+    saved = _saved_decode(run_dir)
+    return defaults if saved is None else OmegaConf.merge(defaults, saved)
 
 
 def decode_defaults(trained: Trained) -> DictConfig | None:
@@ -52,11 +61,8 @@ def decode_defaults(trained: Trained) -> DictConfig | None:
     config.yaml (which ``nmt-tune-decode --apply`` updates) over the one saved in the
     checkpoint; only the latter for a checkpoint outside a run directory."""
     saved = trained.cfg.get("decode")
-    ckpt = trained.path.resolve()
-    config_file = ckpt.parent.parent / "config.yaml"
-    if ckpt.parent.name != "checkpoints" or not config_file.is_file():
-        return saved
-    run = OmegaConf.load(config_file).get("decode")
+    run_dir = checkpoint_run_dir(trained.path)
+    run = _saved_decode(run_dir) if run_dir is not None else None
     if run is None:
         return saved
     return run if saved is None else OmegaConf.merge(saved, run)

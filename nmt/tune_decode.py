@@ -25,7 +25,7 @@ from nmt.checkpoint import CheckpointError, atomic_write_bytes
 from nmt.config import ConfigError
 from nmt.data.corpus import DataError
 from nmt.data.prepare import load_valid_set
-from nmt.inference import checkpoint_path, load_trained
+from nmt.inference import checkpoint_path, checkpoint_run_dir, load_trained
 from nmt.metrics import bleu, chrf
 from nmt.runtime import pick_device, resolve_run_dir, setup_logging
 from nmt.search import DecodeOptions, translate_dataset
@@ -78,8 +78,7 @@ def tune(
     """Decode and score the validation split for each setting; returns the JSON report."""
     device = pick_device(device_name)
     path = checkpoint_path(run, ckpt)
-    inside = path.resolve().parent.name == "checkpoints"  # else a file given from elsewhere
-    run_dir = path.resolve().parent.parent if inside else resolve_run_dir(run)
+    run_dir = checkpoint_run_dir(path) or resolve_run_dir(run)
     trained = load_trained(path, device)
     valid = load_valid_set(trained.cfg.data, trained.tokenizers)
     rows, signature = [], ""

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from .helpers import write_subset
+
 REPO = Path(__file__).resolve().parents[1]
 _DEFAULT_MIRROR = REPO.parent / "shared" / "data" / "multi30k"
 
@@ -26,6 +28,12 @@ def mirror() -> Path:
             "train/val/test_2016_flickr .gz files"
         )
     return path
+
+
+@pytest.fixture(scope="session")
+def corpus(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """120 real Multi30k training pairs as plain files; returns their prefix."""
+    return write_subset(mirror, tmp_path_factory.mktemp("corpus"), "train", 120)
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,10 @@ TINY_TRANSFORMER = [
 ]
 
 
+# runs whose results must match exactly: no dropout, on the CPU
+DETERMINISTIC = ("model.dropout=0.0", "model.attn_dropout=0.0", "trainer.device=cpu")
+
+
 def corpus_overrides(corpus: Path, root: Path) -> list[str]:
     """A de->en `parallel` data config training, validating and testing on one small corpus."""
     return [

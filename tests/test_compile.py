@@ -8,14 +8,9 @@ import torch
 from nmt.checkpoint import load_checkpoint
 from nmt.train import train
 
-from .helpers import compose_config, tiny_run_overrides, write_subset
+from .helpers import DETERMINISTIC, compose_config, tiny_run_overrides
 
 STEPS = 6
-
-
-@pytest.fixture(scope="module")
-def corpus(mirror, tmp_path_factory):
-    return write_subset(mirror, tmp_path_factory.mktemp("corpus"), "train", 120)
 
 
 @pytest.mark.slow
@@ -23,9 +18,7 @@ def test_compiled_training_equals_eager_training(corpus, tmp_path):
     common = (
         f"trainer.max_steps={STEPS}",
         "trainer.val_every=1000",
-        "model.dropout=0.0",
-        "model.attn_dropout=0.0",
-        "trainer.device=cpu",
+        *DETERMINISTIC,
         "trainer.precision=32",
     )
     runs = {}

@@ -13,7 +13,7 @@ import torch
 from nmt.checkpoint import load_checkpoint
 from nmt.train import train
 
-from .helpers import REPO, compose_config, tiny_run_overrides, write_subset
+from .helpers import DETERMINISTIC, REPO, compose_config, tiny_run_overrides
 
 STEPS = 6
 
@@ -24,19 +24,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def corpus(mirror, tmp_path_factory):
-    return write_subset(mirror, tmp_path_factory.mktemp("corpus"), "train", 120)
-
-
 @pytest.mark.slow
 def test_two_process_ddp_equals_single_process_with_the_same_global_batch(corpus, tmp_path):
     common = (
         f"trainer.max_steps={STEPS}",
         "trainer.val_every=1000",
-        "model.dropout=0.0",
-        "model.attn_dropout=0.0",
-        "trainer.device=cpu",
+        *DETERMINISTIC,
     )
     # Rank r takes batches r, r+2, ... of the epoch, so an update of 2 ranks covers the same
     # two batches as an update of one process accumulating 2.

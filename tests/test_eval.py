@@ -287,6 +287,10 @@ def test_tune_decode_scores_each_setting_on_validation_and_applies_the_best(
     greedy = next(r for r in report["rows"] if r["beam"] == 1)
     assert greedy["BLEU"] == pytest.approx(ref["sets"]["train0_200.de"]["scores"]["BLEU"]["score"])
     no_penalty = tune(run, None, [2], [0.0], "cpu")  # alpha 0 (no penalty) is kept as 0
+    outside = tmp_path / "elsewhere.pt"  # a checkpoint file kept outside the run
+    save_checkpoint(payload, outside)
+    report = tune(run, str(outside), [1], [1.0], "cpu")
+    assert Path(report["written"]).parent == run / "eval"
     assert no_penalty["best"] == {"beam": 2, "length_penalty": 0.0}
     with pytest.raises(ConfigError, match="--alphas"):
         parse_numbers("0.6,x", float, "--alphas")

@@ -20,12 +20,7 @@ from nmt.config import ConfigError, validate
 from nmt.inference import checkpoint_path
 from nmt.train import train
 
-from .helpers import REPO, compose_config, tiny_run_overrides, write_subset
-
-
-@pytest.fixture(scope="module")
-def corpus(mirror, tmp_path_factory):
-    return write_subset(mirror, tmp_path_factory.mktemp("corpus"), "train", 120)
+from .helpers import REPO, compose_config, tiny_run_overrides
 
 
 def run(corpus, tmp_path, name, *extra):
