@@ -10,7 +10,8 @@ and standard deviation over seeds::
 
 The score of a run is the one of its own decoding (``decode`` in its config: checkpoint, beam,
 length penalty), the way ``make eval`` scores it without options; runs not evaluated that way
-are listed as skipped.
+are listed as skipped. A run whose decoding was chosen by ``make tune-decode ARGS="--apply"``
+gets that step in its command.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class RunResult:
     train_minutes: float
     hardware: str
     scores: dict[str, float]  # BLEU, chrF2, BLEU-lc
+    tuned: bool = False  # decoding chosen on validation by tune-decode --apply
 
 
 @dataclass
@@ -111,23 +113,37 @@ def load_run(run: Path, checkpoint: str | None = None) -> RunResult | str:
         train_minutes=float(summary["train_time"]) / 60,
         hardware=hardware_text(summary.get("hardware")),
         scores=scores,
+        tuned=decode_applied(run),
     )
+
+
+def decode_applied(run: Path) -> bool:
+    """Whether ``nmt-tune-decode --apply`` wrote the run's decoding (its reports say so)."""
+    for report in sorted((run / "eval").glob("tune_decode.*.json")):
+        try:
+            if json.loads(report.read_text()).get("applied"):
+                return True
+        except (OSError, ValueError) as err:
+            print(f"warning: {report}: unreadable ({err})", file=sys.stderr)
+    return False
 
 
 # overrides that do not change the experiment (seeds form one row; the rest is bookkeeping)
 SKIPPED = ("trainer.seed=", "trainer.progress=", "outputs=", "hydra.")
 
 
-def command(overrides: list[str]) -> str:
+def command(overrides: list[str], tuned: bool = False) -> str:
     args = " ".join(overrides)
-    return f'make train ARGS="{args}" && make eval' if args else "make train && make eval"
+    train = f'make train ARGS="{args}"' if args else "make train"
+    tune = ' && make tune-decode ARGS="--apply"' if tuned else ""
+    return f"{train}{tune} && make eval"
 
 
 def group(results: list[RunResult]) -> list[Row]:
     rows: dict[tuple[str, ...], Row] = {}
     for r in results:
-        key = (r.model, r.direction, *sorted(r.overrides))
-        row = rows.setdefault(key, Row(r.model, r.direction, command(r.overrides)))
+        key = (r.model, r.direction, r.tuned, *sorted(r.overrides))
+        row = rows.setdefault(key, Row(r.model, r.direction, command(r.overrides, r.tuned)))
         row.runs.append(r)
     return list(rows.values())
 

@@ -80,3 +80,22 @@ def test_seeds_form_one_row_with_mean_and_std(table, tmp_path: Path, capsys) -> 
 def test_decode_tag_matches_eval_file_names(table) -> None:
     assert table.decode_tag({"beam": 1, "checkpoint": "best"}) == "best.beam1"
     assert table.decode_tag({"beam": 5, "length_penalty": 0.6}) == "best.beam5.lp0.6"
+
+
+def test_command_names_tune_decode_when_it_chose_the_decoding(
+    table, tmp_path: Path, capsys
+) -> None:
+    tuned = fake_run(tmp_path, "tuned", 1234, 40.0)
+    report = {"applied": True, "best": {"beam": 5, "length_penalty": 1.0}}
+    (tuned / "eval" / "tune_decode.averaged.json").write_text(json.dumps(report))
+    listed = fake_run(tmp_path, "listed", 7, 42.0)  # tuned without --apply: not in the command
+    report = {"applied": False, "best": {"beam": 5, "length_penalty": 1.0}}
+    (listed / "eval" / "tune_decode.averaged.json").write_text(json.dumps(report))
+    assert table.main([str(tuned), str(listed)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| Trans")]
+    assert len(rows) == 2  # a tuned run does not pool with an untuned one
+    commands = {row.split("`")[1] for row in rows}
+    assert commands == {
+        'make train ARGS="experiment=cpu_quick" && make tune-decode ARGS="--apply" && make eval',
+        'make train ARGS="experiment=cpu_quick" && make eval',
+    }
