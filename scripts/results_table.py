@@ -140,7 +140,7 @@ def command(overrides: list[str], tuned: bool = False) -> str:
 
 
 def group(results: list[RunResult]) -> list[Row]:
-    rows: dict[tuple[str, ...], Row] = {}
+    rows: dict[tuple[str | bool, ...], Row] = {}
     for r in results:
         key = (r.model, r.direction, r.tuned, *sorted(r.overrides))
         row = rows.setdefault(key, Row(r.model, r.direction, command(r.overrides, r.tuned)))
