@@ -19,7 +19,8 @@ from typing import Any
 
 from torch import Tensor
 
-from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, step_checkpoints
+from nmt.checkpoint import CheckpointError, save_checkpoint, step_checkpoints
+from nmt.inference import load_checked_checkpoint
 from nmt.runtime import resolve_run_dir, setup_logging
 
 log = logging.getLogger("nmt.average")
@@ -62,7 +63,7 @@ def average_state_dicts(paths: Sequence[Path]) -> tuple[dict[str, Tensor], dict[
     reference: dict[str, Tensor] = {}
     payload: dict[str, Any] = {}
     for i, path in enumerate(paths):
-        payload = load_checkpoint(path)
+        payload = load_checked_checkpoint(path)
         weights = payload["model"]
         if i == 0:
             reference = weights

@@ -52,7 +52,7 @@ class DataConfig:
 
 @dataclass
 class GRUBahdanauConfig:
-    _target_: str = "nmt.models.gru.GRUBahdanau"
+    arch: str = "gru_bahdanau"  # the model's name in nmt.models.registry
     emb_dim: int = 256
     hidden_dim: int = 512
     enc_layers: int = 1
@@ -66,7 +66,7 @@ class GRUBahdanauConfig:
 
 @dataclass
 class TransformerConfig:
-    _target_: str = "nmt.models.transformer.Transformer"
+    arch: str = "transformer"  # the model's name in nmt.models.registry
     d_model: int = 256
     heads: int = 4
     d_ff: int = 1024
@@ -114,10 +114,10 @@ class TrainerConfig:
     val_sentences: int = 0  # 0 = the whole validation split
     max_output_len_a: float = 1.2  # decoding cap: a * source_length + b
     max_output_len_b: int = 10
-    patience: int = 0  # validations without BLEU improvement before stopping; 0 = off
+    patience: int = 10  # validations without BLEU improvement before stopping; 0 = off
     attention_sentences: int = 4  # validation sentences drawn in TensorBoard; 0 = none
     attention_layers: str = "last"  # self-attention layers drawn: last | all | none | 0,2
-    keep_last: int = 5
+    keep_last: int = 5  # step checkpoints kept (for averaging), besides last.pt and best.pt
     average_last: int = 0  # > 0: at the end, average the last N step checkpoints (averaged.pt)
     resume: str | None = None  # run dir, checkpoint file, or "auto"
     compile: bool = False
@@ -197,6 +197,14 @@ class AttentionConfig:
     max_output_len_b: int = 10
     dpi: int = 120
     device: str = "auto"
+
+
+# The model schemas by architecture name: a model config's ``arch`` selects one (and, through
+# nmt.models.registry, the class that is built). Nothing else can name a model.
+MODEL_SCHEMAS: dict[str, type] = {
+    "transformer": TransformerConfig,
+    "gru_bahdanau": GRUBahdanauConfig,
+}
 
 
 def register_configs() -> None:
@@ -296,6 +304,7 @@ def validate(cfg: DictConfig) -> None:
 
 def validate_model(m: DictConfig) -> None:
     """Model-specific checks, keyed by the fields a model config has."""
+    _choice("model.arch", m.get("arch", "<missing>"), tuple(MODEL_SCHEMAS))
     for key, value in m.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if key.endswith("dropout"):

@@ -131,13 +131,13 @@ def gru_forward_flops(
 
 
 def model_kind(model: Mapping[str, Any]) -> str:
-    """``transformer`` or ``gru`` from a model config's ``_target_`` (or its fields)."""
-    target = str(model.get("_target_", ""))
-    if target.endswith("Transformer") or "d_model" in model:
+    """``transformer`` or ``gru`` from a model config's ``arch`` (or its fields)."""
+    arch = str(model.get("arch", ""))
+    if arch == "transformer" or (not arch and "d_model" in model):
         return "transformer"
-    if target.endswith("GRUBahdanau") or "hidden_dim" in model:
+    if arch == "gru_bahdanau" or (not arch and "hidden_dim" in model):
         return "gru"
-    raise ValueError(f"no FLOP count for model {target or dict(model)!r}")
+    raise ValueError(f"no FLOP count for model {arch or dict(model)!r}")
 
 
 def forward_flops_breakdown(

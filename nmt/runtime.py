@@ -8,6 +8,7 @@ import os
 import platform
 import random
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,38 @@ def setup_logging(log_file: Path | None = None, rank: int = 0) -> None:
         fh.setFormatter(fmt)
         fh._nmt_file = True  # type: ignore[attr-defined]
         root.addHandler(fh)
+
+
+class _Held(logging.Handler):
+    """Keeps the warnings logged while the run's log file is not open yet."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def held_warnings() -> Iterator[list[logging.LogRecord]]:
+    """Collect the warnings logged inside the block (they still reach the console), so that
+    :func:`write_to_log_file` can add them to a log file opened afterwards."""
+    held = _Held()
+    root = logging.getLogger()
+    root.addHandler(held)
+    try:
+        yield held.records
+    finally:
+        root.removeHandler(held)
+
+
+def write_to_log_file(records: list[logging.LogRecord]) -> None:
+    """Write ``records`` to the log file of :func:`setup_logging` (not to the console)."""
+    for handler in logging.getLogger().handlers:
+        if getattr(handler, "_nmt_file", False):
+            for record in records:
+                handler.handle(record)
 
 
 @dataclass

@@ -37,7 +37,7 @@ from nmt.data.batching import Batch, TokenBatchSampler, eval_batches, make_batch
 from nmt.data.corpus import DataError
 from nmt.data.prepare import EvalSet, PreparedData, prepare_data
 from nmt.data.tokenizer import TokenizerPair
-from nmt.inference import build_model
+from nmt.inference import build_model, load_checked_checkpoint
 from nmt.metrics import bleu, chrf
 from nmt.models.base import Seq2Seq
 from nmt.optim import build_optimizer, build_scheduler
@@ -46,12 +46,14 @@ from nmt.runtime import (
     autocast,
     config_dir,
     device_name,
+    held_warnings,
     init_distributed,
     pick_device,
     resolve_precision,
     seed_everything,
     setup_logging,
     update_latest_link,
+    write_to_log_file,
 )
 from nmt.search import DecodeOptions, translate_dataset
 from nmt.visualize import log_hparams, log_validation_views
@@ -471,6 +473,7 @@ class Trainer:
                 log_validation_views(
                     self.writer, self.model, self.data.valid, self.data.tokenizers, s.step,
                     self.device, self.t.attention_sentences, self.t.attention_layers,
+                    max_len_a=self.t.max_output_len_a, max_len_b=self.t.max_output_len_b,
                 )  # fmt: skip
             self.writer.flush()
         self.save(is_best=improved)
@@ -546,24 +549,24 @@ class Trainer:
                         self.device, self.dist,
                     )  # fmt: skip
                     s.batch_in_epoch += len(group)
-                    if not res.finite:
-                        bad_in_row += 1
-                        self._non_finite(bad_in_row)
-                        continue
-                    bad_in_row = 0
                     seconds = time.perf_counter() - tic
-                    s.train_time += seconds
+                    s.train_time += seconds  # a skipped update took its time too
                     if self.sync_clock:  # same lr on every rank
                         s.train_time = self._slowest_rank(s.train_time)
-                    self.scheduler.step()
-                    s.step += 1
-                    window.add(res, seconds)
-                    pbar.update(1)
-                    if s.step % t.log_every == 0:
-                        self.log_window(window, pbar)
-                        window = Window.new(self.device)
-                    if s.step % t.val_every == 0 and self.validate():
-                        reason = f"early stopping: no BLEU gain in {t.patience} validations"
+                    if res.finite:
+                        bad_in_row = 0
+                        self.scheduler.step()
+                        s.step += 1
+                        window.add(res, seconds)
+                        pbar.update(1)
+                        if s.step % t.log_every == 0:
+                            self.log_window(window, pbar)
+                            window = Window.new(self.device)
+                        if s.step % t.val_every == 0 and self.validate():
+                            reason = f"early stopping: no BLEU gain in {t.patience} validations"
+                    else:
+                        bad_in_row += 1
+                        self._non_finite(bad_in_row)
                     reason = reason or self.stop_reason(stop.received)
                 if s.batch_in_epoch + t.accumulate > len(batches):
                     s.epoch += 1
@@ -655,11 +658,13 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     t = cfg.trainer
     dist_info = init_distributed(t.device)
     outputs = Path(cfg.outputs)
-    resume_file = find_resume_checkpoint(t.resume, outputs) if t.resume else None
-    resumed = ckpt.load_checkpoint(resume_file) if resume_file else None
+    with held_warnings() as early:  # e.g. a damaged last.pt: the run's log gets them too
+        resume_file = find_resume_checkpoint(t.resume, outputs) if t.resume else None
+        resumed = load_checked_checkpoint(resume_file) if resume_file else None
     if resume_file is not None:
         run_dir = resume_file.resolve().parent.parent  # continue in place
     setup_logging(run_dir / "train.log", dist_info.rank)
+    write_to_log_file(early)
     if dist_info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

@@ -25,7 +25,7 @@ from nmt.checkpoint import CheckpointError, atomic_write_bytes
 from nmt.config import ConfigError
 from nmt.data.corpus import DataError
 from nmt.data.prepare import load_valid_set
-from nmt.inference import checkpoint_path, checkpoint_run_dir, load_trained
+from nmt.inference import checkpoint_path, checkpoint_run_dir, load_run_config, load_trained
 from nmt.metrics import bleu, chrf
 from nmt.runtime import pick_device, resolve_run_dir, setup_logging
 from nmt.search import DecodeOptions, translate_dataset
@@ -59,6 +59,7 @@ def apply_to_run(run_dir: Path, beam: int, alpha: float) -> Path:
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
         raise CheckpointError(f"{config_file} not found: --apply needs the run's saved config")
+    load_run_config(run_dir)  # refused here unless it passes the typed schema
     cfg = OmegaConf.load(config_file)
     decode = cfg.get("decode") or OmegaConf.create({})
     decode.beam, decode.length_penalty = beam, alpha

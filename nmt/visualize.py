@@ -379,6 +379,9 @@ def log_validation_views(
     device: torch.device,
     n_sentences: int = 4,
     layers: LayerSpec = "last",
+    *,
+    max_len_a: float,
+    max_len_b: int,
 ) -> dict[str, float]:
     """Log attention heatmaps, sample translations and attention entropies of the first
     ``n_sentences`` validation sentences; returns the entropy scalars (tag -> value).
@@ -387,13 +390,14 @@ def log_validation_views(
     ``attention/<view>/sent<k>`` images (views: see the module docstring; ``layers`` picks
     the self-attention layers), ``samples/sent<k>`` text (torch files it under
     ``samples/sent<k>/text_summary``), ``attention/entropy/<kind>_layer<i>`` scalars for every
-    layer of every kind. The model is put in eval mode and gets its mode back.
+    layer of every kind. Outputs are capped at ``max_len_a * source_length + max_len_b``
+    tokens, as in validation. The model is put in eval mode and gets its mode back.
     """
     n = min(n_sentences, len(evalset))
     if n <= 0:
         return {}
     batch = make_batch(evalset.data, list(range(n))).to(device)
-    sentences = attend(model, batch.src, batch.src_lens)
+    sentences = attend(model, batch.src, batch.src_lens, max_len_a, max_len_b)
     for k, sent in enumerate(sentences):
         for view in sentence_views(sent, tokenizers, layers):
             image = render_rgb(view, view_title(view, step, k))  # (H, W, 3)

@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from nmt.config import to_container
 from nmt.evaluate import options_tag
-from nmt.inference import chosen_checkpoint, run_decode_defaults
+from nmt.inference import chosen_checkpoint, load_run_config, run_decode_defaults
 from nmt.search import DecodeOptions
 
 TEST_SET = "test_2016_flickr"
@@ -71,8 +70,8 @@ def decode_tag(decode: dict[str, Any]) -> str:
 
 
 def model_name(cfg: dict[str, Any]) -> str:
-    target = cfg["model"]["_target_"].rsplit(".", 1)[-1]
-    return {"GRUBahdanau": "GRU + Bahdanau", "Transformer": "Transformer"}.get(target, target)
+    arch = cfg["model"]["arch"]
+    return {"gru_bahdanau": "GRU + Bahdanau", "transformer": "Transformer"}.get(arch, arch)
 
 
 def hardware_text(hw: dict[str, Any] | None) -> str:
@@ -90,7 +89,7 @@ def load_run(run: Path, checkpoint: str | None = None) -> RunResult | str:
     if not summary_file.is_file() or not config_file.is_file():
         return "no summary.json/config.yaml (unfinished?)"
     summary = json.loads(summary_file.read_text())
-    cfg = yaml.safe_load(config_file.read_text())
+    cfg = to_container(load_run_config(run))
     decode = dict(run_decode_defaults(run))
     decode["checkpoint"] = chosen_checkpoint(run, checkpoint or decode["checkpoint"])
     tag = decode_tag(decode)

@@ -26,7 +26,7 @@ from nmt.models.transformer import Transformer
 REPO = Path(__file__).resolve().parents[1]
 
 TINY_TRANSFORMER = {
-    "_target_": "nmt.models.transformer.Transformer",
+    "arch": "transformer",
     "d_model": 8,
     "heads": 2,
     "d_ff": 16,
@@ -42,7 +42,7 @@ TINY_TRANSFORMER = {
 }
 
 TINY_GRU = {
-    "_target_": "nmt.models.gru.GRUBahdanau",
+    "arch": "gru_bahdanau",
     "emb_dim": 8,
     "hidden_dim": 16,
     "enc_layers": 2,
@@ -84,7 +84,7 @@ def _counted(fn, *args) -> int:
 def test_transformer_count_matches_torch_flop_counter():
     """With explicit attention (forward_with_attention) every product is a matmul torch sees."""
     cfg = {**TINY_TRANSFORMER, "d_model": 16, "d_ff": 32, "enc_layers": 2, "dec_layers": 3}
-    model_args = {k: v for k, v in cfg.items() if k != "_target_"}
+    model_args = {k: v for k, v in cfg.items() if k != "arch"}
     torch.manual_seed(0)
     model = Transformer(**model_args, src_vocab_size=50, tgt_vocab_size=50, shared_vocab=True)
     model.eval()
@@ -99,7 +99,7 @@ def test_transformer_count_matches_torch_flop_counter():
 @pytest.mark.parametrize("attention", ["additive", "dot", "general"])
 def test_gru_count_matches_torch_flop_counter(attention):
     cfg = {**TINY_GRU, "attention": attention}
-    model_args = {k: v for k, v in cfg.items() if k != "_target_"}
+    model_args = {k: v for k, v in cfg.items() if k != "arch"}
     torch.manual_seed(0)
     model = GRUBahdanau(**model_args, src_vocab_size=50, tgt_vocab_size=40).eval()
     counted = 0
@@ -158,7 +158,7 @@ def test_model_kind():
     assert model_kind(TINY_TRANSFORMER) == "transformer"
     assert model_kind(TINY_GRU) == "gru"
     with pytest.raises(ValueError, match="no FLOP count"):
-        model_kind({"_target_": "somewhere.Else"})
+        model_kind({"arch": "somewhere.Else"})
     assert transformer_forward_flops(TINY_TRANSFORMER, [], [], 10)["output_proj"] == 0
 
 

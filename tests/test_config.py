@@ -6,10 +6,19 @@ from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from nmt.config import ConfigError, register_configs, validate
+from nmt.config import (
+    ConfigError,
+    GRUBahdanauConfig,
+    TrainerConfig,
+    TransformerConfig,
+    register_configs,
+    validate,
+)
 from nmt.data.tokenizer import PAD_ID
+from nmt.models.registry import build_model
 from nmt.runtime import CONFIG_DIR
 
 from .helpers import compose_config
@@ -24,11 +33,10 @@ EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.y
 
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_config_builds(model):
-    from hydra.utils import instantiate
 
     cfg = compose_config("train", [f"model={model}"])
     validate(cfg)
-    net = instantiate(
+    net = build_model(
         cfg.model, src_vocab_size=300, tgt_vocab_size=300, pad_id=PAD_ID, shared_vocab=True
     )
     assert net.num_parameters() > 0
@@ -99,3 +107,19 @@ def test_invalid_values_fail_naming_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert key in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("group", "option", "schema"),
+    [
+        ("trainer", "default", TrainerConfig),
+        ("model", "transformer", TransformerConfig),
+        ("model", "gru_bahdanau", GRUBahdanauConfig),
+    ],
+)
+def test_default_options_declare_their_values_only_in_the_schema(group, option, schema):
+    """Defaults live in one place: these YAML files set no value, so they cannot disagree."""
+    values = OmegaConf.load(Path(CONFIG_DIR) / group / f"{option}.yaml")
+    assert set(values) == {"defaults"}, f"{group}/{option}.yaml repeats schema values"
+    composed = compose_config("train", [f"{group}={option}"])[group]
+    assert composed == OmegaConf.structured(schema)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from omegaconf import OmegaConf
 
 from nmt.average import average_checkpoints, last_checkpoints
@@ -211,9 +212,7 @@ def test_eval_takes_beam_and_checkpoint_from_the_runs_decode_section(
     save_checkpoint(payload, run / "checkpoints" / "step_00000020.pt")
     os.link(run / "checkpoints" / "step_00000020.pt", run / "checkpoints" / "last.pt")
     save_checkpoint(payload, run / "checkpoints" / "best.pt")
-    (run / "config.yaml").write_text(
-        "decode:\n  beam: 3\n  length_penalty: 0.6\n  checkpoint: last\n"
-    )
+    (run / "config.yaml").write_text(yaml.safe_dump(payload["config"]))
     src, ref = pairs[1]
     report = evaluate(compose_config("eval", [f"run={run}", f"test=[{src}:{ref}]"]))
     assert report["options"]["beam"] == 3 and report["options"]["length_penalty"] == 0.6
@@ -261,7 +260,8 @@ def test_tune_decode_scores_each_setting_on_validation_and_applies_the_best(
     (run / "checkpoints").mkdir(parents=True)
     payload = load_checkpoint(run_dir / "checkpoints" / "best.pt")
     save_checkpoint(payload, run / "checkpoints" / "best.pt")
-    (run / "config.yaml").write_text("trainer:\n  seed: 1\ndecode:\n  checkpoint: best\n")
+    config = {**payload["config"], "trainer": {**payload["config"]["trainer"], "seed": 1}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
     report = tune(run, None, [1, 2, 2], [0.5, 1.0], "cpu", apply=True)
     settings = {(r["beam"], r["length_penalty"]) for r in report["rows"]}
     assert settings == {(1, None), (2, 0.5), (2, 1.0)}  # greedy once, duplicates dropped

@@ -45,6 +45,7 @@ from nmt.data import corpus
 from nmt.data.batching import TokenDataset, make_batch
 from nmt.data.corpus import MIRROR_ENV, DataError, clean_pairs, fetch_multi30k, read_parallel
 from nmt.data.tokenizer import PAD_ID
+from nmt.models.registry import build_model
 from nmt.search import DecodeOptions, decode_dataset
 from nmt.train import Checkpointer, find_resume_checkpoint, train
 
@@ -394,6 +395,9 @@ def test_resumed_training_continues_from_the_fallback(
     assert result["state"]["step"] == 8
     assert re.search(r"resuming from \S*step_00000004\.pt at step 4", caplog.text)
     assert "falling back" in caplog.text
+    log_lines = (run / "train.log").read_text().splitlines()
+    assert any("falling back" in line and "step_00000004.pt" in line for line in log_lines)
+    assert any("is corrupted" in line and "last.pt" in line for line in log_lines)
     for step in (4, 6, 8):  # the damaged step 6 was written again
         verify_checkpoint(run / "checkpoints" / f"step_{step:08d}.pt")
     assert load_checkpoint(run / "checkpoints" / "last.pt")["state"]["step"] == 8
@@ -826,9 +830,8 @@ def test_decoding_a_huge_line_among_thousands_stays_within_budget(
         TransformerConfig(d_model=16, heads=2, d_ff=32, enc_layers=1, dec_layers=1,
                           max_positions=128)
     )  # fmt: skip
-    from hydra.utils import instantiate
 
-    model = instantiate(
+    model = build_model(
         cfg, src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD_ID, shared_vocab=True
     )
     opts = DecodeOptions(max_len_a=1.2, max_len_b=4, max_tokens=600)

@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
+
+from .helpers import compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,12 +49,12 @@ def fake_run(root: Path, name: str, seed: int, bleu: float, evaluated: bool = Tr
             }
         )
     )
-    (run / "config.yaml").write_text(
-        "data: {src_lang: de, tgt_lang: en}\n"
-        "model: {_target_: nmt.models.transformer.Transformer}\n"
-        f"trainer: {{seed: {seed}}}\n"
-        "decode: {beam: 5, length_penalty: 1.0, checkpoint: averaged}\n"
+    cfg = compose_config(
+        "train",
+        [f"trainer.seed={seed}", "trainer.average_last=5", "decode.beam=5"]
+        + ["decode.length_penalty=1.0", "decode.checkpoint=averaged"],
     )
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if evaluated:
         scores = {k: {"score": bleu + d} for k, d in (("BLEU", 0), ("chrF2", 20), ("BLEU-lc", 1))}
         report = {"sets": {"test_2016_flickr": {"scores": scores}}}

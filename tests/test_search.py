@@ -9,12 +9,12 @@ import math
 
 import pytest
 import torch
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import Tensor
 
 from nmt.config import GRUBahdanauConfig, TransformerConfig
 from nmt.models.base import DecoderState, Seq2Seq, lengths_to_mask
+from nmt.models.registry import build_model
 from nmt.search import (
     DecodeOptions,
     beam_search,
@@ -247,7 +247,7 @@ def real_model(name: str, seed: int = 0) -> Seq2Seq:
     schema, sizes = TINY[name]
     torch.manual_seed(seed)
     cfg = OmegaConf.structured(schema(**sizes))
-    model = instantiate(cfg, src_vocab_size=SRC_V, tgt_vocab_size=TGT_V, pad_id=PAD)
+    model = build_model(cfg, src_vocab_size=SRC_V, tgt_vocab_size=TGT_V, pad_id=PAD)
     with torch.no_grad():
         model.out_proj.weight.mul_(4.0)
         model.out_proj.weight[EOS] *= 0.5

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -99,6 +100,41 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(corpus, tmp_path, monk
         run(corpus, tmp_path, "nan", "trainer.max_steps=40", "trainer.val_every=100")
     assert "update skipped" in caplog.text
     assert "non-finite" in caplog.text
+
+
+def _nan_on_third_update(monkeypatch, on_nan) -> None:
+    """The third update's loss is NaN (its update is skipped); ``on_nan`` runs then."""
+    real, calls = train_mod.loss_sum, {"n": 0}
+
+    def nan_on_third(model, batch, ls):
+        calls["n"] += 1
+        loss = real(model, batch, ls)
+        if calls["n"] != 3:
+            return loss
+        on_nan()
+        return loss * float("nan")
+
+    monkeypatch.setattr(train_mod, "loss_sum", nan_on_third)
+
+
+def test_a_skipped_update_counts_toward_the_time_limit(corpus, tmp_path, monkeypatch):
+    clock = {"now": 0.0}  # the trainer's clock stands still but for the skipped update
+    monkeypatch.setattr(train_mod, "time", SimpleNamespace(perf_counter=lambda: clock["now"]))
+    _nan_on_third_update(monkeypatch, lambda: clock.update(now=clock["now"] + 1000.0))
+    res = run(
+        corpus, tmp_path, "t", "trainer.max_steps=20", "trainer.max_time=500",
+        "trainer.val_every=100",
+    )  # fmt: skip
+    assert res["state"]["train_time"] == pytest.approx(1000.0)
+    assert res["stop_reason"].startswith("reached the time limit")
+    assert res["state"]["step"] == 2  # stopped right after the skipped third update
+
+
+def test_a_signal_during_a_skipped_update_stops_there(corpus, tmp_path, monkeypatch):
+    _nan_on_third_update(monkeypatch, lambda: signal.raise_signal(signal.SIGTERM))
+    res = run(corpus, tmp_path, "s", "trainer.max_steps=20", "trainer.val_every=100")
+    assert res["stop_reason"] == "stopped by SIGTERM"
+    assert res["state"]["step"] == 2  # no further update after the signal
 
 
 def test_early_stopping_with_patience(corpus, tmp_path, monkeypatch):

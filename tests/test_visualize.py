@@ -13,17 +13,18 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 import torch
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
+from nmt import visualize
 from nmt.checkpoint import save_checkpoint
 from nmt.config import ConfigError, GRUBahdanauConfig, TransformerConfig, to_container
 from nmt.data.batching import TokenDataset, make_batch
 from nmt.data.prepare import EvalSet
 from nmt.data.tokenizer import EOS_ID, TokenizerPair, train_tokenizer
 from nmt.models.base import Seq2Seq
+from nmt.models.registry import build_model
 from nmt.plot_attention import plot_attention, quote_free_text
 from nmt.visualize import (
     attend,
@@ -100,7 +101,7 @@ def evalset(tokenizers: TokenizerPair) -> EvalSet:
 def build(kind: str, vocab: int = VOCAB) -> Seq2Seq:
     torch.manual_seed(0)
     schema, sizes = TINY[kind]
-    return instantiate(
+    return build_model(
         OmegaConf.structured(schema(**sizes)), src_vocab_size=vocab, tgt_vocab_size=vocab
     )
 
@@ -173,8 +174,9 @@ def test_log_validation_views(kind: str, tokenizers, evalset, tmp_path: Path) ->
     with SummaryWriter(str(tmp_path)) as writer:
         for step in steps:
             scalars = log_validation_views(
-                writer, model, evalset, tokenizers, step, torch.device("cpu"), n_sentences=2
-            )
+                writer, model, evalset, tokenizers, step, torch.device("cpu"), n_sentences=2,
+                max_len_a=1.2, max_len_b=10,
+            )  # fmt: skip
     assert model.training
     acc = read_events(tmp_path)
     tags = acc.Tags()
@@ -200,6 +202,29 @@ def test_log_validation_views(kind: str, tokenizers, evalset, tmp_path: Path) ->
         assert 0.0 <= value <= math.log(30)
 
 
+def test_log_validation_views_caps_outputs_like_validation(
+    tokenizers, evalset, tmp_path: Path, monkeypatch
+) -> None:
+    """The trainer's output cap (trainer.max_output_len_a/b) holds for the logged views."""
+    model = build("gru")
+    with torch.no_grad():
+        model.out_proj.bias[EOS_ID] = -100.0  # never EOS: every output runs to its cap
+    decoded: list[int] = []
+
+    def recording_attend(*args, **kwargs):
+        sentences = attend(*args, **kwargs)
+        decoded.extend(len(s.hypothesis.tokens) for s in sentences)
+        return sentences
+
+    monkeypatch.setattr(visualize, "attend", recording_attend)
+    with SummaryWriter(str(tmp_path)) as writer:
+        log_validation_views(
+            writer, model, evalset, tokenizers, 1, torch.device("cpu"), n_sentences=2,
+            max_len_a=0.0, max_len_b=3,
+        )  # fmt: skip
+    assert decoded == [3, 3]
+
+
 def test_sample_markdown_keeps_pieces_visible() -> None:
     text = sample_markdown("a <unk> b", "x*y*_z_", "")
     assert "<unk>" not in text and "&lt;unk&gt;" in text
@@ -208,7 +233,7 @@ def test_sample_markdown_keeps_pieces_visible() -> None:
 
 def test_log_hparams_lands_in_the_run_dir(tmp_path: Path) -> None:
     cfg = {
-        "model": {"_target_": "nmt.models.transformer.Transformer", "d_model": 16},
+        "model": {"arch": "transformer", "d_model": 16},
         "optim": {"betas": [0.9, 0.98], "lr": 1e-3},
         "trainer": {"resume": None, "compile": False},
     }
@@ -246,7 +271,7 @@ def checkpoint(mirror: Path, tmp_path_factory) -> Path:
         + ["model.enc_layers=1", "model.dec_layers=1"],
     )
     torch.manual_seed(0)
-    model = instantiate(
+    model = build_model(
         cfg.model, src_vocab_size=400, tgt_vocab_size=400, pad_id=0, shared_vocab=True
     )
     config = {k: v for k, v in to_container(cfg).items() if k in ("data", "model", "optim")}
