@@ -20,11 +20,22 @@ from nmt.config import ConfigError
 
 log = logging.getLogger("nmt")
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
+
+def _shipped_config_dir() -> Path:
+    """``nmt/configs`` of an installed package (the build copies ``configs/`` there), else the
+    checkout's ``configs/`` beside the package (an editable install or a source tree)."""
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"
+    if (installed / "train.yaml").is_file():
+        return installed
+    return package.parent / "configs"
+
+
+CONFIG_DIR = str(_shipped_config_dir())
 
 
 def config_dir() -> str:
-    """The Hydra config directory: $NMT_CONFIG_DIR, ./configs, or the one beside the package."""
+    """The Hydra config directory: $NMT_CONFIG_DIR, ./configs, else the configs shipped with nmt."""
     env = os.environ.get("NMT_CONFIG_DIR")
     if env:
         return str(Path(env).resolve())
