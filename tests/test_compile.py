@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
 
 from nmt.checkpoint import load_checkpoint
 from nmt.train import train
@@ -21,14 +23,19 @@ def test_compiled_training_equals_eager_training(corpus, tmp_path):
         *DETERMINISTIC,
         "trainer.precision=32",
     )
-    runs = {}
+    runs, graphs = {}, {}
     for name, flag in (("eager", "false"), ("compiled", "true")):
         cfg = compose_config(
             "train", tiny_run_overrides(corpus, tmp_path, *common, f"trainer.compile={flag}")
         )
+        torch._dynamo.reset()
+        counters.clear()
         result = train(cfg, tmp_path / name)
         assert result["state"]["step"] == STEPS
+        graphs[name] = counters["stats"]["unique_graphs"]
         runs[name] = load_checkpoint(tmp_path / name / "checkpoints" / "last.pt")
+    # trainer.compile=true really compiled (graphs captured), and eager mode captured none
+    assert graphs["eager"] == 0 and graphs["compiled"] >= 1, graphs
     eager, compiled = runs["eager"]["model"], runs["compiled"]["model"]
     assert set(compiled) == set(eager)  # saved without the compiled wrapper's key prefix
     for key, value in eager.items():
