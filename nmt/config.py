@@ -145,6 +145,11 @@ class TrainConfig:
     outputs: str = "outputs"  # parent of run directories and of the `latest` link
 
 
+# sacreBLEU's own defaults for bootstrap resampling (confidence intervals, paired tests)
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 12345
+
+
 @dataclass
 class EvalConfig:
     run: str = "outputs/latest"
@@ -163,6 +168,10 @@ class EvalConfig:
     test: list[str] = field(default_factory=list)
     device: str = "auto"
     out: str | None = None  # where hypotheses and scores go; default: <run>/eval
+    # 95% confidence intervals of BLEU and chrF: sacreBLEU's bootstrap over this many resampled
+    # test sets (0 = none; else at least 100), drawn with this seed (a positive integer)
+    bootstrap: int = BOOTSTRAP_RESAMPLES
+    bootstrap_seed: int = BOOTSTRAP_SEED
 
 
 @dataclass

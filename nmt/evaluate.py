@@ -2,8 +2,10 @@
 
 Decodes test sets with a trained checkpoint (greedy, or beam search with ``beam=K
 length_penalty=ALPHA``) and scores the detokenized output against the raw references with
-sacreBLEU (BLEU, chrF, TER, each with its signature). By default the test split(s) of the run's
-own data config are used; ``test=[src:ref,...]`` names other file pairs, several at once.
+sacreBLEU (BLEU, chrF, TER, each with its signature; BLEU and chrF with sacreBLEU's bootstrap
+95% confidence interval: ``bootstrap=1000`` resamples drawn with ``bootstrap_seed=12345``, 0
+for none). By default the test split(s) of the run's own data config are used;
+``test=[src:ref,...]`` names other file pairs, several at once.
 Hypotheses and a JSON of scores, signatures, decoding options and checkpoint go into
 ``<run>/eval`` (``out=DIR`` elsewhere), named after the checkpoint and the search.
 """
@@ -25,7 +27,7 @@ from nmt.data.corpus import DataError, read_lines, strip_lines
 from nmt.data.prepare import EvalSet, encode_texts, load_test_sets
 from nmt.data.tokenizer import TokenizerPair
 from nmt.inference import checkpoint_path, checkpoint_run_dir, decode_defaults, load_trained
-from nmt.metrics import all_scores
+from nmt.metrics import all_scores, check_bootstrap
 from nmt.runtime import config_dir, pick_device, resolve_run_dir, setup_logging
 from nmt.search import DecodeOptions, translate_dataset
 
@@ -72,6 +74,7 @@ def unique_names(sets: list[EvalSet]) -> None:
 
 def evaluate(cfg: DictConfig) -> dict:
     """Decode and score every test set; returns the report also written as JSON."""
+    check_bootstrap(cfg.bootstrap, cfg.bootstrap_seed, "bootstrap", "bootstrap_seed")
     device = pick_device(cfg.device)
     path = checkpoint_path(cfg.run, cfg.ckpt)
     trained = load_trained(path, device)
@@ -87,6 +90,11 @@ def evaluate(cfg: DictConfig) -> dict:
             raise DataError(f"test set {ds.name} has no sentences")
     print(f"checkpoint {path} (step {trained.step})")
     print("decoding: " + " ".join(f"{k}={v}" for k, v in asdict(opts).items()))
+    if cfg.bootstrap:
+        print(
+            f"95% confidence intervals: sacreBLEU bootstrap, {cfg.bootstrap} resamples, "
+            f"seed {cfg.bootstrap_seed}"
+        )
     report: dict = {
         "checkpoint": str(path),
         "step": trained.step,
@@ -98,7 +106,7 @@ def evaluate(cfg: DictConfig) -> dict:
         start = time.perf_counter()
         hyps = translate_dataset(trained.model, ds.data, trained.tokenizers.tgt, opts, device)
         seconds = time.perf_counter() - start
-        scores = all_scores(hyps, ds.ref_text)
+        scores = all_scores(hyps, ds.ref_text, cfg.bootstrap, cfg.bootstrap_seed)
         hyp_file = out_dir / f"{ds.name}.{tag}.hyp"
         atomic_write_bytes(hyp_file, "".join(h + "\n" for h in hyps).encode("utf-8"))
         print(f"{ds.name}: {len(hyps)} sentences in {seconds:.1f}s -> {hyp_file}")

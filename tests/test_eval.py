@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -18,12 +19,22 @@ from nmt.average import run as average_run
 from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from nmt.config import ConfigError, to_container
 from nmt.data.corpus import DataError
-from nmt.data.prepare import prepare_data
+from nmt.data.prepare import load_valid_set, prepare_data
 from nmt.evaluate import evaluate
 from nmt.inference import build_model, checkpoint_path, chosen_checkpoint, load_trained
-from nmt.metrics import bleu
+from nmt.metrics import bleu, chrf
 from nmt.translate import translate
-from nmt.tune_decode import apply_to_run, parse_numbers, tune
+from nmt.tune_decode import (
+    RUN_DECODE,
+    Setting,
+    apply_to_run,
+    candidates,
+    choose,
+    default_setting,
+    parse_numbers,
+    tune,
+)
+from nmt.tune_decode import main as tune_main
 
 from .helpers import compose_config, corpus_overrides, write_subset
 
@@ -104,6 +115,10 @@ def test_eval_on_user_file_pairs(run_dir: Path, pairs, capsys) -> None:
     assert "beam=3" in out and "length_penalty=0.6" in out
     for metric in ("BLEU", "chrF2", "TER"):
         assert metric in out
+    assert "95% confidence intervals: sacreBLEU bootstrap, 1000 resamples, seed 12345" in out
+    for start, with_ci in (("BLEU =", "case:mixed"), ("chrF2 =", "chrF2"), ("TER =", "")):
+        lines = [line for line in out.splitlines() if line.strip().startswith(start)]
+        assert {"95% CI [" in line for line in lines if with_ci in line} == {bool(with_ci)}
     assert report["checkpoint"].endswith("best.pt") and report["step"] == 20
     assert report["options"]["beam"] == 3
     assert list(report["sets"]) == ["x.de", "x.de.2"]  # same file names, kept apart
@@ -114,6 +129,11 @@ def test_eval_on_user_file_pairs(run_dir: Path, pairs, capsys) -> None:
         assert "nrefs:1|case:mixed|eff:no|tok:13a" in entry["scores"]["BLEU"]["signature"]
         assert set(entry["scores"]) == {"BLEU", "chrF2", "TER", "BLEU-lc"}
         assert "case:lc" in entry["scores"]["BLEU-lc"]["signature"]
+        for metric in ("BLEU", "chrF2"):
+            ci = entry["scores"][metric]["ci"]
+            assert ci["resamples"] == 1000 and ci["seed"] == 12345
+            assert ci["low"] <= ci["mean"] <= ci["high"]
+        assert entry["scores"]["TER"]["ci"] is None
         assert entry["scores"]["BLEU-lc"]["score"] >= entry["scores"]["BLEU"]["score"]
     first = Path(report["sets"]["x.de"]["hypotheses"])
     assert first.parent == run_dir / "eval" and first.name == "x.de.best.beam3.lp0.6.hyp"
@@ -134,6 +154,24 @@ def test_eval_rejects_a_pair_of_different_lengths(run_dir: Path, pairs) -> None:
         evaluate(compose_config("eval", [f"run={run_dir}", f"test=[{src}:{ref}]"]))
     with pytest.raises(ConfigError, match="beam=0"):
         evaluate(compose_config("eval", [f"run={run_dir}", "beam=0"]))
+    with pytest.raises(ConfigError, match="bootstrap=20: use 0"):
+        evaluate(compose_config("eval", [f"run={run_dir}", "bootstrap=20"]))
+
+
+def test_bootstrap_interval_holds_the_score_and_follows_its_seed() -> None:
+    refs = reference_sentences()
+    hyps = damaged(refs, 2, seed=3)
+    score = bleu(hyps, refs, resamples=1000)
+    assert score.ci is not None and score.ci.low < score.score < score.ci.high
+    assert 1 < score.ci.high - score.ci.low < 20  # 150 sentences: a few BLEU either way
+    assert score.ci.text() == f"95% CI [{score.ci.low:.2f}, {score.ci.high:.2f}]"
+    assert bleu(hyps, refs, resamples=1000).ci == score.ci  # seeded: the same resamples
+    assert bleu(hyps, refs, resamples=1000, seed=5).ci != score.ci
+    assert "bs:" not in score.signature  # the score's own signature, as without resampling
+    assert bleu(hyps, refs).ci is None and bleu(hyps, refs).score == score.score
+    char = chrf(hyps, refs, resamples=200)
+    assert char.ci.low < char.score < char.ci.high and char.ci.resamples == 200
+    assert "95% CI [" in char.line()
 
 
 # -------------------------------------------------------------------------- averaging
@@ -253,44 +291,214 @@ def test_auto_checkpoint_follows_validation_bleu(tmp_path: Path) -> None:
     assert chosen_checkpoint(run, "last") == "last"
 
 
-def test_tune_decode_scores_each_setting_on_validation_and_applies_the_best(
-    run_dir: Path, tmp_path: Path
-) -> None:
+def run_config(payload: dict, seed: int, **decode: float) -> str:
+    """The config.yaml of the checkpoint's run, with this seed and these decode settings."""
+    config = {**payload["config"], "trainer": {**payload["config"]["trainer"], "seed": seed}}
+    config["decode"] = {**config["decode"], **decode}
+    return yaml.safe_dump(config)
+
+
+def test_tune_decode_scores_each_setting_on_validation(run_dir: Path, tmp_path: Path) -> None:
+    """Real decoding of the validation split: greedy once, the run's beam search as the
+    default, each row with its interval, p-value and length ratio; config.yaml is only
+    rewritten for a significant winner."""
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     payload = load_checkpoint(run_dir / "checkpoints" / "best.pt")
     save_checkpoint(payload, run / "checkpoints" / "best.pt")
-    config = {**payload["config"], "trainer": {**payload["config"]["trainer"], "seed": 1}}
-    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    config_text = run_config(payload, seed=1, beam=2, length_penalty=1.0)
+    (run / "config.yaml").write_text(config_text)
     report = tune(run, None, [1, 2, 2], [0.5, 1.0], "cpu", apply=True)
     settings = {(r["beam"], r["length_penalty"]) for r in report["rows"]}
     assert settings == {(1, None), (2, 0.5), (2, 1.0)}  # greedy once, duplicates dropped
+    assert report["default"] == {"beam": 2, "length_penalty": 1.0, "source": RUN_DECODE}
     bleus = [r["BLEU"] for r in report["rows"]]
     assert bleus == sorted(bleus, reverse=True)
-    best = report["best"]
-    assert any(
-        r["beam"] == best["beam"] and round(r["BLEU"], 2) == round(bleus[0], 2)
-        for r in report["rows"]
-    )
-    saved = OmegaConf.load(run / "config.yaml")
-    assert saved.decode.beam == best["beam"] and saved.decode.checkpoint == "best"
-    assert saved.trainer.seed == 1  # the rest of the config is kept
+    for r in report["rows"]:
+        assert r["ci"]["low"] <= r["ci"]["high"] and r["length_ratio"] >= 0
+        assert (r["p_value"] is None) == r["default"]
+    assert report["test"]["resamples"] == 1000 and report["test"]["seed"] == 12345
+    assert report["test"]["threshold"] == pytest.approx(0.05 / 2)
+    saved = json.loads(Path(report["written"]).read_text())
+    assert saved["rows"] == report["rows"] and saved["reason"] == report["reason"]
+    if report["changed"]:
+        assert OmegaConf.load(run / "config.yaml").decode.beam == report["chosen"]["beam"]
+    else:
+        assert (run / "config.yaml").read_text() == config_text
     apply_to_run(run, 3, 0.7)  # nmt-eval and nmt-translate follow the applied decoding
     valid = payload["config"]["data"]["valid"]
     applied = evaluate(compose_config("eval", [f"run={run}", f"test=[{valid}.de:{valid}.en]"]))
     assert applied["options"]["beam"] == 3 and applied["options"]["length_penalty"] == 0.7
-    assert Path(report["written"]).is_file()
+    assert OmegaConf.load(run / "config.yaml").trainer.seed == 1  # the rest is kept
     # the greedy row is the BLEU nmt-eval gives for the validation files with beam=1
     ref = evaluate(
         compose_config("eval", [f"run={run}", f"test=[{valid}.de:{valid}.en]", "beam=1"])
     )
     greedy = next(r for r in report["rows"] if r["beam"] == 1)
     assert greedy["BLEU"] == pytest.approx(ref["sets"]["train0_200.de"]["scores"]["BLEU"]["score"])
-    no_penalty = tune(run, None, [2], [0.0], "cpu")  # alpha 0 (no penalty) is kept as 0
     outside = tmp_path / "elsewhere.pt"  # a checkpoint file kept outside the run
     save_checkpoint(payload, outside)
     report = tune(run, str(outside), [1], [1.0], "cpu")
     assert Path(report["written"]).parent == run / "eval"
-    assert no_penalty["best"] == {"beam": 2, "length_penalty": 0.0}
     with pytest.raises(ConfigError, match="--alphas"):
         parse_numbers("0.6,x", float, "--alphas")
+
+
+# ------------------------------------------------- tune-decode: the significance rule
+
+WORDS = (
+    "man woman dog child girl boy street red blue ball park water runs sits plays jumps "
+    "holds looks near small big young old green yellow bike beach crowd shirt hat"
+)
+
+
+def reference_sentences(n: int = 150) -> list[str]:
+    rng, words = random.Random(7), WORDS.split()
+    return [
+        " ".join(rng.choice(words) for _ in range(rng.randint(7, 12))).capitalize() + "."
+        for _ in range(n)
+    ]
+
+
+def damaged(refs: list[str], words: int, seed: int) -> list[str]:
+    """Each reference with ``words`` of its words replaced by a wrong one."""
+    rng, out = random.Random(seed), []
+    for sentence in refs:
+        tokens = sentence[:-1].split()
+        for i in rng.sample(range(len(tokens)), words):
+            tokens[i] = "thing"
+        out.append(" ".join(tokens) + ".")
+    return out
+
+
+def repaired(hyps: list[str], refs: list[str], n: int) -> list[str]:
+    """``hyps`` with its first ``n`` sentences replaced by their references."""
+    return refs[:n] + hyps[n:]
+
+
+DEFAULT, WIDE, HAIR, LONG = (Setting.of(5, a) for a in (1.0, 0.6, 1.5, 2.0))
+
+
+def test_a_wide_margin_wins_and_a_hair_does_not() -> None:
+    refs = reference_sentences()
+    default = damaged(refs, 3, seed=1)
+    hyps = {
+        DEFAULT: default,
+        WIDE: damaged(refs, 1, seed=2),  # two words in three fixed: some 40 BLEU better
+        HAIR: repaired(default, refs, 1),  # one sentence of 150 fixed
+        LONG: [s[:-1] + " on a sunny day." for s in default],  # longer than the references
+    }
+    report = choose(hyps, refs, DEFAULT)
+    rows = {Setting(r["beam"], r["length_penalty"]): r for r in report["rows"]}
+    assert report["chosen"] == {"beam": 5, "length_penalty": 0.6} and report["changed"]
+    assert report["reason"].startswith("changed to beam 5 alpha 0.6")
+    assert report["test"]["comparisons"] == 3
+    assert report["test"]["threshold"] == pytest.approx(0.05 / 3)
+    assert rows[WIDE]["significant"] and rows[WIDE]["p_value"] < 0.05 / 3
+    hair, base = rows[HAIR], rows[DEFAULT]
+    assert hair["BLEU"] > base["BLEU"]  # better, by a hair ...
+    assert not hair["significant"] and hair["p_value"] > 0.05  # ... which proves nothing
+    assert rows[LONG]["length_ratio"] > 1.2 and base["length_ratio"] == pytest.approx(1.0)
+    assert not rows[LONG]["significant"]  # significantly different, but worse
+    for r in report["rows"]:
+        assert r["ci"]["low"] < r["BLEU"] < r["ci"]["high"]
+        assert r["ci"]["resamples"] == 1000 and r["ci"]["seed"] == 12345
+    assert base["p_value"] is None and base["default"]
+    # the hair alone against the default: kept, and the report says why
+    kept = choose({DEFAULT: default, HAIR: hyps[HAIR]}, refs, DEFAULT)
+    assert not kept["changed"] and kept["chosen"] == {"beam": 5, "length_penalty": 1.0}
+    assert "kept the default (beam 5 alpha 1" in kept["reason"]
+    assert "beam 5 alpha 1.5" in kept["reason"] and "not significantly better" in kept["reason"]
+
+
+def test_more_settings_need_a_smaller_p_value() -> None:
+    """Bonferroni: a margin that wins against the default alone does not win when four
+    more settings were tried."""
+    refs = reference_sentences()
+    default = damaged(refs, 3, seed=1)
+    better = repaired(default, refs, 4)  # four sentences of 150 fixed: about +2 BLEU
+    alone = choose({DEFAULT: default, WIDE: better}, refs, DEFAULT)
+    p = alone["rows"][1]["p_value"]
+    assert 0.05 / 5 < p < 0.05 and alone["changed"]
+    tried = {Setting.of(5, a): default for a in (0.2, 0.4, 0.8, 1.2)}
+    many = choose({DEFAULT: default, WIDE: better, **tried}, refs, DEFAULT)
+    assert many["rows"][1]["p_value"] == pytest.approx(p)  # the same resamples
+    assert many["test"]["threshold"] == pytest.approx(0.01) and not many["changed"]
+    assert all(r["p_value"] == 1.0 for r in many["rows"][2:])  # identical output: p = 1
+    with pytest.raises(ConfigError, match="--bootstrap=100 cannot give a p-value below"):
+        choose({DEFAULT: default, **tried}, refs, DEFAULT, resamples=100, level=0.01)
+    with pytest.raises(ConfigError, match="--bootstrap-seed=0"):
+        choose({DEFAULT: default}, refs, DEFAULT, seed=0)
+
+
+def test_the_default_is_the_runs_beam_search_else_beam_5_alpha_1() -> None:
+    assert default_setting(OmegaConf.create({"beam": 4, "length_penalty": 0.6}))[0] == (
+        Setting(4, 0.6)
+    )
+    assert default_setting(OmegaConf.create({"beam": 1, "length_penalty": 1.5}))[0] == DEFAULT
+    assert default_setting(None)[0] == DEFAULT
+    assert candidates([1, 5], [1.0, 1.5], Setting(4, 0.6)) == [
+        Setting(4, 0.6),
+        Setting(1, None),
+        DEFAULT,
+        HAIR,
+    ]
+
+
+@pytest.fixture
+def fake_decoding(monkeypatch: pytest.MonkeyPatch):
+    """tune-decode with the validation split decoded into given hypotheses: ``outputs`` maps
+    (beam, alpha) to a function of the references."""
+    outputs: dict = {}
+    seen: dict = {}
+
+    def load(data, tokenizers):
+        seen["valid"] = load_valid_set(data, tokenizers)
+        return seen["valid"]
+
+    def translate(model, data, tokenizer, opts, device):
+        return outputs[(opts.beam, opts.length_penalty)](list(seen["valid"].ref_text))
+
+    monkeypatch.setattr("nmt.tune_decode.load_valid_set", load)
+    monkeypatch.setattr("nmt.tune_decode.translate_dataset", translate)
+    return outputs
+
+
+def test_apply_writes_only_a_significant_winner(
+    run_dir: Path, tmp_path: Path, fake_decoding, capsys
+) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    payload = load_checkpoint(run_dir / "checkpoints" / "best.pt")
+    save_checkpoint(payload, run / "checkpoints" / "best.pt")
+    config_text = run_config(payload, seed=1, beam=5, length_penalty=1.0)
+    (run / "config.yaml").write_text(config_text)
+
+    def worse(refs: list[str]) -> list[str]:
+        return [" ".join(r.split()[:-3]) for r in refs]  # the last three words lost
+
+    fake_decoding[(5, 1.0)] = worse
+    fake_decoding[(5, 0.6)] = lambda refs: repaired(worse(refs), refs, 1)  # a hair better
+    argv = [str(run), "--beams", "5", "--alphas", "1,0.6", "--device", "cpu", "--apply"]
+    tune_main(argv)
+    out = capsys.readouterr().out
+    assert (run / "config.yaml").read_text() == config_text  # byte-identical
+    assert "kept the default (beam 5 alpha 1" in out and "nothing applied" in out
+    assert "95% CI" in out and "len ratio" in out and "1000 resamples, seed 12345" in out
+    report = json.loads((run / "eval" / "tune_decode.best.json").read_text())
+    assert not report["applied"] and not report["changed"] and report["apply"]
+    hair = next(r for r in report["rows"] if not r["default"])
+    assert hair["p_value"] > 0.05 and hair["BLEU"] > report["rows"][-1]["BLEU"]
+    assert hair["length_ratio"] < 1 and "ci" in hair
+
+    fake_decoding[(5, 0.6)] = lambda refs: refs  # the references themselves: far better
+    tune_main([*argv, "--bootstrap", "500", "--bootstrap-seed", "7"])
+    out = capsys.readouterr().out
+    assert "changed to beam 5 alpha 0.6" in out and "--apply: beam 5 alpha 0.6 written" in out
+    saved = OmegaConf.load(run / "config.yaml")
+    assert saved.decode.length_penalty == 0.6 and saved.decode.beam == 5
+    assert saved.trainer.seed == 1
+    report = json.loads((run / "eval" / "tune_decode.best.json").read_text())
+    assert report["applied"] and report["chosen"] == {"beam": 5, "length_penalty": 0.6}
+    assert report["test"]["resamples"] == 500 and report["test"]["seed"] == 7
+    assert report["rows"][0]["p_value"] < 0.05 and report["rows"][0]["significant"]
