@@ -10,8 +10,13 @@ and standard deviation over seeds::
 
 The score of a run is the one of its own decoding (``decode`` in its config: checkpoint, beam,
 length penalty), the way ``make eval`` scores it without options; runs not evaluated that way
-are listed as skipped. A run whose decoding was chosen by ``make tune-decode ARGS="--apply"``
-gets that step in its command.
+are listed as skipped. BLEU and chrF2 carry the 95% bootstrap confidence interval ``make eval``
+wrote beside them, in brackets: ``41.9 [40.7, 43.1]`` for one run; for several seeds the mean
+± the standard deviation over seeds, then each run's interval in seed order. The decoding
+column says how each run decodes and who chose it: its config (a preset or an override), or
+``make tune-decode ARGS="--apply"`` (which then also appears in the command), either by the
+paired significance test (a significant winner, or the default kept) or, for reports written
+before that test, by the highest validation BLEU.
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ class RunResult:
     hardware: str
     scores: dict[str, float]  # BLEU, chrF2, BLEU-lc
     tuned: bool = False  # decoding chosen on validation by tune-decode --apply
+    # how tune-decode --apply chose it (TUNED_BY), "" when it did not
+    tuned_by: str = ""
+    decoding: str = ""  # "beam 5, alpha 1" or "greedy"
+    # 95% bootstrap confidence interval [low, high] of BLEU and chrF2, where eval wrote one
+    intervals: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -55,10 +65,38 @@ class Row:
     runs: list[RunResult] = field(default_factory=list)
 
     def stat(self, key: str) -> str:
-        values = [r.scores[key] for r in self.runs]
+        """One run: its score; several: mean ± standard deviation over seeds. Then the 95%
+        interval of each run, in seed order, where every run has one."""
+        runs = sorted(self.runs, key=lambda r: r.seed)
+        values = [r.scores[key] for r in runs]
         if len(values) == 1:
-            return f"{values[0]:.1f}"
-        return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+            text = f"{values[0]:.1f}"
+        else:
+            text = f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+        if all(key in r.intervals for r in runs):
+            cis = ", ".join(f"[{r.intervals[key][0]:.1f}, {r.intervals[key][1]:.1f}]" for r in runs)
+            text += f" {cis}" if len(runs) == 1 else f" ({cis})"
+        return text
+
+    def decoding(self) -> str:
+        texts = [f"{r.decoding} ({TUNED_BY[r.tuned_by]})" for r in self.runs]
+        return "; ".join(dict.fromkeys(texts))
+
+
+# who chose a run's decoding, by what decode_applied finds in its tune-decode reports
+TUNED_BY = {
+    "": "run config",
+    "significant": "tune-decode: significantly better than the default",
+    "kept": "tune-decode: default kept, nothing significantly better",
+    "highest": "tune-decode: highest validation BLEU, no significance test",
+}
+
+
+def decoding_text(decode: dict[str, Any]) -> str:
+    beam = int(decode.get("beam", 1))
+    if beam == 1:
+        return "greedy"
+    return f"beam {beam}, alpha {float(decode.get('length_penalty', 1.0)):g}"
 
 
 def decode_tag(decode: dict[str, Any]) -> str:
@@ -101,6 +139,12 @@ def load_run(run: Path, checkpoint: str | None = None) -> RunResult | str:
         return f"{scores_file.name} has no {TEST_SET}"
     raw = sets[TEST_SET]["scores"]
     scores = {k: raw[k]["score"] for k in ("BLEU", "chrF2", "BLEU-lc") if k in raw}
+    intervals = {
+        k: [raw[k]["ci"]["low"], raw[k]["ci"]["high"]]
+        for k in ("BLEU", "chrF2")
+        if k in raw and raw[k].get("ci")
+    }
+    tuned_by = decode_applied(run)
     data = cfg["data"]
     return RunResult(
         run=run,
@@ -112,19 +156,31 @@ def load_run(run: Path, checkpoint: str | None = None) -> RunResult | str:
         train_minutes=float(summary["train_time"]) / 60,
         hardware=hardware_text(summary.get("hardware")),
         scores=scores,
-        tuned=decode_applied(run),
+        tuned=bool(tuned_by),
+        tuned_by=tuned_by,
+        decoding=decoding_text(decode),
+        intervals=intervals,
     )
 
 
-def decode_applied(run: Path) -> bool:
-    """Whether ``nmt-tune-decode --apply`` wrote the run's decoding (its reports say so)."""
-    for report in sorted((run / "eval").glob("tune_decode.*.json")):
+def decode_applied(run: Path) -> str:
+    """How ``nmt-tune-decode --apply`` settled the run's decoding, from its reports (a key of
+    TUNED_BY): "significant" (it wrote a significant winner), "kept" (it tested and kept the
+    default), "highest" (a report from before the test: it wrote the highest BLEU), "" (not
+    run with --apply)."""
+    found = ""
+    for report_file in sorted((run / "eval").glob("tune_decode.*.json")):
         try:
-            if json.loads(report.read_text()).get("applied"):
-                return True
+            report = json.loads(report_file.read_text())
         except (OSError, ValueError) as err:
-            print(f"warning: {report}: unreadable ({err})", file=sys.stderr)
-    return False
+            print(f"warning: {report_file}: unreadable ({err})", file=sys.stderr)
+            continue
+        tested = "test" in report  # written with the paired significance test
+        if report.get("applied"):
+            return "significant" if tested else "highest"
+        if tested and report.get("apply"):
+            found = "kept"
+    return found
 
 
 # overrides that do not change the experiment (seeds form one row; the rest is bookkeeping)
@@ -150,8 +206,8 @@ def group(results: list[RunResult]) -> list[Row]:
 def markdown(rows: list[Row]) -> str:
     lines = [
         "| model | direction | BLEU | chrF2 | BLEU-lc | seeds | updates | training time | "
-        "hardware | command |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "hardware | decoding | command |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         minutes = statistics.mean(r.train_minutes for r in row.runs)
@@ -161,7 +217,7 @@ def markdown(rows: list[Row]) -> str:
         lines.append(
             f"| {row.model} | {row.direction} | {row.stat('BLEU')} | {row.stat('chrF2')} | "
             f"{lc} | {len(row.runs)} | {steps:.0f} | {minutes:.0f} min | {hardware} | "
-            f"`{row.command}` |"
+            f"{row.decoding()} | `{row.command}` |"
         )
     return "\n".join(lines)
 

@@ -26,8 +26,11 @@ def table():
     return module
 
 
-def fake_run(root: Path, name: str, seed: int, bleu: float, evaluated: bool = True) -> Path:
-    """A finished run as training and `make eval` leave it (only the files the table reads)."""
+def fake_run(
+    root: Path, name: str, seed: int, bleu: float, evaluated: bool = True, ci: float = 0.0
+) -> Path:
+    """A finished run as training and `make eval` leave it (only the files the table reads);
+    ``ci`` > 0: eval's 95% intervals of BLEU and chrF2, score ± ci."""
     run = root / name
     (run / "eval").mkdir(parents=True)
     overrides = ["experiment=cpu_quick", "trainer.progress=false"]
@@ -57,6 +60,9 @@ def fake_run(root: Path, name: str, seed: int, bleu: float, evaluated: bool = Tr
     (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if evaluated:
         scores = {k: {"score": bleu + d} for k, d in (("BLEU", 0), ("chrF2", 20), ("BLEU-lc", 1))}
+        for key in ("BLEU", "chrF2") if ci else ():
+            score = scores[key]["score"]
+            scores[key]["ci"] = {"low": score - ci, "high": score + ci, "half_width": ci}
         report = {"sets": {"test_2016_flickr": {"scores": scores}}}
         (run / "eval" / "scores.averaged.beam5.lp1.json").write_text(json.dumps(report))
     return run
@@ -73,7 +79,7 @@ def test_seeds_form_one_row_with_mean_and_std(table, tmp_path: Path, capsys) -> 
     captured = capsys.readouterr()
     (row,) = [line for line in captured.out.splitlines() if line.startswith("| Transformer")]
     assert "| de→en | 41.0 ± 1.4 | 61.0 ± 1.4 | 42.0 ± 1.4 | 2 | 1600 | 30 min |" in row
-    assert "Some CPU, 2 threads, bf16" in row
+    assert "Some CPU, 2 threads, bf16 | beam 5, alpha 1 (run config) |" in row
     assert '`make train ARGS="experiment=cpu_quick" && make eval`' in row
     assert "skipped" in captured.err and "scores.averaged.beam5.lp1.json" in captured.err
     saved = json.loads(out_json.read_text())
@@ -102,3 +108,46 @@ def test_command_names_tune_decode_when_it_chose_the_decoding(
         'make train ARGS="experiment=cpu_quick" && make tune-decode ARGS="--apply" && make eval',
         'make train ARGS="experiment=cpu_quick" && make eval',
     }
+
+
+def test_intervals_beside_the_scores(table, tmp_path: Path, capsys) -> None:
+    """One run: its interval after the score; several seeds: mean ± std, then each run's
+    interval in seed order; runs evaluated before intervals existed: the score alone."""
+    one = fake_run(tmp_path / "one", "a", 1234, 41.9, ci=1.2)
+    assert table.main([str(one)]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "| Trans" in line]
+    assert "| de→en | 41.9 [40.7, 43.1] | 61.9 [60.7, 63.1] | 42.9 | 1 |" in row
+    seeds = [fake_run(tmp_path / "two", n, s, b, ci=c) for n, s, b, c in
+             (("a", 1234, 42.0, 1.0), ("b", 7, 40.0, 1.5))]  # fmt: skip
+    out_json = tmp_path / "rows.json"
+    assert table.main([*map(str, seeds), "--json", str(out_json)]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "| Trans" in line]
+    assert "| 41.0 ± 1.4 ([38.5, 41.5], [41.0, 43.0]) | 61.0 ± 1.4 (" in row
+    runs = json.loads(out_json.read_text())[0]["runs"]
+    assert runs[0]["intervals"]["BLEU"] == [38.5, 41.5]
+    mixed = [seeds[0], fake_run(tmp_path / "three", "c", 8, 40.0)]  # one without an interval
+    assert table.main(list(map(str, mixed))) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "| Trans" in line]
+    assert "| de→en | 41.0 ± 1.4 | 61.0 ± 1.4 |" in row and "[" not in row.split("|")[3]
+
+
+def test_decoding_column_says_how_tune_decode_settled_it(table, tmp_path: Path, capsys) -> None:
+    reports = {
+        "old": {"applied": True, "best": {"beam": 5, "length_penalty": 1.0}},
+        "won": {"test": {"resamples": 1000}, "apply": True, "applied": True},
+        "kept": {"test": {"resamples": 1000}, "apply": True, "applied": False},
+        "looked": {"test": {"resamples": 1000}, "apply": False, "applied": False},
+    }
+    expected = {
+        "old": "tune-decode: highest validation BLEU, no significance test",
+        "won": "tune-decode: significantly better than the default",
+        "kept": "tune-decode: default kept, nothing significantly better",
+        "looked": "run config",
+    }
+    for name, report in reports.items():
+        run = fake_run(tmp_path, name, 1234, 40.0)
+        (run / "eval" / "tune_decode.averaged.json").write_text(json.dumps(report))
+        assert table.main([str(run)]) == 0
+        (row,) = [line for line in capsys.readouterr().out.splitlines() if "| Trans" in line]
+        assert f"| beam 5, alpha 1 ({expected[name]}) |" in row
+        assert ("make tune-decode" in row) == (name != "looked")
