@@ -79,7 +79,9 @@ class Row:
         return text
 
     def decoding(self) -> str:
-        texts = [f"{r.decoding} ({TUNED_BY[r.tuned_by]})" for r in self.runs]
+        """Each run's decoding and who chose it, in seed order, once per distinct text."""
+        runs = sorted(self.runs, key=lambda r: r.seed)
+        texts = [f"{r.decoding} ({TUNED_BY[r.tuned_by]})" for r in runs]
         return "; ".join(dict.fromkeys(texts))
 
 

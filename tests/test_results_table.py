@@ -27,7 +27,13 @@ def table():
 
 
 def fake_run(
-    root: Path, name: str, seed: int, bleu: float, evaluated: bool = True, ci: float = 0.0
+    root: Path,
+    name: str,
+    seed: int,
+    bleu: float,
+    evaluated: bool = True,
+    ci: float = 0.0,
+    alpha: float = 1.0,
 ) -> Path:
     """A finished run as training and `make eval` leave it (only the files the table reads);
     ``ci`` > 0: eval's 95% intervals of BLEU and chrF2, score ± ci."""
@@ -55,7 +61,7 @@ def fake_run(
     cfg = compose_config(
         "train",
         [f"trainer.seed={seed}", "trainer.average_last=5", "decode.beam=5"]
-        + ["decode.length_penalty=1.0", "decode.checkpoint=averaged"],
+        + [f"decode.length_penalty={alpha}", "decode.checkpoint=averaged"],
     )
     (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if evaluated:
@@ -64,7 +70,7 @@ def fake_run(
             score = scores[key]["score"]
             scores[key]["ci"] = {"low": score - ci, "high": score + ci, "half_width": ci}
         report = {"sets": {"test_2016_flickr": {"scores": scores}}}
-        (run / "eval" / "scores.averaged.beam5.lp1.json").write_text(json.dumps(report))
+        (run / "eval" / f"scores.averaged.beam5.lp{alpha:g}.json").write_text(json.dumps(report))
     return run
 
 
@@ -151,3 +157,14 @@ def test_decoding_column_says_how_tune_decode_settled_it(table, tmp_path: Path, 
         (row,) = [line for line in capsys.readouterr().out.splitlines() if "| Trans" in line]
         assert f"| beam 5, alpha 1 ({expected[name]}) |" in row
         assert ("make tune-decode" in row) == (name != "looked")
+
+
+def test_seeds_decoded_differently_list_each_decoding(table, tmp_path: Path, capsys) -> None:
+    old = {"applied": True, "best": {"beam": 5, "length_penalty": 1.0}}
+    runs = [fake_run(tmp_path, "a", 1234, 40.0), fake_run(tmp_path, "b", 2, 40.0, alpha=0.6)]
+    for run in runs:
+        (run / "eval" / "tune_decode.averaged.json").write_text(json.dumps(old))
+    assert table.main([str(r) for r in runs]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "| Trans" in line]
+    how = "tune-decode: highest validation BLEU, no significance test"
+    assert f"| beam 5, alpha 0.6 ({how}); beam 5, alpha 1 ({how}) |" in row
