@@ -49,7 +49,7 @@ translate: install ## Translate stdin (or ARGS="input=FILE output=FILE") with a 
 average: install ## Average the weights of a run's last N step checkpoints: RUN=<run dir> N=5 (-> checkpoints/averaged.pt)
 	$(BIN)/nmt-average $(RUN) --last $(N) $(ARGS)
 
-tune-decode: install ## Choose beam and length penalty on a run's validation split: RUN=<run dir> ARGS="--apply"
+tune-decode: install ## Keep a run's decoding unless another beam/length penalty is significantly better on validation: RUN=<run dir> ARGS="--apply"
 	$(BIN)/nmt-tune-decode $(RUN) $(if $(CKPT),--ckpt $(CKPT)) $(ARGS)
 
 attention: install ## Attention heatmap PNGs of a run: ARGS="sentence='Ein Mann fährt Fahrrad.'" (or input=FILE)
