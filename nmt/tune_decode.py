@@ -328,6 +328,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"--apply: {chosen} written to the run's decode section")
     elif report["apply"]:
         lines.append("--apply: nothing applied (no significant winner); config.yaml unchanged")
+    elif report["changed"]:
+        lines.append(f"(--apply to make {chosen} the run's decoding)")
     if not report["changed"] and report["default"]["source"] != RUN_DECODE:
         c = report["chosen"]
         lines.append(

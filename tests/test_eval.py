@@ -492,6 +492,10 @@ def test_apply_writes_only_a_significant_winner(
     assert hair["length_ratio"] < 1 and "ci" in hair
 
     fake_decoding[(5, 0.6)] = lambda refs: refs  # the references themselves: far better
+    tune_main(argv[:-1])  # without --apply: named, not written
+    out = capsys.readouterr().out
+    assert "changed to beam 5 alpha 0.6" in out and "(--apply to make beam 5 alpha 0.6" in out
+    assert (run / "config.yaml").read_text() == config_text
     tune_main([*argv, "--bootstrap", "500", "--bootstrap-seed", "7"])
     out = capsys.readouterr().out
     assert "changed to beam 5 alpha 0.6" in out and "--apply: beam 5 alpha 0.6 written" in out
