@@ -61,11 +61,12 @@ demo-pooling: install ## Attention pooling demo (Nadaraya-Watson kernel regressi
 bench: install ## Benchmark training and decoding speed (JSON into outputs/bench/; ARGS="--quick", "--models transformer")
 	$(BIN)/python scripts/bench.py $(ARGS)
 
-# JoeyNMT 2.3.0 in its own venv and working folder (README: "Speed next to JoeyNMT")
+# JoeyNMT 2.3.0 in its own venv, installed by hand (README: "Speed next to JoeyNMT"); the run
+# writes JoeyNMT's Multi30k text files and sentencepiece model into JOEY_DIR when they are missing
 JOEY_PYTHON ?= ../joeyvenv/bin/python
 JOEY_DIR ?= ../joeywork
 .PHONY: bench-joeynmt
-bench-joeynmt: install ## Speed next to JoeyNMT on this CPU (JOEY_PYTHON=its venv python, JOEY_DIR=its folder; ARGS="--quick")
+bench-joeynmt: install ## Speed next to JoeyNMT on this CPU (JOEY_PYTHON=python of its venv, installed by hand; JOEY_DIR=its working folder, filled by the run; ARGS="--quick")
 	$(BIN)/python scripts/bench_joeynmt.py --joey-python $(JOEY_PYTHON) --joey-dir $(JOEY_DIR) $(ARGS)
 
 # GPU check (README: "GPU check"): scripts/gpu_check.sh on a machine with one NVIDIA GPU, which

@@ -25,8 +25,13 @@ for JoeyNMT, ``torch.set_num_threads`` for nmt):
   benchmark training (marked ``untrained``); nmt decodes ``--ckpt-transformer/--ckpt-gru``, else
   the newest run under ``outputs/runs``, else random weights.
 
-JoeyNMT lives in its own virtual environment and working folder (data/, spm/ and the configs of
-``joeynmt_results/configs``; see README, "Speed next to JoeyNMT")::
+JoeyNMT runs from its own virtual environment (``--joey-python``, installed by hand: README,
+"Speed next to JoeyNMT") in a working folder (``--joey-dir``) with the configs of
+``scripts/joeynmt`` (``--joey-configs``). What that folder lacks is made first: the plain-text
+Multi30k files of ``data/`` (train, val, val300 = the first 300 lines of val, test_2016_flickr;
+de and en), written from the verified corpus that ``make train`` uses (``--data-root``, fetched
+there if missing), and the joint sentencepiece model ``spm/spm_joint8k.model`` + ``.vocab``
+trained on train.de + train.en with the options of JoeyNMT's own recipe::
 
     python scripts/bench_joeynmt.py --joey-python ../joeyvenv/bin/python --joey-dir ../joeywork
     python scripts/bench_joeynmt.py ... --quick      # a smoke run: a few steps, 50 sentences
@@ -45,6 +50,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -61,12 +67,14 @@ import yaml
 from omegaconf import DictConfig
 
 from nmt.data.batching import TokenBatchSampler
+from nmt.data.corpus import DataError, fetch_multi30k, read_lines
 from nmt.data.prepare import PreparedData, prepare_data
 from nmt.inference import build_model
 from nmt.runtime import native_bf16
 from nmt.search import DecodeOptions
 
 REPO = Path(__file__).resolve().parents[1]
+JOEY_CONFIGS = REPO / "scripts" / "joeynmt"
 SCHEMA = "nmt-vs-joeynmt/1"
 BEAM = 5
 # (our model config, JoeyNMT config file stem, label)
@@ -131,8 +139,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--joey-dir", required=True, help="JoeyNMT's working folder (data/, spm/)")
     p.add_argument(
         "--joey-configs",
-        help="folder with JoeyNMT's transformer.yaml and rnn.yaml "
-        "(default <joey-dir>/joeynmt_results/configs)",
+        default=str(JOEY_CONFIGS),
+        help="folder with JoeyNMT's transformer.yaml and rnn.yaml (default scripts/joeynmt)",
     )
     p.add_argument("--joey-ckpt-transformer", help="trained JoeyNMT Transformer checkpoint")
     p.add_argument("--joey-ckpt-rnn", help="trained JoeyNMT RNN checkpoint")
@@ -189,7 +197,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-train", action="store_true", help="skip the training comparison")
     p.add_argument("--no-decode", action="store_true", help="skip the decoding comparison")
     p.add_argument("--runs", default=str(REPO / "outputs/runs"), help="where nmt runs are")
-    p.add_argument("--data-root", default=str(REPO / "data"), help="data.root for Multi30k")
+    p.add_argument(
+        "--data-root",
+        default=str(REPO / "data"),
+        help="data.root for Multi30k (nmt's data, and the source of JoeyNMT's data/ files)",
+    )
     p.add_argument("--out", help="JSON output (default outputs/bench/joeynmt-vs-nmt-<time>.json)")
     p.add_argument("--quick", action="store_true", help="a smoke run: few steps and sentences")
     return p.parse_args(argv)
@@ -223,7 +235,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         # kept as given: resolving would follow a venv's python symlink out of the venv
         joey_python=Path(os.path.abspath(os.path.expanduser(args.joey_python))),
         joey_dir=joey_dir,
-        joey_configs=_resolve(args.joey_configs) or joey_dir / "joeynmt_results" / "configs",
+        joey_configs=Path(args.joey_configs).expanduser().resolve(),
         joey_ckpts={
             "transformer": _resolve(args.joey_ckpt_transformer),
             "rnn": _resolve(args.joey_ckpt_rnn),
@@ -256,20 +268,27 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     )
 
 
+JOEY_INSTALL = (
+    "JoeyNMT 2.3.0 must be installed by hand in its own venv (README.md, 'Speed next to "
+    "JoeyNMT'): python3 -m venv ../joeyvenv && ../joeyvenv/bin/pip install torch==2.13.0 "
+    "joeynmt==2.3.0 importlib_metadata && ../joeyvenv/bin/pip install --only-binary :all: "
+    "sentencepiece==0.2.0; then pass its python as JOEY_PYTHON (make) or --joey-python"
+)
+
+
 def check_settings(s: Settings) -> list[str]:
-    """Problems that stop the run before anything is measured."""
+    """Problems that stop the run before anything is prepared or measured."""
     problems = []
     if not s.joey_python.is_file():
-        problems.append(f"--joey-python {s.joey_python} does not exist")
+        problems.append(f"--joey-python {s.joey_python} does not exist. {JOEY_INSTALL}")
+    if s.joey_dir.exists() and not s.joey_dir.is_dir():
+        problems.append(f"--joey-dir {s.joey_dir} is not a directory")
     for stem in ("transformer", "rnn"):
         if not (s.joey_configs / f"{stem}.yaml").is_file():
-            problems.append(f"no {stem}.yaml in {s.joey_configs} (--joey-configs)")
-    for name in ("train", "val300", "test_2016_flickr"):
-        for lang in ("de", "en"):
-            if not (s.joey_dir / "data" / f"{name}.{lang}").is_file():
-                problems.append(f"missing {s.joey_dir / 'data' / f'{name}.{lang}'}")
-    if not (s.joey_dir / "spm" / "spm_joint8k.model").is_file():
-        problems.append(f"missing {s.joey_dir / 'spm/spm_joint8k.model'}")
+            problems.append(
+                f"no {stem}.yaml in {s.joey_configs} (--joey-configs; the repository's are in "
+                f"{JOEY_CONFIGS})"
+            )
     for name, ckpt in s.joey_ckpts.items():
         if ckpt is None:
             continue
@@ -291,13 +310,185 @@ def check_settings(s: Settings) -> list[str]:
             )
     if s.max_output_length < 2 or s.sentences < 1:
         problems.append("--max-output-length must be >= 2 and --sentences >= 1")
-    if problems:
-        problems.append("set JoeyNMT up as README.md says (section 'Speed next to JoeyNMT')")
     return problems
+
+
+def check_joey_python(s: Settings) -> tuple[dict[str, Any], list[str]]:
+    """The versions in JoeyNMT's venv, and what in it stops the run (nothing when it works)."""
+    try:
+        versions = joey_versions(s)
+    except (subprocess.CalledProcessError, OSError, ValueError, IndexError) as err:
+        detail = getattr(err, "stderr", None) or str(err)
+        tail = " ".join(str(detail).strip().splitlines()[-1:])
+        return {}, [
+            f"{s.joey_python} cannot import joeynmt, torch and sentencepiece ({tail}). "
+            + JOEY_INSTALL
+        ]
+    problems = []
+    if not versions.get("set_vocabulary"):
+        problems.append(
+            f"sentencepiece {versions.get('sentencepiece')} in JoeyNMT's venv lacks the "
+            "SetVocabulary JoeyNMT 2.3.0 calls: "
+            f"{s.joey_python} -m pip install --only-binary :all: sentencepiece==0.2.0"
+        )
+    return versions, problems
 
 
 def say(msg: str) -> None:
     print(f"[bench-joeynmt {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ JoeyNMT's folder
+
+LANGS = ("de", "en")
+# the plain-text files of <joey-dir>/data: name -> (Multi30k split, first lines only or None)
+JOEY_DATA: dict[str, tuple[str, int | None]] = {
+    "train": ("train", None),
+    "val": ("val", None),
+    "val300": ("val", 300),
+    "test_2016_flickr": ("test_2016_flickr", None),
+}
+SPM_PREFIX = "spm/spm_joint8k"  # the model_file and voc_file of the configs, without suffix
+JOEY_SPECIALS = ("<unk>", "<pad>", "<s>", "</s>")  # JoeyNMT's default unk/pad/bos/eos, ids 0-3
+# the trainer options of JoeyNMT's own sentencepiece recipe, which its configs expect: its
+# special pieces at ids 0-3 (its vocabulary puts them first and asserts their ids) and a .vocab
+# of bare pieces, one per line (voc_file is read line by line, a line being one token). The
+# recipe's accept_language is left out: it only labels the model, and newer sentencepiece warns
+# that it ignores it.
+SPM_OPTIONS: dict[str, Any] = {
+    "model_type": "unigram",
+    "vocab_size": 8000,
+    "character_coverage": 1.0,
+    **{f"{kind}_id": i for i, kind in enumerate(("unk", "pad", "bos", "eos"))},
+    **{f"{kind}_piece": JOEY_SPECIALS[i] for i, kind in enumerate(("unk", "pad", "bos", "eos"))},
+    "vocabulary_output_piece_score": False,
+}
+
+
+def joey_data_files(joey_dir: Path) -> list[Path]:
+    """Every plain-text file of ``<joey-dir>/data`` the benchmark prepares."""
+    return [joey_dir / "data" / f"{name}.{lang}" for name in JOEY_DATA for lang in LANGS]
+
+
+def spm_files(joey_dir: Path) -> list[Path]:
+    return [joey_dir / f"{SPM_PREFIX}.{suffix}" for suffix in ("model", "vocab")]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` under a temporary name beside ``path``, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        tmp.write_text(text, encoding="utf-8", newline="\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_joey_data(corpus: Path, data_dir: Path) -> list[Path]:
+    """Write the missing files of JoeyNMT's ``data_dir`` from Multi30k's ``<split>.<lang>.gz``.
+
+    The lines are the corpus's own (read and checked as UTF-8 by nmt's reader), one per line;
+    files already there are left alone. Returns the files written.
+    """
+    written = []
+    for name, (split, first) in JOEY_DATA.items():
+        for lang in LANGS:
+            dest = data_dir / f"{name}.{lang}"
+            if dest.is_file():
+                continue
+            lines = read_lines(corpus / f"{split}.{lang}.gz")
+            if first is not None:
+                if len(lines) < first:
+                    raise DataError(f"{corpus / f'{split}.{lang}.gz'}: fewer than {first} lines")
+                lines = lines[:first]
+            _write_atomic(dest, "".join(line + "\n" for line in lines))
+            written.append(dest)
+    return written
+
+
+def train_joey_spm(
+    inputs: Sequence[Path], prefix: Path, threads: int, vocab_size: int = SPM_OPTIONS["vocab_size"]
+) -> None:
+    """Train JoeyNMT's joint sentencepiece model on ``inputs``: ``prefix``.model and .vocab.
+
+    nmt's sentencepiece writes the same .model format as JoeyNMT's 0.2.0. Both files appear
+    only once complete and checked: ids 0-3 carry JoeyNMT's special pieces, and the .vocab,
+    split into lines as JoeyNMT splits it, lists exactly the model's pieces in id order.
+    """
+    sentences = [line for path in inputs for line in read_lines(path)]
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=prefix.parent, prefix=".spm-") as tmp:
+        part = Path(tmp) / prefix.name
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences),
+                model_prefix=str(part),
+                num_threads=threads,
+                minloglevel=1,
+                **{**SPM_OPTIONS, "vocab_size": vocab_size},
+            )
+        except RuntimeError as err:
+            names = ", ".join(str(p) for p in inputs)
+            raise DataError(f"sentencepiece training on {names} failed: {err}") from err
+        model = Path(f"{part}.model")
+        vocab = Path(f"{part}.vocab")
+        sp = spm.SentencePieceProcessor(model_file=str(model))
+        pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+        if tuple(pieces[: len(JOEY_SPECIALS)]) != JOEY_SPECIALS:
+            raise DataError(f"{model}: ids 0-3 are {pieces[:4]}, not JoeyNMT's {JOEY_SPECIALS}")
+        if vocab.read_text(encoding="utf-8").splitlines() != pieces:
+            raise DataError(f"{vocab}: its lines are not the model's pieces, one per line")
+        os.replace(vocab, f"{prefix}.vocab")
+        os.replace(model, f"{prefix}.model")
+
+
+def prepare_joey_dir(
+    joey_dir: Path, data_root: Path, threads: int, vocab_size: int = SPM_OPTIONS["vocab_size"]
+) -> list[Path]:
+    """Make what JoeyNMT's working folder lacks: data/ files, then the sentencepiece model.
+
+    The Multi30k files come verified from ``<data_root>/multi30k`` (copied from
+    NMT_MULTI30K_MIRROR or downloaded when missing, as for ``make train``). The sentencepiece
+    model is trained when its .model or .vocab is missing. Returns the files made.
+    """
+    made: list[Path] = []
+    if not all(p.is_file() for p in joey_data_files(joey_dir)):
+        splits = list(dict.fromkeys(split for split, _ in JOEY_DATA.values()))
+        corpus = fetch_multi30k(data_root, LANGS, splits)
+        say(f"writing JoeyNMT's Multi30k text files into {joey_dir / 'data'}")
+        made += write_joey_data(corpus, joey_dir / "data")
+    if not all(p.is_file() for p in spm_files(joey_dir)):
+        say(f"training JoeyNMT's sentencepiece model {joey_dir / SPM_PREFIX}.model")
+        inputs = [joey_dir / "data" / f"train.{lang}" for lang in LANGS]
+        train_joey_spm(inputs, joey_dir / SPM_PREFIX, threads, vocab_size)
+        made += spm_files(joey_dir)
+    return made
+
+
+def joey_files_missing(joey_dir: Path, configs: Path) -> list[str]:
+    """The files JoeyNMT's configs name (data, sentencepiece) that ``joey_dir`` lacks."""
+    missing = []
+    for stem in ("transformer", "rnn"):
+        cfg = yaml.safe_load((configs / f"{stem}.yaml").read_text(encoding="utf-8"))
+        data = cfg["data"]
+        needed = [
+            (f"data.{key}", f"{data[key]}.{data[side]['lang']}")
+            for key in ("train", "dev", "test")
+            for side in ("src", "trg")
+        ]
+        for side in ("src", "trg"):
+            needed.append((f"data.{side}.voc_file", data[side]["voc_file"]))
+            needed.append(
+                (f"data.{side}.tokenizer_cfg.model_file", data[side]["tokenizer_cfg"]["model_file"])
+            )
+        first_key: dict[str, str] = {}
+        for key, name in needed:
+            first_key.setdefault(name, key)
+        for name, key in first_key.items():
+            if not (joey_dir / name).is_file():
+                missing.append(f"{configs / stem}.yaml: {key} names {joey_dir / name}, missing")
+    return missing
 
 
 # ------------------------------------------------------------------------------ JoeyNMT runs
@@ -351,7 +542,8 @@ def joey_versions(s: Settings) -> dict[str, Any]:
     code = (
         "import json, torch, joeynmt, sentencepiece; print(json.dumps({'joeynmt': "
         "joeynmt.__version__, 'torch': torch.__version__, 'torch_threads': "
-        "torch.get_num_threads(), 'sentencepiece': sentencepiece.__version__}))"
+        "torch.get_num_threads(), 'sentencepiece': sentencepiece.__version__, "
+        "'set_vocabulary': hasattr(sentencepiece.SentencePieceProcessor, 'SetVocabulary')}))"
     )
     out = subprocess.run(
         [str(s.joey_python), "-c", code],
@@ -775,14 +967,15 @@ def machine(s: Settings) -> dict[str, Any]:
     }
 
 
-def run(s: Settings) -> dict[str, Any]:
+def run(s: Settings, joey: dict[str, Any]) -> dict[str, Any]:
+    """Both comparisons in a prepared JoeyNMT folder; ``joey``: its venv's versions."""
     start = time.perf_counter()
     torch.set_num_threads(s.threads)
     if s.work.exists():
         shutil.rmtree(s.work)
     s.work.mkdir(parents=True)
     info = machine(s)
-    info["joeynmt"] = joey_versions(s)
+    info["joeynmt"] = joey
     say(f"JoeyNMT {info['joeynmt']['joeynmt']} with torch {info['joeynmt']['torch']}")
     cfg = bench.compose_train_config("transformer", s.nmt)
     say("preparing nmt data")
@@ -957,7 +1150,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 2
-    result = run(s)
+    s.joey_dir.mkdir(parents=True, exist_ok=True)
+    joey, problems = check_joey_python(s)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 2
+    try:
+        prepare_joey_dir(s.joey_dir, s.nmt.data_root, s.threads)
+    except DataError as err:
+        print(f"preparing JoeyNMT's folder {s.joey_dir}: {err}", file=sys.stderr)
+        return 2
+    problems = joey_files_missing(s.joey_dir, s.joey_configs)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 2
+    result = run(s, joey)
     bench.write_result(s.out, result, report(result))
     return 0
 

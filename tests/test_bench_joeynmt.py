@@ -1,12 +1,16 @@
-"""scripts/bench_joeynmt.py: the parts that need no JoeyNMT install (log parsing, statistics)."""
+"""scripts/bench_joeynmt.py: the parts that need no JoeyNMT install (preparing its folder, log
+parsing, statistics)."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,3 +56,132 @@ def test_decode_stats_count_eos_as_a_step_up_to_the_cap(bj) -> None:
     stats = bj.decode_stats([16, 3, 20], seconds=2.0, cap=17)
     assert stats["sentences"] == 3 and stats["sentences_per_s"] == 1.5
     assert stats["capped_share"] == pytest.approx(2 / 3)  # 16 tokens + EOS, and 20 cut to 17
+
+
+# ------------------------------------------------------------------------------ JoeyNMT's folder
+
+
+def _small_multi30k(mirror: Path, out: Path, lines: dict[str, int]) -> Path:
+    """The first lines of real Multi30k splits, gzipped under their Multi30k names."""
+    out.mkdir(parents=True)
+    for split, n in lines.items():
+        for lang in ("de", "en"):
+            with gzip.open(mirror / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                head = [next(f) for _ in range(n)]
+            with gzip.open(out / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.writelines(head)
+    return out
+
+
+def _gunzip(path: Path) -> str:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.fixture
+def small_corpus(mirror: Path, tmp_path: Path) -> Path:
+    return _small_multi30k(
+        mirror, tmp_path / "multi30k", {"train": 200, "val": 320, "test_2016_flickr": 20}
+    )
+
+
+def test_joey_data_files_are_the_corpus_lines_and_val300_its_first_300(bj, small_corpus, tmp_path):
+    data = tmp_path / "joey" / "data"
+    data.mkdir(parents=True)
+    (data / "test_2016_flickr.en").write_text("kept as it is\n", encoding="utf-8")
+    written = bj.write_joey_data(small_corpus, data)
+    assert data / "test_2016_flickr.en" not in written
+    assert (data / "test_2016_flickr.en").read_text(encoding="utf-8") == "kept as it is\n"
+    assert set(written) == set(bj.joey_data_files(tmp_path / "joey")) - {
+        data / "test_2016_flickr.en"
+    }
+    for lang in ("de", "en"):
+        val = _gunzip(small_corpus / f"val.{lang}.gz")
+        assert (data / f"val.{lang}").read_text(encoding="utf-8") == val
+        val300 = (data / f"val300.{lang}").read_text(encoding="utf-8")
+        assert val300.splitlines() == val.splitlines()[:300] and val300.endswith("\n")
+        train = _gunzip(small_corpus / f"train.{lang}.gz")
+        assert (data / f"train.{lang}").read_text(encoding="utf-8") == train
+    assert not list(data.glob(".*"))  # no temporary file left behind
+
+
+def test_joey_spm_has_joeys_specials_and_a_vocab_of_bare_pieces(bj, small_corpus, tmp_path):
+    data = tmp_path / "joey" / "data"
+    bj.write_joey_data(small_corpus, data)
+    prefix = tmp_path / "joey" / "spm" / "joint"
+    bj.train_joey_spm([data / "train.de", data / "train.en"], prefix, threads=1, vocab_size=300)
+    sp = spm.SentencePieceProcessor(model_file=f"{prefix}.model")
+    assert sp.get_piece_size() == 300
+    pieces = [sp.id_to_piece(i) for i in range(300)]
+    assert pieces[:4] == ["<unk>", "<pad>", "<s>", "</s>"]
+    assert (sp.unk_id(), sp.pad_id(), sp.bos_id(), sp.eos_id()) == (0, 1, 2, 3)
+    # JoeyNMT reads voc_file as one token per line (str.splitlines), index = line number
+    vocab = Path(f"{prefix}.vocab").read_text(encoding="utf-8")
+    assert vocab.splitlines() == pieces and "\t" not in vocab
+    assert any(p.startswith("\u2581") for p in pieces)  # word-initial pieces: text, not bytes
+    # the model covers both languages: a German and an English line come back unchanged
+    for lang in ("de", "en"):
+        line = (data / f"train.{lang}").read_text(encoding="utf-8").splitlines()[0]
+        assert sp.decode(sp.encode(line)) == line
+    assert sorted(p.name for p in prefix.parent.iterdir()) == ["joint.model", "joint.vocab"]
+
+
+def test_joey_spm_too_large_a_vocabulary_names_the_inputs(bj, small_corpus, tmp_path):
+    data = tmp_path / "data"
+    bj.write_joey_data(small_corpus, data)
+    with pytest.raises(bj.DataError, match=r"train\.de.*failed"):
+        bj.train_joey_spm([data / "train.de"], tmp_path / "spm" / "x", threads=1, vocab_size=8000)
+    assert not (tmp_path / "spm" / "x.model").exists()
+
+
+def test_prepare_joey_dir_makes_what_the_repository_configs_name(
+    bj, small_corpus, tmp_path, monkeypatch
+):
+    fetched = []
+
+    def fake_fetch(root, langs, splits):
+        fetched.append((Path(root), list(langs), list(splits)))
+        return small_corpus
+
+    monkeypatch.setattr(bj, "fetch_multi30k", fake_fetch)
+    joey = tmp_path / "joey"
+    missing = bj.joey_files_missing(joey, bj.JOEY_CONFIGS)
+    assert any("spm_joint8k.vocab" in m and "voc_file" in m for m in missing)
+    assert any("val300.de" in m and "data.dev" in m for m in missing)
+    made = bj.prepare_joey_dir(joey, tmp_path / "data", threads=1, vocab_size=300)
+    assert fetched == [(tmp_path / "data", ["de", "en"], ["train", "val", "test_2016_flickr"])]
+    assert set(made) == set(bj.joey_data_files(joey)) | set(bj.spm_files(joey))
+    assert bj.joey_files_missing(joey, bj.JOEY_CONFIGS) == []
+    # a complete folder is left alone; a lost .vocab is trained again without fetching
+    assert bj.prepare_joey_dir(joey, tmp_path / "data", threads=1, vocab_size=300) == []
+    (joey / "spm" / "spm_joint8k.vocab").unlink()
+    made = bj.prepare_joey_dir(joey, tmp_path / "data", threads=1, vocab_size=300)
+    assert set(made) == set(bj.spm_files(joey)) and len(fetched) == 1
+
+
+def test_repository_configs_are_the_default_and_match_nmt_sizes(bj, tmp_path) -> None:
+    args = bj.parse_args(["--joey-python", "py", "--joey-dir", str(tmp_path)])
+    assert Path(args.joey_configs) == REPO / "scripts" / "joeynmt"
+    tr = yaml.safe_load((bj.JOEY_CONFIGS / "transformer.yaml").read_text())["model"]
+    assert (tr["encoder"]["num_layers"], tr["decoder"]["num_layers"]) == (3, 3)
+    assert (tr["encoder"]["hidden_size"], tr["encoder"]["ff_size"]) == (256, 1024)
+    assert tr["encoder"]["num_heads"] == 4 and tr["tied_embeddings"] and tr["tied_softmax"]
+    rnn = yaml.safe_load((bj.JOEY_CONFIGS / "rnn.yaml").read_text())["model"]
+    assert rnn["encoder"]["bidirectional"] and rnn["decoder"]["attention"] == "bahdanau"
+    assert rnn["encoder"]["hidden_size"] == rnn["decoder"]["hidden_size"] == 512
+    assert rnn["encoder"]["embeddings"]["embedding_dim"] == 256
+
+
+def test_without_joeynmt_the_run_stops_before_preparing_and_says_how_to_install(
+    bj, tmp_path, capsys
+):
+    joey = tmp_path / "joey"
+    base = ["--joey-dir", str(joey), "--data-root", str(tmp_path / "data")]
+    assert bj.main(["--joey-python", str(tmp_path / "nope" / "python"), *base]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "JOEY_PYTHON" in err and "joeynmt==2.3.0" in err
+    # a python without joeynmt (nmt's own): named, with the install commands; nothing prepared
+    assert bj.main(["--joey-python", sys.executable, *base]) == 2
+    err = capsys.readouterr().err
+    assert "cannot import joeynmt" in err and "sentencepiece==0.2.0" in err
+    assert not (joey / "data").exists() and not (tmp_path / "data").exists()

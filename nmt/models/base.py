@@ -4,10 +4,15 @@ A model is used in two ways:
 
 * teacher forcing (training, validation loss): ``forward(src, src_lens, tgt_in)`` returns
   logits for every target position at once;
-* incremental decoding (greedy and beam search): ``encode`` the source once, ``init_state``,
-  then call ``decode_step`` with the previous token of every hypothesis; the model carries what
-  it needs (GRU hidden state, Transformer key/value caches, encoder memory and source mask) in
-  a :data:`DecoderState`.
+* incremental decoding (greedy and beam search): ``encode(src, src_lens)`` runs the encoder
+  once and returns the initial :data:`DecoderState`, one row per sentence; each
+  ``decode_step(tokens, state)`` takes the previous token of every hypothesis row (BOS at the
+  first step) and returns the next-token logits, the new state and this step's attention over
+  the source. Between steps the search changes the rows with :func:`select_state`: beam search
+  turns each sentence's row into ``beam`` rows after the first step and reorders them after
+  every step; both searches drop the rows of finished sentences. The state holds what the model
+  needs (the GRU's hidden states; the Transformer's self-attention key/value caches and step;
+  the encoder memory or its projections and the source mask).
 
 A :data:`DecoderState` is a nested structure (dicts, lists, tuples) of tensors whose first
 dimension is the batch (hypothesis) dimension, plus non-tensor leaves (ints such as the current
@@ -112,8 +117,8 @@ class Seq2Seq(nn.Module):
 
         tokens: (B,) the previous target token of each row (BOS at the first step).
         Returns logits (B, V) for the next token, the new state, and the cross-attention
-        weights of this step over the source, (B, S) (head- and layer-averaged for the
-        Transformer: the last layer's heads averaged), or None if the model has none.
+        weights of this step over the source, (B, S) (for the Transformer: the last decoder
+        layer's, averaged over heads), or None if the model has none.
         """
         raise NotImplementedError
 

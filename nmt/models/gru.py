@@ -11,10 +11,17 @@ Decoder step t (one code path for teacher forcing and incremental decoding):
 * logits_t = W_out dropout(W_pre [s_t; c_t; E y_{t-1}] + b_pre) + b_out, a linear pre-output
   layer of size emb_dim (no tanh/maxout), so W_out can be tied to the target embedding.
 
-Decoding state (see :mod:`nmt.models.base`)::
+Decoding state (see :mod:`nmt.models.base`), for B sentences with G consecutive hypothesis
+rows each (N = G * B; G = 1 after ``encode`` and in greedy search, the beam size in beam
+search after its first step)::
 
-    {"hidden": [(B, H) per decoder layer], "memory": (B, S, C),
-     "keys": (B, S, *) keys projected once by the scoring module, "src_mask": (B, S) True = real}
+    {"hidden": [(N, H) per decoder layer],   # s_{t-1} of every hypothesis
+     "shared": {                             # one row per sentence, read by all its rows
+         "memory": (B, S, C),                # encoder outputs h, the attention values
+         "keys": (B, S, *),                  # h projected once by the scoring module
+         "src_mask": (B, S) bool}}           # True = real source token
+
+The G query rows of a sentence attend to its one row of the shared part.
 """
 
 from __future__ import annotations

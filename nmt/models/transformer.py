@@ -4,15 +4,22 @@ Layers mirror ``torch.nn.TransformerEncoderLayer`` / ``TransformerDecoderLayer``
 ``self_attn``, ``cross_attn`` (torch: ``multihead_attn``), ``linear1``, ``linear2``,
 ``norm1``..``norm3``), so their weights can be copied across.
 
-Incremental decoding state (see :mod:`nmt.models.base`)::
+Incremental decoding state (see :mod:`nmt.models.base`), for B sentences with G consecutive
+hypothesis rows each (N = G * B; G = 1 after ``encode`` and in greedy search, the beam size in
+beam search after its first step)::
 
-    {"step": int,                       # position of the next target token
-     "memory_pad": (B, S) bool,         # True = source padding
-     "layers": [{"self": {"k", "v"},    # (B, H, t, dk): keys/values of the t tokens so far
-                 "cross": {"k", "v"}}]} # (B, H, S, dk): projected encoder memory, made once
+    {"step": int,                          # position of the next target token, for every row
+     "layers": [{"self": {"k", "v"}}],     # per decoder layer, (N, H, t, dk) each: self-attention
+                                           # keys/values of the t target tokens so far (t = 0 at
+                                           # first), a new dict at every step
+     "shared": {                           # one row per sentence, read by all its rows
+         "memory_pad": (B, S) bool,        # True = source padding
+         "cross": [{"k", "v"}]}}           # per decoder layer, (B, H, S, dk) each: the encoder
+                                           # memory projected for cross-attention, made once
 
+The G query rows of a sentence attend to its one row of the shared cross keys/values.
 ``decode_step`` always returns the last decoder layer's cross-attention averaged over heads,
-(B, S): with a single query position it costs no more than the attention itself.
+(N, S): with a single query position it costs no more than the attention itself.
 """
 
 from __future__ import annotations
