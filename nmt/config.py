@@ -23,10 +23,11 @@ class ConfigError(ValueError):
 class DataConfig:
     """Where the corpus comes from, how it is cleaned, tokenized and batched.
 
-    ``corpus: multi30k`` fetches Multi30k task 1 (download, or ``NMT_MULTI30K_MIRROR``) and
-    reads the split names below from it. ``corpus: parallel`` reads the user's own files:
-    ``train``, ``valid`` and each ``test`` entry are path prefixes, completed by
-    ``.<src_lang>`` / ``.<tgt_lang>`` (optionally followed by ``.gz``).
+    ``corpus: multi30k`` fetches Multi30k task 1 (download from ``NMT_MULTI30K_URL`` or the
+    official URL, or a copy from ``NMT_MULTI30K_MIRROR``) and reads the split names below from
+    it. ``corpus: parallel`` reads the user's own files: ``train``, ``valid`` and each ``test``
+    entry are path prefixes, completed by ``.<src_lang>`` / ``.<tgt_lang>`` (optionally
+    followed by ``.gz``).
     """
 
     name: str = MISSING

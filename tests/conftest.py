@@ -1,39 +1,44 @@
-"""Shared test fixtures. Tests never touch the network: Multi30k comes from a local mirror."""
+"""Shared test fixtures.
+
+The tests that read Multi30k get it as `make train` does, through ``fetch_multi30k`` into the
+repository's ``data/multi30k``: already there (and verified), copied from
+``NMT_MULTI30K_MIRROR``, or downloaded once (from ``NMT_MULTI30K_URL`` or the official URL).
+"""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from nmt.data.corpus import MULTI30K_SPLITS, DataError, fetch_multi30k
+
 from .helpers import write_subset
 
 REPO = Path(__file__).resolve().parents[1]
-_DEFAULT_MIRROR = REPO.parent / "shared" / "data" / "multi30k"
-
-if not os.environ.get("NMT_MULTI30K_MIRROR") and _DEFAULT_MIRROR.is_dir():
-    os.environ["NMT_MULTI30K_MIRROR"] = str(_DEFAULT_MIRROR)
+DATA_ROOT = REPO / "data"  # the default data.root of `make train`, which runs in the repository
+TEST_LANGS = ("de", "en")
 
 
 @pytest.fixture(scope="session")
-def mirror() -> Path:
-    """The directory holding the Multi30k .gz files (NMT_MULTI30K_MIRROR)."""
-    path = Path(os.environ.get("NMT_MULTI30K_MIRROR", ""))
-    if not (path / "train.de.gz").is_file():
-        pytest.fail(
-            "Multi30k mirror not found: set NMT_MULTI30K_MIRROR to a directory holding "
-            "train/val/test_2016_flickr .gz files"
-        )
-    return path
+def multi30k() -> Path:
+    """The directory of verified Multi30k de/en files of every split (``data/multi30k``).
+
+    Without a copy, a mirror or the network, the session stops here with the message that
+    `make train` gives, instead of one error per test that needs the corpus.
+    """
+    try:
+        return fetch_multi30k(DATA_ROOT, TEST_LANGS, MULTI30K_SPLITS)
+    except DataError as err:
+        pytest.exit(f"Multi30k is needed by the tests and could not be fetched: {err}", 1)
 
 
 @pytest.fixture(scope="session")
-def corpus(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def corpus(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """120 real Multi30k training pairs as plain files; returns their prefix."""
-    return write_subset(mirror, tmp_path_factory.mktemp("corpus"), "train", 120)
+    return write_subset(multi30k, tmp_path_factory.mktemp("corpus"), "train", 120)
 
 
 @pytest.fixture(scope="module")

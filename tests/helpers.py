@@ -21,12 +21,15 @@ def compose_config(name: str, overrides: list[str] | None = None) -> DictConfig:
         return compose(config_name=name, overrides=overrides or [])
 
 
-def write_subset(mirror: Path, out: Path, split: str, n: int, langs=("de", "en"), start=0) -> Path:
-    """Write lines [start, start+n) of a Multi30k split as plain files; returns the prefix."""
+def write_subset(
+    multi30k: Path, out: Path, split: str, n: int, langs=("de", "en"), start=0
+) -> Path:
+    """Write lines [start, start+n) of a Multi30k split (from the ``multi30k`` directory of .gz
+    files) as plain files; returns the prefix."""
     out.mkdir(parents=True, exist_ok=True)
     prefix = out / f"{split}{start}_{n}"
     for lang in langs:
-        with gzip.open(mirror / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+        with gzip.open(multi30k / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
             lines = f.read().split("\n")[start : start + n]
         (Path(f"{prefix}.{lang}")).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return prefix

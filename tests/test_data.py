@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import http.server
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +30,13 @@ from nmt.data.batching import (
 )
 from nmt.data.corpus import (
     MIRROR_ENV,
+    MULTI30K_BASE_URL,
+    URL_ENV,
     DataError,
+    atomic_write_bytes,
     clean_pairs,
     fetch_multi30k,
+    multi30k_url,
     read_lines,
     read_parallel,
     resolve_pair,
@@ -58,10 +64,12 @@ FAST = settings(
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory, mirror: Path) -> Path:
-    """A data root with de/en Multi30k fetched from the mirror."""
+def root(tmp_path_factory: pytest.TempPathFactory, multi30k: Path) -> Path:
+    """A fresh data root with de/en Multi30k copied in through NMT_MULTI30K_MIRROR."""
     path = tmp_path_factory.mktemp("root")
-    fetch_multi30k(path, ["de", "en"], SPLITS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(MIRROR_ENV, str(multi30k))
+        fetch_multi30k(path, ["de", "en"], SPLITS)
     return path
 
 
@@ -130,7 +138,10 @@ def test_fetch_again_copies_nothing(root: Path, monkeypatch: pytest.MonkeyPatch)
     assert {p.name: p.stat().st_mtime_ns for p in files} == before
 
 
-def test_corrupted_local_file_is_replaced(tmp_path: Path, mirror: Path) -> None:
+def test_corrupted_local_file_is_replaced(
+    tmp_path: Path, multi30k: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(MIRROR_ENV, str(multi30k))
     base = fetch_multi30k(tmp_path, ["de"], ["val"])
     target = base / "val.de.gz"
     data = bytearray(target.read_bytes())
@@ -159,26 +170,98 @@ def test_mirror_missing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_unreachable_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(MIRROR_ENV, raising=False)
-    monkeypatch.setattr(corpus, "MULTI30K_URL", "http://127.0.0.1:9/{split}.{lang}.gz")
-    with pytest.raises(DataError, match="NMT_MULTI30K_MIRROR") as err:
+    monkeypatch.setenv(URL_ENV, "http://127.0.0.1:9")
+    with pytest.raises(DataError, match="could not download") as err:
         fetch_multi30k(tmp_path, ["en"], ["val"])
-    assert "http://127.0.0.1:9/val.en.gz" in str(err.value)
+    for part in ("http://127.0.0.1:9/val.en.gz", MIRROR_ENV, URL_ENV):
+        assert part in str(err.value)
     assert list((tmp_path / "multi30k").iterdir()) == []
 
 
+def test_download_url_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(URL_ENV, raising=False)
+    assert multi30k_url("val", "de") == MULTI30K_BASE_URL + "/val.de.gz"
+    assert MULTI30K_BASE_URL.startswith("https://")
+    monkeypatch.setenv(URL_ENV, "http://mirror.example/m30k/")
+    assert (
+        multi30k_url("test_2016_flickr", "en")
+        == "http://mirror.example/m30k/test_2016_flickr.en.gz"
+    )
+    monkeypatch.setenv(URL_ENV, "mirror.example/m30k")
+    with pytest.raises(DataError, match=r"NMT_MULTI30K_URL='mirror\.example/m30k' is not a URL"):
+        multi30k_url("val", "de")
+
+
 def test_download_verifies_and_renames(
-    tmp_path: Path, mirror: Path, http_dir: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, multi30k: Path, http_dir: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh root filled through NMT_MULTI30K_URL (an HTTP mirror) gets verified files."""
+    served, url = http_dir
+    for name in ("val.de.gz", "val.en.gz"):
+        (served / name).write_bytes((multi30k / name).read_bytes())
+    monkeypatch.delenv(MIRROR_ENV, raising=False)
+    monkeypatch.setenv(URL_ENV, url)
+    base = fetch_multi30k(tmp_path / "root", ["de", "en"], ["val"])
+    for name in ("val.de.gz", "val.en.gz"):
+        assert sha256_file(base / name) == corpus.MULTI30K_SHA256[name]
+    assert sorted(p.name for p in base.iterdir()) == ["val.de.gz", "val.en.gz"]
+    de, en = read_parallel(base / "val.de.gz", base / "val.en.gz")
+    assert len(de) == len(en) == 1014
+
+
+def test_download_with_wrong_bytes_is_refused(
+    tmp_path: Path, multi30k: Path, http_dir: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     served, url = http_dir
-    (served / "val.en.gz").write_bytes((mirror / "val.en.gz").read_bytes())
-    (served / "val.de.gz").write_bytes(b"tampered")
+    (served / "val.en.gz").write_bytes((multi30k / "val.en.gz").read_bytes())
+    (served / "val.de.gz").write_bytes(gzip.compress(b"Ein Hund.\n"))
     monkeypatch.delenv(MIRROR_ENV, raising=False)
-    monkeypatch.setattr(corpus, "MULTI30K_URL", url + "/{split}.{lang}.gz")
-    base = fetch_multi30k(tmp_path, ["en"], ["val"])
-    assert len(read_lines(base / "val.en.gz")) == 1014
-    with pytest.raises(DataError, match=r"sha256 mismatch for val\.de\.gz"):
+    monkeypatch.setenv(URL_ENV, url + "/")
+    with pytest.raises(DataError, match=r"sha256 mismatch for val\.de\.gz") as err:
+        fetch_multi30k(tmp_path, ["en", "de"], ["val"])
+    assert f"{url}/val.de.gz" in str(err.value)
+    assert sorted(p.name for p in (tmp_path / "multi30k").iterdir()) == ["val.en.gz"]
+
+
+def _hold(path: Path) -> int:
+    """Open ``path`` and take its lock, as a running transfer holds its temporary file."""
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def test_stale_temporary_files_are_deleted_before_fetching(
+    tmp_path: Path, multi30k: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = tmp_path / "multi30k"
+    base.mkdir()
+    stale = [base / ".val.de.gz.k3x_9q2a.part", base / ".val.de.gz.0abcdefg.part"]
+    others = [
+        base / ".val.en.gz.k3x_9q2a.part",  # another file's
+        base / ".val.de.gz.part",  # not a temporary-file name
+        base / "val.de.gz.k3x_9q2a.part",
+        base / ".val.de.gz.old.k3x_9q2a.part",  # the temporary file of "val.de.gz.old"
+    ]
+    live = base / ".val.de.gz.running1.part"  # a transfer in progress elsewhere
+    for path in [*stale, *others, live]:
+        path.write_bytes(b"half a file")
+    monkeypatch.setenv(MIRROR_ENV, str(multi30k))
+    fd = _hold(live)
+    try:
         fetch_multi30k(tmp_path, ["de"], ["val"])
-    assert sorted(p.name for p in base.iterdir()) == ["val.en.gz"]
+    finally:
+        os.close(fd)
+    assert sha256_file(base / "val.de.gz") == corpus.MULTI30K_SHA256["val.de.gz"]
+    assert not any(p.exists() for p in stale)
+    assert all(p.exists() for p in [*others, live])
+
+
+def test_atomic_write_deletes_its_stale_temporary_files(tmp_path: Path) -> None:
+    stale = tmp_path / ".spm.model.x1y2z3w4.part"
+    stale.write_bytes(b"half")
+    atomic_write_bytes(tmp_path / "spm.model", b"whole")
+    assert (tmp_path / "spm.model").read_bytes() == b"whole"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spm.model"]
 
 
 def test_truncated_download_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -196,8 +279,7 @@ def test_truncated_download_leaves_nothing(tmp_path: Path, monkeypatch: pytest.M
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         monkeypatch.delenv(MIRROR_ENV, raising=False)
-        url = f"http://127.0.0.1:{server.server_address[1]}/{{split}}.{{lang}}.gz"
-        monkeypatch.setattr(corpus, "MULTI30K_URL", url)
+        monkeypatch.setenv(URL_ENV, f"http://127.0.0.1:{server.server_address[1]}")
         with pytest.raises(DataError, match="could not download"):
             fetch_multi30k(tmp_path, ["en"], ["val"])
     finally:

@@ -70,10 +70,10 @@ def write_checkpoint(cfg, tokenizers, step: int, path: Path, seed: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def run_dir(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def run_dir(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run directory with checkpoints step 10 and 20 (best.pt = step 20)."""
     root = tmp_path_factory.mktemp("eval")
-    corpus = write_subset(mirror, root / "corpus", "train", N_PAIRS)
+    corpus = write_subset(multi30k, root / "corpus", "train", N_PAIRS)
     cfg = compose_config(
         "train",
         [*corpus_overrides(corpus, root), *TINY],
@@ -87,11 +87,11 @@ def run_dir(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pairs(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, Path]]:
+def pairs(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, Path]]:
     """Two user file pairs with the same file names, the first with an empty source line."""
     root = tmp_path_factory.mktemp("pairs")
-    a = write_subset(mirror, root / "a", "val", 6)
-    b = write_subset(mirror, root / "b", "test_2016_flickr", 4)
+    a = write_subset(multi30k, root / "a", "val", 6)
+    b = write_subset(multi30k, root / "b", "test_2016_flickr", 4)
     lines = Path(f"{a}.de").read_text(encoding="utf-8").split("\n")
     lines[2] = ""
     Path(f"{a}.de").write_text("\n".join(lines), encoding="utf-8")

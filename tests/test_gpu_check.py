@@ -257,8 +257,8 @@ def test_gpu_quick_preset():
 
 
 @pytest.mark.slow
-def test_whole_check_on_cpu(tmp_path, mirror):
-    corpus = write_subset(mirror, tmp_path / "corpus", "train", 200)
+def test_whole_check_on_cpu(tmp_path, multi30k):
+    corpus = write_subset(multi30k, tmp_path / "corpus", "train", 200)
     overrides = [
         *corpus_overrides(corpus, tmp_path),
         *TINY_TRANSFORMER,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from nmt.data.corpus import MIRROR_ENV
 from nmt.train import train
 
 from .helpers import compose_config
@@ -27,7 +28,10 @@ MAX_LOSS = 5.0
 
 
 @pytest.mark.slow
-def test_default_transformer_learns_multi30k_de_en(mirror: Path, tmp_path: Path) -> None:
+def test_default_transformer_learns_multi30k_de_en(
+    multi30k: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(MIRROR_ENV, str(multi30k))  # the run's own data root gets verified copies
     overrides = [
         f"data.root={tmp_path / 'data'}",
         f"outputs={tmp_path / 'outputs'}",

@@ -43,7 +43,14 @@ from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, ve
 from nmt.config import ConfigError, TransformerConfig
 from nmt.data import corpus
 from nmt.data.batching import TokenDataset, make_batch
-from nmt.data.corpus import MIRROR_ENV, DataError, clean_pairs, fetch_multi30k, read_parallel
+from nmt.data.corpus import (
+    MIRROR_ENV,
+    URL_ENV,
+    DataError,
+    clean_pairs,
+    fetch_multi30k,
+    read_parallel,
+)
 from nmt.data.tokenizer import PAD_ID
 from nmt.models.registry import build_model
 from nmt.search import DecodeOptions, decode_dataset
@@ -61,9 +68,9 @@ TRAILER = struct.Struct("<8sQ32s")  # the checkpoint trailer: magic, payload len
 
 
 @pytest.fixture(scope="module")
-def corpus_prefix(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def corpus_prefix(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """120 real Multi30k training pairs as plain files."""
-    return write_subset(mirror, tmp_path_factory.mktemp("corpus"), "train", 120)
+    return write_subset(multi30k, tmp_path_factory.mktemp("corpus"), "train", 120)
 
 
 @pytest.fixture
@@ -591,7 +598,7 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bytes, bool], N
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     monkeypatch.delenv(MIRROR_ENV, raising=False)
     port = server.server_address[1]
-    monkeypatch.setattr(corpus, "MULTI30K_URL", f"http://127.0.0.1:{port}/{{split}}.{{lang}}.gz")
+    monkeypatch.setenv(URL_ENV, f"http://127.0.0.1:{port}")
 
     def set_content(body: bytes, announce_length: bool = True) -> None:
         content.update(body=body, length=announce_length)
@@ -602,9 +609,9 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bytes, bool], N
 
 
 def test_partial_download_without_length_is_caught_by_the_checksum(
-    tmp_path: Path, mirror: Path, serve: Callable[[bytes, bool], None]
+    tmp_path: Path, multi30k: Path, serve: Callable[[bytes, bool], None]
 ) -> None:
-    real = (mirror / "val.en.gz").read_bytes()
+    real = (multi30k / "val.en.gz").read_bytes()
     serve(real[: len(real) // 2], False)
     with pytest.raises(DataError, match=r"sha256 mismatch for val\.en\.gz.*deleted"):
         fetch_multi30k(tmp_path, ["en"], ["val"])
@@ -612,9 +619,9 @@ def test_partial_download_without_length_is_caught_by_the_checksum(
 
 
 def test_wrong_file_of_the_right_size_is_deleted_and_reported(
-    tmp_path: Path, mirror: Path, serve: Callable[[bytes, bool], None]
+    tmp_path: Path, multi30k: Path, serve: Callable[[bytes, bool], None]
 ) -> None:
-    real = bytearray((mirror / "val.en.gz").read_bytes())
+    real = bytearray((multi30k / "val.en.gz").read_bytes())
     real[len(real) // 2] ^= 0x01
     serve(bytes(real), True)
     with pytest.raises(DataError, match=r"expected 14f7d25d.*got .*deleted") as err:
@@ -624,10 +631,10 @@ def test_wrong_file_of_the_right_size_is_deleted_and_reported(
 
 
 def test_leftovers_of_an_interrupted_download_are_never_used(
-    tmp_path: Path, mirror: Path, serve: Callable[[bytes, bool], None],
+    tmp_path: Path, multi30k: Path, serve: Callable[[bytes, bool], None],
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    real = (mirror / "val.en.gz").read_bytes()
+    real = (multi30k / "val.en.gz").read_bytes()
     base = tmp_path / "multi30k"
     base.mkdir()
     (base / ".val.en.gz.abc123.part").write_bytes(real)  # a killed transfer's temporary file
@@ -636,6 +643,7 @@ def test_leftovers_of_an_interrupted_download_are_never_used(
     caplog.set_level(logging.WARNING, logger="nmt.data")
     fetch_multi30k(tmp_path, ["en"], ["val"])
     assert corpus.sha256_file(base / "val.en.gz") == corpus.MULTI30K_SHA256["val.en.gz"]
+    assert sorted(p.name for p in base.iterdir()) == ["val.en.gz"]  # the leftover is deleted
     assert "val.en.gz has sha256" in caplog.text and "fetching it again" in caplog.text
 
 

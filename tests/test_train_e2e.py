@@ -47,9 +47,9 @@ MODEL_OVERRIDES = {
 
 
 @pytest.fixture(scope="module")
-def tiny_corpus(mirror, tmp_path_factory):
+def tiny_corpus(multi30k, tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
-    return write_subset(mirror, root, "train", N_PAIRS)
+    return write_subset(multi30k, root, "train", N_PAIRS)
 
 
 @pytest.mark.parametrize("model", sorted(MODEL_OVERRIDES))

@@ -256,12 +256,12 @@ def test_log_hparams_lands_in_the_run_dir(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(mirror: Path, tmp_path_factory) -> Path:
+def checkpoint(multi30k: Path, tmp_path_factory) -> Path:
     """A random tiny Transformer with a real tokenizer, saved as nmt-train saves it."""
     root = tmp_path_factory.mktemp("run")
     lines = []
     for lang in ("de", "en"):
-        with gzip.open(mirror / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+        with gzip.open(multi30k / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
             lines += f.read().split("\n")[:200]
     tokenizer = train_tokenizer(lines, root / "spm", vocab_size=400)
     pair = TokenizerPair(tokenizer, tokenizer, joint=True)

@@ -1,29 +1,40 @@
 """Finding, fetching and reading parallel text.
 
-Multi30k task 1 is fetched into ``<root>/multi30k`` (from ``NMT_MULTI30K_MIRROR`` or the public
-URL) and every file is checked against a pinned sha256. User corpora are pairs of files
+Multi30k task 1 is fetched into ``<root>/multi30k`` (from the directory ``NMT_MULTI30K_MIRROR``,
+or downloaded from ``NMT_MULTI30K_URL``, by default the official URL) and every file is checked
+against a pinned sha256. User corpora are pairs of files
 ``<prefix>.<lang>`` (optionally ``.gz``) with one sentence per line, UTF-8.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import http.client
 import logging
 import os
+import re
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: temporary files are not locked (see _remove_stale_parts)
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("nmt.data")
 
 MIRROR_ENV = "NMT_MULTI30K_MIRROR"
-MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{split}.{lang}.gz"
+URL_ENV = "NMT_MULTI30K_URL"
+# files are <base>/<split>.<lang>.gz; NMT_MULTI30K_URL replaces this base (an HTTP mirror)
+MULTI30K_BASE_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"
 MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
 MULTI30K_LANGS = ("en", "de", "fr", "cs")
 MULTI30K_SHA256 = {
@@ -43,6 +54,7 @@ MULTI30K_SHA256 = {
 DOWNLOAD_TIMEOUT_S = 60.0
 _CHUNK = 1 << 20
 _BOM = b"\xef\xbb\xbf"
+PART_SUFFIX = ".part"
 
 
 class DataError(Exception):
@@ -56,9 +68,10 @@ def fetch_multi30k(root: Path, langs: Iterable[str], splits: Iterable[str]) -> P
     """Make verified Multi30k files ``<split>.<lang>.gz`` available; return ``root/multi30k``.
 
     A file already present with the right sha256 is used as is. Otherwise it is copied from
-    the directory named by ``NMT_MULTI30K_MIRROR`` or, if that is unset, downloaded. Files
-    are written under a temporary name, verified, then renamed, so a failed or partial
-    transfer never appears under the final name.
+    the directory named by ``NMT_MULTI30K_MIRROR`` or, if that is unset, downloaded from
+    ``NMT_MULTI30K_URL`` (default: the official URL). Files are written under a temporary name,
+    verified, then renamed, so a failed or partial transfer never appears under the final name;
+    temporary files that a killed transfer left are deleted first.
     """
     langs, splits = list(langs), list(splits)
     _check_choices("split", splits, MULTI30K_SPLITS)
@@ -102,7 +115,18 @@ def _ensure_file(dest_dir: Path, name: str, split: str, lang: str) -> None:
     if mirror:
         _copy_from_mirror(Path(mirror), dest, expected)
     else:
-        _download(MULTI30K_URL.format(split=split, lang=lang), dest, expected)
+        _download(multi30k_url(split, lang), dest, expected)
+
+
+def multi30k_url(split: str, lang: str) -> str:
+    """The URL of ``<split>.<lang>.gz``: under ``$NMT_MULTI30K_URL`` if set, else the official."""
+    base = os.environ.get(URL_ENV, "").strip() or MULTI30K_BASE_URL
+    if not urllib.parse.urlsplit(base).scheme:
+        raise DataError(
+            f"{URL_ENV}={base!r} is not a URL: give the base URL of the Multi30k files, "
+            "e.g. https://host/multi30k (they are fetched as <base>/<split>.<lang>.gz)"
+        )
+    return f"{base.rstrip('/')}/{split}.{lang}.gz"
 
 
 def _copy_from_mirror(mirror: Path, dest: Path, expected: str) -> None:
@@ -124,8 +148,9 @@ def _download(url: str, dest: Path, expected: str) -> None:
             _write_verified(resp, dest, expected, origin=url, size=int(size) if size else None)
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
         raise DataError(
-            f"could not download {url}: {err}. Without internet access, put the Multi30k "
-            f"files (<split>.<lang>.gz) in a directory and set {MIRROR_ENV} to that directory"
+            f"could not download {url}: {err}. Without internet access, put the Multi30k files "
+            f"(<split>.<lang>.gz) in a directory and set {MIRROR_ENV} to that directory, or set "
+            f"{URL_ENV} to the base URL of an HTTP mirror serving them as <base>/<split>.<lang>.gz"
         ) from err
 
 
@@ -136,18 +161,13 @@ def _write_verified(
 
     ``size``: the announced byte count; a shorter stream raises ConnectionError.
     """
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(tmp_name)
-    try:
+    with _part_file(dest) as (fout, tmp):
         h = hashlib.sha256()
         received = 0
-        with os.fdopen(fd, "wb") as fout:
-            while chunk := stream.read(_CHUNK):
-                h.update(chunk)
-                fout.write(chunk)
-                received += len(chunk)
-            fout.flush()
-            os.fsync(fout.fileno())
+        while chunk := stream.read(_CHUNK):
+            h.update(chunk)
+            fout.write(chunk)
+            received += len(chunk)
         if size is not None and received != size:
             raise ConnectionError(f"transfer ended after {received} of {size} bytes")
         actual = h.hexdigest()
@@ -156,9 +176,85 @@ def _write_verified(
                 f"{origin}: sha256 mismatch for {dest.name}: expected {expected}, got {actual}; "
                 "the bad copy was deleted"
             )
-        os.replace(tmp, dest)
+        _commit(fout, tmp, dest)
+
+
+@contextlib.contextmanager
+def _part_file(dest: Path) -> Iterator[tuple[BinaryIO, Path]]:
+    """A new temporary file beside ``dest`` (``.<name>.XXXXXXXX.part``), deleted on exit.
+
+    Temporary files of ``dest`` that a killed process left are deleted first. Where POSIX locks
+    exist, the new file stays locked until exit, which tells other processes (ranks of a
+    distributed run fetching the same file) that it is in use, not left over.
+    """
+    _remove_stale_parts(dest)
+    while True:
+        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=PART_SUFFIX)
+        if fcntl is None:
+            break
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:  # another process may have deleted it as stale before we locked it
+            if os.path.samestat(os.fstat(fd), os.stat(name)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    tmp = Path(name)
+    f = os.fdopen(fd, "wb")
+    try:
+        yield f, tmp
     finally:
+        f.close()
         tmp.unlink(missing_ok=True)
+
+
+def _commit(f: BinaryIO, tmp: Path, dest: Path) -> None:
+    """Flush ``f`` (the open temporary file ``tmp``) to disk and rename it to ``dest``."""
+    f.flush()
+    os.fsync(f.fileno())
+    if fcntl is None:
+        f.close()  # without POSIX semantics an open file cannot be renamed
+    os.replace(tmp, dest)
+
+
+def _remove_stale_parts(dest: Path) -> list[Path]:
+    """Delete the temporary files of ``dest`` that no running process is writing.
+
+    Only names of the form ``.<dest name>.<random>.part`` are touched. A file counts as stale
+    when its lock can be taken (its writer is gone); without POSIX locks, when it can be
+    deleted (an open file cannot be). Returns the deleted paths.
+    """
+    pattern = re.compile(rf"\.{re.escape(dest.name)}\.[A-Za-z0-9_]+{re.escape(PART_SUFFIX)}")
+    removed: list[Path] = []
+    if not dest.parent.is_dir():
+        return removed
+    for path in sorted(dest.parent.iterdir()):
+        if pattern.fullmatch(path.name) and _delete_unless_locked(path):
+            log.info("deleted %s, left by an interrupted transfer", path)
+            removed.append(path)
+    return removed
+
+
+def _delete_unless_locked(path: Path) -> bool:
+    """Delete ``path`` unless another open file holds its lock; True if it was deleted."""
+    if fcntl is None:
+        try:
+            path.unlink()
+        except OSError:
+            return False
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path.unlink()
+    except OSError:  # locked by a live writer, or already gone
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 # --------------------------------------------------------------------------- reading
@@ -259,13 +355,6 @@ def clean_pairs(src: Sequence[str], tgt: Sequence[str]) -> tuple[list[str], list
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename (never half-written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with _part_file(path) as (f, tmp):
+        f.write(data)
+        _commit(f, tmp, path)
