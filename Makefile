@@ -83,7 +83,7 @@ gpu-check: ## On a GPU: 3 minutes of bf16 training on Multi30k; tokens/s, MFU, B
 tensorboard: install ## Watch training curves and attention maps (http://localhost:6006, PORT=...)
 	$(BIN)/tensorboard --logdir outputs --port $(PORT)
 
-test: install ## Run the test suite (never touches the network)
+test: install ## Run the test suite (fetches Multi30k into data/ once, as train does)
 	$(BIN)/python -m pytest -q $(ARGS)
 
 test-fast: install ## Run the tests without the slow ones
