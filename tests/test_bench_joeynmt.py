@@ -61,12 +61,12 @@ def test_decode_stats_count_eos_as_a_step_up_to_the_cap(bj) -> None:
 # ------------------------------------------------------------------------------ JoeyNMT's folder
 
 
-def _small_multi30k(mirror: Path, out: Path, lines: dict[str, int]) -> Path:
+def _small_multi30k(multi30k: Path, out: Path, lines: dict[str, int]) -> Path:
     """The first lines of real Multi30k splits, gzipped under their Multi30k names."""
     out.mkdir(parents=True)
     for split, n in lines.items():
         for lang in ("de", "en"):
-            with gzip.open(mirror / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+            with gzip.open(multi30k / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
                 head = [next(f) for _ in range(n)]
             with gzip.open(out / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
                 f.writelines(head)
@@ -79,9 +79,9 @@ def _gunzip(path: Path) -> str:
 
 
 @pytest.fixture
-def small_corpus(mirror: Path, tmp_path: Path) -> Path:
+def small_corpus(multi30k: Path, tmp_path: Path) -> Path:
     return _small_multi30k(
-        mirror, tmp_path / "multi30k", {"train": 200, "val": 320, "test_2016_flickr": 20}
+        multi30k, tmp_path / "multi30k", {"train": 200, "val": 320, "test_2016_flickr": 20}
     )
 
 
