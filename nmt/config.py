@@ -121,6 +121,9 @@ class TrainerConfig:
     keep_last: int = 5  # step checkpoints kept (for averaging), besides last.pt and best.pt
     average_last: int = 0  # > 0: at the end, average the last N step checkpoints (averaged.pt)
     resume: str | None = None  # run dir, checkpoint file, or "auto"
+    # fine-tuning: a checkpoint file or run dir whose weights and tokenizers start a new run
+    # (fresh optimizer, schedule and step count); see nmt.train.find_init_checkpoint
+    init_from: str | None = None
     compile: bool = False
     progress: bool = True
 
@@ -296,6 +299,12 @@ def validate(cfg: DictConfig) -> None:
         _positive(f"trainer.{key}", t[key], allow_zero=True)
     if not 0 <= t.label_smoothing < 1:
         raise ConfigError(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
+    if t.init_from and t.resume:
+        raise ConfigError(
+            f"trainer.init_from={t.init_from!r} and trainer.resume={t.resume!r} exclude each "
+            "other: init_from starts a new run from a checkpoint's weights, resume continues a "
+            "run (a fine-tuning run included) where it stopped; set only one"
+        )
     _positive("trainer.keep_last", t.keep_last)
     _positive("trainer.average_last", t.average_last, allow_zero=True)
     if t.average_last > t.keep_last:

@@ -1,9 +1,10 @@
 """Training: ``nmt-train`` / ``make train``.
 
 One explicit loop for every model. ``train(cfg, run_dir)`` prepares data and model (or restores
-them from a checkpoint), then :class:`Trainer` repeats ``train_step`` over token batches,
-validates every ``trainer.val_every`` updates and writes checkpoints. Everything a run writes
-goes into its run directory.
+them from a checkpoint, or, to fine-tune, starts a new run from a checkpoint's weights and
+tokenizers), then :class:`Trainer` repeats ``train_step`` over token batches, validates every
+``trainer.val_every`` updates and writes checkpoints. Everything a run writes goes into its run
+directory.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from nmt import checkpoint as ckpt
 from nmt.average import average_checkpoints
 from nmt.config import ConfigError, register_configs, to_container, validate
 from nmt.data.batching import Batch, TokenBatchSampler, eval_batches, make_batch, padding_share
-from nmt.data.corpus import DataError
+from nmt.data.corpus import DataError, sha256_file
 from nmt.data.prepare import EvalSet, PreparedData, prepare_data
 from nmt.data.tokenizer import TokenizerPair
-from nmt.inference import build_model, load_checked_checkpoint
+from nmt.inference import build_model, checkpoint_path, load_checked_checkpoint
 from nmt.metrics import bleu, chrf
 from nmt.models.base import Seq2Seq
 from nmt.optim import build_optimizer, build_scheduler
@@ -50,6 +51,7 @@ from nmt.runtime import (
     init_distributed,
     pick_device,
     resolve_precision,
+    resolve_run_dir,
     seed_everything,
     setup_logging,
     update_latest_link,
@@ -77,6 +79,8 @@ class TrainState:
     train_time: float = 0.0  # seconds spent in training steps, summed over resumes
     decay_start: float = -1.0  # train_time when warmup ended (optim.decay_over=time)
     history: list[dict[str, float]] = field(default_factory=list)
+    # a fine-tuning run: the checkpoint it started from (file, step, sha256); kept on resume
+    init_from: dict[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- one update
@@ -304,6 +308,91 @@ def find_resume_checkpoint(resume: str, outputs: Path) -> Path | None:
         return _usable_checkpoint(path)
     ckpt.verify_checkpoint(path)
     return path
+
+
+# --------------------------------------------------------------------------- fine-tuning
+
+# Data options that only shape the tokenizers: a fine-tuning run takes its tokenizers from the
+# checkpoint, so these are replaced by the checkpoint's values.
+TOKENIZER_DATA_KEYS = ("joint_vocab", "vocab_size", "spm_model_type", "character_coverage")
+
+
+def find_init_checkpoint(init_from: str) -> Path:
+    """The checkpoint file named by ``trainer.init_from``: a file as it is; for a run directory
+    (or ``outputs/latest``) the checkpoint that ``nmt-eval`` of the run would load (its
+    ``decode.checkpoint``, by default ``best.pt``; else ``best.pt``, else ``last.pt``)."""
+    path = Path(init_from)
+    if path.is_file():
+        return path
+    run_dir = resolve_run_dir(path)
+    if not run_dir.is_dir():
+        raise ConfigError(
+            f"trainer.init_from={init_from!r}: no checkpoint file or run directory at {path}"
+        )
+    try:
+        return checkpoint_path(run_dir)
+    except ckpt.CheckpointError as e:
+        raise ckpt.CheckpointError(f"trainer.init_from={init_from!r}: {e}") from None
+
+
+def check_same_architecture(model: DictConfig, source: DictConfig, path: Path) -> None:
+    """Raise ConfigError naming the first model key whose value differs from the checkpoint's.
+
+    Dropout rates (the keys ending in ``dropout``) may differ: they shape training, not the
+    weights. Every other key of a model config decides the shapes or the computation.
+    """
+    hint = "a fine-tuning run keeps the architecture of the checkpoint it starts from"
+    if model.arch != source.arch:
+        raise ConfigError(
+            f"model.arch={model.arch!r} differs from the checkpoint's model.arch="
+            f"{source.arch!r} ({path}): {hint}; choose the model config (model=..., "
+            "experiment=...) the checkpoint was trained with"
+        )
+    for key, theirs in source.items():
+        mine = model.get(key)
+        if not key.endswith("dropout") and mine != theirs:
+            raise ConfigError(
+                f"model.{key}={mine!r} differs from the checkpoint's model.{key}={theirs!r} "
+                f"({path}): {hint}; set model.{key}={theirs} or use the model config the "
+                "checkpoint was trained with"
+            )
+
+
+def _take_tokenizer_settings(data: DictConfig, source: DictConfig) -> list[str]:
+    """Set the tokenizer options of ``data`` to the checkpoint's; the overridden ones, named."""
+    changed = [
+        f"data.{key}={data[key]} replaced by {source[key]}"
+        for key in TOKENIZER_DATA_KEYS
+        if data[key] != source[key]
+    ]
+    for key in TOKENIZER_DATA_KEYS:
+        data[key] = source[key]
+    return changed
+
+
+def load_start_model(cfg: DictConfig, payload: dict[str, Any], path: Path) -> Seq2Seq:
+    """The model of ``cfg`` with a checkpoint's weights (a fine-tuning run's start).
+
+    Raises CheckpointError when the weights do not fit the model the checkpoint's config
+    describes (a damaged or hand-made file that passed its checksum).
+    """
+    tokenizers = TokenizerPair.from_state_dict(payload["tokenizers"])
+    model = build_model(cfg, tokenizers)
+    try:
+        model.load_state_dict(payload["model"])
+    except (RuntimeError, TypeError, AttributeError) as e:
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ckpt.CheckpointError(
+            f"checkpoint {path}: its weights do not fit the model its config describes: {detail}"
+        ) from None
+    return model
+
+
+def _checkpoint_step(payload: dict[str, Any]) -> int:
+    """The step a checkpoint was saved at (-1 when its state does not say)."""
+    state = payload.get("state")
+    step = state.get("step") if isinstance(state, dict) else None
+    return step if isinstance(step, int) else -1
 
 
 # --------------------------------------------------------------------------- the loop
@@ -661,8 +750,24 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     with held_warnings() as early:  # e.g. a damaged last.pt: the run's log gets them too
         resume_file = find_resume_checkpoint(t.resume, outputs) if t.resume else None
         resumed = load_checked_checkpoint(resume_file) if resume_file else None
+        init_file = find_init_checkpoint(t.init_from) if t.init_from else None
+        source = load_checked_checkpoint(init_file) if init_file else None
     if resume_file is not None:
         run_dir = resume_file.resolve().parent.parent  # continue in place
+    init_info: dict[str, Any] = {}
+    ignored: list[str] = []
+    start_model: Seq2Seq | None = None
+    if init_file is not None:  # fine-tuning: checked before anything is written
+        check_same_architecture(cfg.model, source["checked_config"].model, init_file)
+        ignored = _take_tokenizer_settings(cfg.data, source["checked_config"].data)
+        init_file = init_file.resolve()
+        start_model = load_start_model(cfg, source, init_file)
+        init_info = {
+            "checkpoint": str(init_file),
+            "step": _checkpoint_step(source),
+            "sha256": sha256_file(init_file),
+        }
+        t.init_from = str(init_file)  # config.yaml names the file, not a link that moves
     setup_logging(run_dir / "train.log", dist_info.rank)
     write_to_log_file(early)
     if dist_info.is_main:
@@ -672,6 +777,22 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     log.info("run directory: %s", run_dir)
     if resume_file is not None:
         log.info("resuming from %s at step %d", resume_file, resumed["state"]["step"])
+        started = resumed["state"].get("init_from")
+        if started:
+            log.info("this run was fine-tuned from %s (step %s)", started["checkpoint"],
+                     started["step"])  # fmt: skip
+    if init_info:
+        log.info(
+            "fine-tuning from %s (step %d, sha256 %s): a new run with its weights and tokenizers, "
+            "a fresh optimizer and learning-rate schedule, from step 0",
+            init_file, init_info["step"], init_info["sha256"][:16],
+        )  # fmt: skip
+        log.info(
+            "the tokenizers come from the checkpoint, none is trained: %s are taken from it "
+            "(%s)",
+            ", ".join(f"data.{key}" for key in TOKENIZER_DATA_KEYS),
+            ", ".join(ignored) if ignored else "the config's values equal them",
+        )  # fmt: skip
 
     device = pick_device(t.device)
     if dist_info.enabled and device.type == "cuda":
@@ -679,11 +800,13 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if t.threads > 0:
         torch.set_num_threads(t.threads)
     seed_everything(t.seed)
-    tokenizers = TokenizerPair.from_state_dict(resumed["tokenizers"]) if resumed else None
+    origin = resumed or source  # the checkpoint whose tokenizers this run uses, if any
+    tokenizers = TokenizerPair.from_state_dict(origin["tokenizers"]) if origin else None
+    source = None  # a fine-tuning run uses nothing else of its source's payload
     data = prepare_data(cfg.data, tokenizers)
     if dist_info.is_main:
         save_tokenizers(data.tokenizers, run_dir / "tokenizer")
-    model = build_model(cfg, data.tokenizers).to(device)
+    model = (start_model or build_model(cfg, data.tokenizers)).to(device)
     precision = resolve_precision(str(t.precision), device)
     if precision != str(t.precision):
         log.info("trainer.precision=%s: using %s on %s", t.precision, precision, device)
@@ -694,6 +817,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     limit = time_limit(cfg, device)
     trainer = Trainer(cfg, model, data, device, dist_info, run_dir, resumed, limit)
+    if init_info:
+        trainer.state.init_from = init_info
     first = trainer.sampler.batches(trainer.state.epoch)
     log.info(
         "training data: %d pairs, %d batches per epoch per rank, padding share %.1f%%",
@@ -754,6 +879,8 @@ def write_summary(
     }
     if averaged is not None:
         summary["averaged_bleu"] = averaged["bleu"]
+    if s.init_from:
+        summary["init_from"] = s.init_from
     if hardware is not None:
         summary["hardware"] = hardware
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
