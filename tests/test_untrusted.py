@@ -174,7 +174,8 @@ def test_hostile_run_config_is_refused(good, marker: Path, name: str, where: str
 
 
 def test_every_command_refuses_a_hostile_checkpoint(good, marker: Path, tmp_path: Path) -> None:
-    """eval, translate, attention, average, tune-decode and resume share the one gate."""
+    """eval, translate, attention, average, tune-decode, resume and fine-tuning share the one
+    gate."""
     run = hostile_run(good, marker, "open_w", "nested")
     path = run / "checkpoints" / "best.pt"
     (run / "config.yaml").unlink()  # only the checkpoint is hostile here
@@ -191,6 +192,10 @@ def test_every_command_refuses_a_hostile_checkpoint(good, marker: Path, tmp_path
         "resume": lambda: train(
             compose_config("train", [f"trainer.resume={path}", f"outputs={tmp_path / 'out'}"]),
             tmp_path / "fresh_run",
+        ),
+        "fine-tune": lambda: train(
+            compose_config("train", [f"trainer.init_from={path}", f"outputs={tmp_path / 'out'}"]),
+            tmp_path / "fine_tuned_run",
         ),
         "load": lambda: load_checked_checkpoint(path),
     }

@@ -1,0 +1,352 @@
+"""Fine-tuning (``trainer.init_from``): a new run from a checkpoint's weights and tokenizers.
+
+A tiny Transformer is trained on one half of a small real corpus, then fine-tuned on the other
+half. The fine-tuned run must start from the source weights (its loss far below a fresh
+model's), lower the loss on its own validation set from the first validation, reuse the source
+tokenizers byte for byte, start its optimizer, schedule and step count afresh, record where it
+came from, and leave the source run directory as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from nmt.config import ConfigError, to_container, validate
+from nmt.data.prepare import prepare_data
+from nmt.data.tokenizer import TokenizerPair
+from nmt.inference import build_model, load_trained
+from nmt.optim import schedule_fn
+from nmt.train import check_same_architecture, evaluate_loss, train
+
+from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SOURCE_STEPS = 40
+FINE_TUNE_STEPS = 10
+COMMON = (
+    "trainer.device=cpu",
+    "optim.lr=3e-3",
+    "optim.warmup_steps=20",  # the fine-tuning run ends inside its warmup
+    "model.attn_dropout=0.0",
+)
+ONE_STEP = "trainer.max_steps=1"
+
+
+def half(prefix: Path, out: Path, start: int, n: int) -> Path:
+    """Lines [start, start+n) of both sides of a corpus written by write_subset."""
+    for lang in ("de", "en"):
+        lines = Path(f"{prefix}.{lang}").read_text(encoding="utf-8").splitlines()
+        Path(f"{out}.{lang}").write_text("\n".join(lines[start : start + n]) + "\n", "utf-8")
+    return out
+
+
+def snapshot(directory: Path) -> dict[str, tuple[str, int, int]]:
+    """sha256, size and modification time of every file under ``directory``."""
+    return {
+        str(p.relative_to(directory)): (
+            hashlib.sha256(p.read_bytes()).hexdigest(),
+            p.stat().st_size,
+            p.stat().st_mtime_ns,
+        )
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def fine_tune_overrides(corpus: Path, tmp_path: Path, init_from: Path, *extra: str) -> list[str]:
+    return tiny_run_overrides(corpus, tmp_path, *COMMON, f"trainer.init_from={init_from}", *extra)
+
+
+def refused_overrides(corpus: Path, tmp_path: Path, init_from: Path, *extra: str) -> list[str]:
+    """A fine-tuning run that should be refused; if it were not, it would end after one step."""
+    return fine_tune_overrides(corpus, tmp_path, init_from, ONE_STEP, *extra)
+
+
+@pytest.fixture(scope="module")
+def runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A source run on lines 0-60 of the corpus, then a run fine-tuned from it on lines 60-120.
+
+    The source trains without dropout; the fine-tuning run sets model.dropout=0.1 (allowed: a
+    dropout rate does not change the architecture) and asks for another vocabulary size, which
+    the checkpoint's tokenizers make irrelevant.
+    """
+    tmp = tmp_path_factory.mktemp("finetune")
+    old, new = half(corpus, tmp / "old", 0, 60), half(corpus, tmp / "new", 60, 60)
+    source_cfg = compose_config(
+        "train",
+        tiny_run_overrides(
+            old, tmp / "src", *COMMON, "model.dropout=0.0",
+            f"trainer.max_steps={SOURCE_STEPS}", f"trainer.val_every={SOURCE_STEPS}",
+        ),
+    )  # fmt: skip
+    source_dir = tmp / "src" / "outputs" / "runs" / "source"
+    train(source_cfg, source_dir)
+    before = snapshot(source_dir)
+    ft_cfg = compose_config(
+        "train",
+        fine_tune_overrides(
+            new, tmp / "ft", source_dir, "model.dropout=0.1", "data.vocab_size=500",
+            f"trainer.max_steps={FINE_TUNE_STEPS}", "trainer.val_every=2",
+        ),
+    )  # fmt: skip
+    ft_dir = tmp / "ft" / "outputs" / "runs" / "fine_tuned"
+    result = train(ft_cfg, ft_dir)
+    return {
+        "tmp": tmp,
+        "new": new,
+        "source_dir": source_dir,
+        "before": before,
+        "ft_dir": ft_dir,
+        "ft_cfg": ft_cfg,
+        "result": result,
+    }
+
+
+def new_valid_loss(model: torch.nn.Module, tokenizers: TokenizerPair, runs: dict) -> float:
+    """Per-token loss of ``model`` on the fine-tuning run's validation set."""
+    cfg = runs["ft_cfg"]
+    data = prepare_data(cfg.data, tokenizers)
+    return evaluate_loss(model, data.valid, cfg, torch.device("cpu"))
+
+
+# --------------------------------------------------------------------------- the new run
+
+
+def test_fine_tuning_lowers_the_new_validation_loss_from_the_first_step(runs) -> None:
+    source = load_trained(runs["source_dir"] / "checkpoints" / "best.pt", torch.device("cpu"))
+    initial = new_valid_loss(source.model, source.tokenizers, runs)
+    torch.manual_seed(0)
+    fresh_model = build_model(source.cfg, source.tokenizers)
+    fresh = new_valid_loss(fresh_model, source.tokenizers, runs)
+    history = runs["result"]["state"]["history"]
+    losses = [h["loss"] for h in history]
+    assert [h["step"] for h in history] == list(range(2, FINE_TUNE_STEPS + 1, 2))
+    # the source weights were loaded: their loss, and the run's first, are far below a fresh
+    # model's (about ln(vocabulary size) per token)
+    assert initial < fresh - 1.5, (initial, fresh)
+    assert losses[0] < fresh - 1.5, (losses, fresh)
+    # and training on the new corpus lowers it from the first validation on
+    assert losses[0] < initial, (losses, initial)
+    assert all(b < a for a, b in pairwise(losses)), losses
+    assert losses[-1] < initial - 0.1, (losses, initial)
+
+
+def test_tokenizers_are_the_checkpoints_byte_for_byte(runs) -> None:
+    source_ckpt = load_checkpoint(runs["source_dir"] / "checkpoints" / "best.pt")
+    proto = source_ckpt["tokenizers"]["src"]
+    assert source_ckpt["tokenizers"]["joint"]
+    ft_dir = runs["ft_dir"]
+    assert (ft_dir / "tokenizer" / "spm.model").read_bytes() == proto
+    assert (runs["source_dir"] / "tokenizer" / "spm.model").read_bytes() == proto
+    ft_tokenizers = load_checkpoint(ft_dir / "checkpoints" / "last.pt")["tokenizers"]
+    assert ft_tokenizers == {"joint": True, "src": proto}
+    # no sentencepiece model was trained for the new run: its data root has no cache
+    assert not (runs["tmp"] / "ft" / "data" / "cache").exists()
+    # the vocabulary options of the config were replaced by the checkpoint's, and said so
+    saved = yaml.safe_load((ft_dir / "config.yaml").read_text())
+    assert saved["data"]["vocab_size"] == 600
+    log = (ft_dir / "train.log").read_text()
+    assert "data.vocab_size=500 replaced by 600" in log
+    assert "none is trained" in log
+
+
+def test_optimizer_schedule_and_step_count_start_afresh(runs) -> None:
+    ft = load_checkpoint(runs["ft_dir"] / "checkpoints" / "last.pt")
+    source = load_checkpoint(runs["source_dir"] / "checkpoints" / "last.pt")
+    assert source["state"]["step"] == SOURCE_STEPS
+    assert ft["state"]["step"] == FINE_TUNE_STEPS  # not SOURCE_STEPS + FINE_TUNE_STEPS
+    assert ft["state"]["epoch"] < source["state"]["epoch"]  # the epochs count from 0 too
+    adam_steps = {float(s["step"]) for s in ft["optimizer"]["state"].values()}
+    assert adam_steps == {FINE_TUNE_STEPS}  # moments from zero, not the source's
+    assert ft["scheduler"]["last_epoch"] == FINE_TUNE_STEPS
+    optim_cfg = runs["ft_cfg"].optim
+    lr_at = schedule_fn(optim_cfg, FINE_TUNE_STEPS)
+    lr = ft["optimizer"]["param_groups"][0]["lr"]
+    assert lr == pytest.approx(optim_cfg.lr * lr_at(FINE_TUNE_STEPS))
+    # inverse_sqrt warms up linearly, (updates + 1) / warmup_steps: still warming up
+    assert lr == pytest.approx(optim_cfg.lr * (FINE_TUNE_STEPS + 1) / 20)
+    log = (runs["ft_dir"] / "train.log").read_text()
+    assert "step 5: loss" in log
+    assert f"lr {optim_cfg.lr * lr_at(5):.2e}" in log  # the first log line: warmup from 0
+
+
+def test_the_run_records_where_it_started(runs) -> None:
+    best = (runs["source_dir"] / "checkpoints" / "best.pt").resolve()
+    expected = {
+        "checkpoint": str(best),
+        "step": SOURCE_STEPS,
+        "sha256": hashlib.sha256(best.read_bytes()).hexdigest(),
+    }
+    ft_dir = runs["ft_dir"]
+    assert json.loads((ft_dir / "summary.json").read_text())["init_from"] == expected
+    assert runs["result"]["state"]["init_from"] == expected
+    saved = yaml.safe_load((ft_dir / "config.yaml").read_text())
+    assert saved["trainer"]["init_from"] == str(best)
+    assert saved["trainer"]["resume"] is None
+    assert f"fine-tuning from {best}" in (ft_dir / "train.log").read_text()
+
+
+def test_source_run_is_untouched(runs) -> None:
+    after = snapshot(runs["source_dir"])
+    assert after == runs["before"]
+    assert "checkpoints/best.pt" in after and "config.yaml" in after  # hashed what matters
+
+
+def test_resumed_fine_tuning_run_keeps_its_origin(runs, tmp_path: Path) -> None:
+    copy = tmp_path / "fine_tuned"
+    shutil.copytree(runs["ft_dir"], copy)
+    cfg = compose_config(
+        "train",
+        tiny_run_overrides(
+            runs["new"], runs["tmp"] / "ft", *COMMON, "model.dropout=0.1",
+            f"trainer.max_steps={FINE_TUNE_STEPS + 2}", "trainer.val_every=2",
+            f"trainer.resume={copy}",
+        ),
+    )  # fmt: skip
+    result = train(cfg, tmp_path / "unused")
+    assert result["run_dir"] == str(copy.resolve())
+    assert result["state"]["step"] == FINE_TUNE_STEPS + 2
+    summary = json.loads((copy / "summary.json").read_text())
+    assert summary["init_from"] == runs["result"]["state"]["init_from"]
+    assert "this run was fine-tuned from" in (copy / "train.log").read_text()
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "mine", "theirs"),
+    [
+        ("model.d_model=32", "model.d_model", "32", "64"),
+        ("model.enc_layers=2", "model.enc_layers", "2", "1"),
+        ("model.tie_embeddings=false", "model.tie_embeddings", "False", "True"),
+    ],
+)
+def test_mismatching_model_config_is_an_error_naming_the_key(
+    runs, tmp_path: Path, override: str, key: str, mine: str, theirs: str
+) -> None:
+    cfg = compose_config(
+        "train", refused_overrides(runs["new"], tmp_path, runs["source_dir"], override)
+    )
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError) as err:
+        train(cfg, run_dir)
+    message = str(err.value)
+    assert f"{key}={mine}" in message and f"{key}={theirs}" in message, message
+    assert not run_dir.exists()  # refused before anything was written
+
+
+def test_another_architecture_is_an_error_naming_model_arch(runs, tmp_path: Path) -> None:
+    overrides = [
+        *corpus_overrides(runs["new"], tmp_path),
+        "model=gru_bahdanau",
+        f"trainer.init_from={runs['source_dir']}",
+        ONE_STEP,
+    ]
+    with pytest.raises(ConfigError, match="model.arch='gru_bahdanau'.*model.arch='transformer'"):
+        train(compose_config("train", overrides), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_init_from_with_resume_is_a_config_error(runs, tmp_path: Path) -> None:
+    cfg = compose_config(
+        "train",
+        refused_overrides(
+            runs["new"], tmp_path, runs["source_dir"], f"trainer.resume={runs['ft_dir']}"
+        ),
+    )
+    with pytest.raises(ConfigError, match="trainer.init_from=.*trainer.resume="):
+        validate(cfg)
+    with pytest.raises(ConfigError, match="exclude each other"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_source_is_an_error_naming_the_option(runs, tmp_path: Path) -> None:
+    cfg = compose_config(
+        "train", refused_overrides(runs["new"], tmp_path, tmp_path / "no_such_run")
+    )
+    with pytest.raises(ConfigError, match="trainer.init_from=.*no_such_run"):
+        train(cfg, tmp_path / "run")
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    cfg = compose_config("train", refused_overrides(runs["new"], tmp_path, empty))
+    with pytest.raises(CheckpointError, match="trainer.init_from=.*no checkpoint"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])
+
+
+def _hostile_config(path: Path) -> None:
+    payload = load_checkpoint(path)
+    marker = path.parent / "marker.txt"
+    payload["config"]["model"]["extra"] = {
+        "_target_": "builtins.open", "file": str(marker), "mode": "w"
+    }  # fmt: skip
+    save_checkpoint(payload, path)
+
+
+def _weights_of_another_model(path: Path) -> None:
+    payload = load_checkpoint(path)
+    cfg = compose_config("train", [*TINY_TRANSFORMER, "model.d_model=32"])
+    tokenizers = TokenizerPair.from_state_dict(payload["tokenizers"])
+    payload["model"] = build_model(cfg, tokenizers).state_dict()
+    save_checkpoint(payload, path)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_flip_byte, "corrupted"),
+        (_truncate, "truncated|no valid trailer"),
+        (_hostile_config, "'model.extra"),
+        (_weights_of_another_model, "weights do not fit"),
+    ],
+)
+def test_damaged_or_hostile_checkpoint_is_refused(
+    runs, tmp_path: Path, damage, message: str
+) -> None:
+    path = tmp_path / "source.pt"
+    shutil.copyfile(runs["source_dir"] / "checkpoints" / "best.pt", path)
+    damage(path)
+    cfg = compose_config("train", refused_overrides(runs["new"], tmp_path, path))
+    with pytest.raises(CheckpointError, match=message) as err:
+        train(cfg, tmp_path / "run")
+    assert str(path.name) in str(err.value)
+    assert not (tmp_path / "marker.txt").exists()
+
+
+def test_dropout_rates_may_differ_other_model_keys_may_not(runs) -> None:
+    source = load_trained(runs["source_dir"] / "checkpoints" / "best.pt", torch.device("cpu"))
+    model = compose_config("train", [*TINY_TRANSFORMER, *COMMON]).model
+    for key in ("dropout", "attn_dropout", "act_dropout"):
+        model[key] = 0.3
+    check_same_architecture(model, source.cfg.model, Path("x.pt"))
+    for key, value in to_container(source.cfg.model).items():
+        if key.endswith("dropout") or key == "arch":
+            continue
+        changed = model.copy()
+        changed[key] = (not value) if isinstance(value, bool) else value * 2
+        with pytest.raises(ConfigError, match=f"model.{key}="):
+            check_same_architecture(changed, source.cfg.model, Path("x.pt"))
