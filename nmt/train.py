@@ -806,7 +806,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     data = prepare_data(cfg.data, tokenizers)
     if dist_info.is_main:
         save_tokenizers(data.tokenizers, run_dir / "tokenizer")
-    model = (start_model or build_model(cfg, data.tokenizers)).to(device)
+    model = start_model if start_model is not None else build_model(cfg, data.tokenizers)
+    model.to(device)
     precision = resolve_precision(str(t.precision), device)
     if precision != str(t.precision):
         log.info("trainer.precision=%s: using %s on %s", t.precision, precision, device)
