@@ -6,11 +6,13 @@
 * CUDA: bf16 where ``torch.cuda.is_bf16_supported()``, else fp32;
 * a CPU without native bf16 (neither AVX512-BF16 nor AMX): fp32;
 * a CPU with native bf16: training is measured (:class:`SpeedProbe`), because native bf16
-  does not make a CPU faster in bf16. An AVX512-BF16 Xeon without AMX multiplied matrices at
-  half its fp32 rate and trained both models 1.4x slower under bf16 autocast, while CPUs with
-  AMX train them 1.3-1.8x faster. Decoding (no probe) keeps fp32: one target position per
-  step means small matrix products where autocast's casts weigh most, and fp32 keeps a
-  checkpoint's translations the same on every CPU.
+  does not make every CPU faster in bf16. A 2-core AMD EPYC trained both default models
+  1.3-1.5x faster under bf16 autocast than in fp32; a 2-core Xeon with AVX512-BF16 but no AMX
+  multiplied matrices at about half its fp32 rate and trained them 1.4x slower.
+* decoding passes no probe and gets fp32 on a CPU: a training-batch probe says little about
+  incremental decoding (one target position per step), a decoding probe would delay every
+  ``eval`` and ``translate``, and fp32 keeps a checkpoint's translations, and so its scores,
+  the same whichever CPU decodes them.
 
 The measured choice is cached per machine, torch version and model/batch shape in a small
 JSON file (``<data.root>/cache/precision/``), so later runs start without probing.
@@ -40,9 +42,11 @@ log = logging.getLogger("nmt.precision")
 
 PRECISIONS = ("auto", "32", "bf16", "16")
 CACHE_VERSION = 1
-STEP_SECONDS = 0.2  # longest fp32 probe step: a larger probe batch is cut to this
+STEP_SECONDS = 0.2  # longest fp32 probe step: a larger probe batch is cut to this ...
+MIN_SHARE = 16  # ... but not below 1/MIN_SHARE of a training batch (small ones favour fp32)
 BUDGET_SECONDS = 1.5  # timed pairs stop once the probe has taken this long ...
-MIN_PAIRS, MAX_PAIRS = 3, 6  # ... but never before MIN_PAIRS, and never beyond MAX_PAIRS
+MIN_PAIRS, MAX_PAIRS = 3, 6  # ... but not before MIN_PAIRS, and never beyond MAX_PAIRS,
+LIMIT_SECONDS = 5.0  # nor beyond this (after one pair) on a machine too busy to measure
 
 StepFn = Callable[[str, int], int]  # (precision, sentences) -> target tokens of the step
 
@@ -56,11 +60,17 @@ class Measurement:
     seconds: float  # wall time of the whole probe
     rows: int  # sentences per probe batch
     pairs: int  # timed (fp32, bf16) pairs
+    agree: bool  # every pair found the same precision faster
 
     @property
     def choice(self) -> str:
         """The faster precision; fp32 on a tie."""
         return "bf16" if self.bf16 > self.fp32 else "32"
+
+    @property
+    def trusted(self) -> bool:
+        """Worth caching: enough pairs, all of one mind (else the machine was too busy)."""
+        return self.pairs >= MIN_PAIRS and self.agree
 
     def describe(self) -> str:
         return f"fp32 {self.fp32:,.0f} vs bf16 {self.bf16:,.0f} target tokens/s"
@@ -89,11 +99,12 @@ def measure_speed(
 ) -> Measurement:
     """Time ``step`` in fp32 and bf16, interleaved, on one batch shape; medians decide.
 
-    The probe batch is a quarter of a training batch (``max_rows`` sentences), cut further
-    where one fp32 step of it takes longer than ``step_seconds``, so that the probe stays
-    within a second or two on a slow CPU or a large model. Untimed steps come first (lazy
-    initialisation, kernel selection, allocations), then pairs alternate their order so that
-    a slow spell of a shared machine hits both precisions alike.
+    The probe batch is a quarter of a training batch (``max_rows`` sentences), cut where one
+    fp32 step of it takes longer than ``step_seconds`` (down to 1/MIN_SHARE of a training
+    batch: the smaller the batch, the more the per-step cost of casting weights to bf16 weighs,
+    which training batches amortise), so that the probe takes a second or two. Untimed steps
+    come first (lazy initialisation, kernel selection, allocations); then pairs alternate
+    their order so that a slow spell of a shared machine hits both precisions alike.
     """
     start = clock()
     step("32", 1)  # first use: lazy initialisation, not timed
@@ -102,18 +113,21 @@ def measure_speed(
     step("32", rows)
     took = clock() - tic
     if took > step_seconds:
-        rows = max(1, int(rows * step_seconds / took))
-        step("32", rows)
+        rows = max(1, max_rows // MIN_SHARE, int(rows * step_seconds / took))
     step("bf16", rows)
     times: dict[str, list[float]] = {"32": [], "bf16": []}
-    tokens, pairs = 1, 0
+    tokens, pairs, faster = 1, 0, set()
     while pairs < MAX_PAIRS:
+        pair = {}
         for precision in ("32", "bf16") if pairs % 2 == 0 else ("bf16", "32"):
             tic = clock()
             tokens = step(precision, rows)
-            times[precision].append(max(clock() - tic, 1e-9))
+            pair[precision] = max(clock() - tic, 1e-9)
+            times[precision].append(pair[precision])
+        faster.add(pair["bf16"] < pair["32"])
         pairs += 1
-        if pairs >= MIN_PAIRS and clock() - start >= budget:
+        elapsed = clock() - start
+        if (pairs >= MIN_PAIRS and elapsed >= budget) or elapsed >= LIMIT_SECONDS:
             break
     return Measurement(
         fp32=tokens / statistics.median(times["32"]),
@@ -121,6 +135,7 @@ def measure_speed(
         seconds=clock() - start,
         rows=rows,
         pairs=pairs,
+        agree=len(faster) == 1,
     )
 
 
@@ -222,7 +237,7 @@ def read_cached(path: Path, key: dict[str, Any]) -> Measurement | None:
         if entry.get("key") != key:
             raise ValueError("it was written for another machine or model")
         m = Measurement(**entry["measurement"])
-        if entry.get("precision") != m.choice or not (m.fp32 > 0 and m.bf16 > 0):
+        if entry.get("precision") != m.choice or not (m.fp32 > 0 and m.bf16 > 0 and m.trusted):
             raise ValueError("its figures do not match its choice")
         return m
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
@@ -251,7 +266,15 @@ def measured_choice(probe: SpeedProbe) -> str:
         "precision=auto: %s on this CPU (measured in %.1fs, %d pairs of %d-sentence steps: %s)",
         m.choice, m.seconds, m.pairs, m.rows, m.describe(),
     )  # fmt: skip
-    if path is not None:
+    if not m.trusted:
+        why = (
+            "the timed pairs disagree on the faster precision (the two are close, or the "
+            "machine is busy)"
+            if m.pairs >= MIN_PAIRS
+            else f"the probe was cut short after {m.seconds:.0f}s (a busy machine?)"
+        )
+        log.warning("precision=auto: %s; not cached, the next run measures again", why)
+    elif path is not None:
         write_cached(path, key, m)
     return m.choice
 

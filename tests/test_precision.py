@@ -31,13 +31,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 class StubProbe:
     """A probe whose measurement is given, counting how often it is asked for."""
 
-    def __init__(self, fp32: float, bf16: float) -> None:
-        self.fp32, self.bf16 = fp32, bf16
+    def __init__(self, fp32: float, bf16: float, agree: bool = True) -> None:
+        self.fp32, self.bf16, self.agree = fp32, bf16, agree
         self.calls = 0
 
     def measure(self) -> Measurement:
         self.calls += 1
-        return Measurement(fp32=self.fp32, bf16=self.bf16, seconds=0.5, rows=8, pairs=3)
+        return Measurement(self.fp32, self.bf16, seconds=0.5, rows=8, pairs=3, agree=self.agree)
 
     def probe(self, cache_dir: Path | None = None, **shape: object) -> SpeedProbe:
         return SpeedProbe(self.measure, {"model": "tiny", **shape}, cache_dir)
@@ -83,6 +83,31 @@ def test_measurement_times_both_precisions_and_takes_the_faster(
     timed = steps[-2 * m.pairs :]
     assert [p for p, _ in timed].count("bf16") == m.pairs == [p for p, _ in timed].count("32")
     assert timed[0][0] != timed[2][0]  # the order alternates between pairs
+
+
+def test_a_machine_too_busy_to_measure_stops_the_probe_early() -> None:
+    """Each step takes 2 s (stub clock): one pair after the warm-up, then the limit stops it."""
+    now = [0.0]
+
+    def step(precision: str, rows: int) -> int:
+        now[0] += 2.0 if precision == "32" else 1.0
+        return rows
+
+    m = measure_speed(step, max_rows=64, clock=lambda: now[0])
+    assert m.pairs == 1 and m.choice == "bf16" and not m.trusted
+    assert m.rows == 64 // prec.MIN_SHARE  # cut for time, but not below the floor
+
+
+def test_pairs_that_disagree_are_not_trusted() -> None:
+    now, n = [0.0], [0]
+
+    def step(precision: str, rows: int) -> int:  # bf16 faster in the first timed pair only
+        n[0] += 1
+        now[0] += 0.01 if (precision == "bf16") == (n[0] <= 5) else 0.02
+        return rows
+
+    m = measure_speed(step, max_rows=64, clock=lambda: now[0])
+    assert m.pairs == prec.MAX_PAIRS and not m.agree and not m.trusted
 
 
 @pytest.mark.parametrize("forced", ["32", "bf16", "16"])
@@ -152,6 +177,17 @@ def test_another_model_shape_or_thread_count_probes_again(bf16_cpu, tmp_path) ->
     assert len(list(cache.glob("*.json"))) == 3
 
 
+def test_an_untrusted_measurement_is_used_but_not_cached(bf16_cpu, tmp_path, caplog) -> None:
+    cache = tmp_path / "cache"
+    noisy = StubProbe(100.0, 150.0, agree=False)
+    with caplog.at_level(logging.WARNING, logger="nmt.precision"):
+        assert resolve_precision("auto", CPU, noisy.probe(cache)) == "bf16"
+    assert "not cached" in caplog.text
+    assert not cache.exists() or not list(cache.iterdir())
+    assert resolve_precision("auto", CPU, noisy.probe(cache)) == "bf16"
+    assert noisy.calls == 2
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -160,6 +196,7 @@ def test_another_model_shape_or_thread_count_probes_again(bf16_cpu, tmp_path) ->
         lambda e: json.dumps({**e, "precision": "32"}),  # choice contradicts the figures
         lambda e: json.dumps({**e, "key": {**e["key"], "shape": {"model": "other"}}}),
         lambda e: json.dumps({**e, "measurement": {"fp32": "fast"}}),
+        lambda e: json.dumps({**e, "measurement": {**e["measurement"], "agree": False}}),
         lambda e: json.dumps([1, 2]),
     ],
 )
