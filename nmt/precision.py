@@ -187,7 +187,7 @@ def probe_model(
 
     Why the model itself and not matrix products of its shapes: what decides is the whole
     step under autocast, with its casts, attention, recurrent cells, norms and loss, whose
-    share of the time differs between models and CPUs; a matmul rate alone says nothing of it.
+    share of the time differs between models and CPUs, and which a matmul rate leaves out.
     ``lengths`` are typical source/target lengths (without EOS/BOS); a full batch holds
     ``max_tokens // (longest + 1)`` sentences. Weights, gradients (left None), train/eval mode
     and the random number generator are as before, so a probed run trains exactly like one

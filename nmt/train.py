@@ -646,6 +646,7 @@ def speed_probe(cfg: DictConfig, model: Seq2Seq, data: PreparedData) -> SpeedPro
 
     Forward and backward of this model on synthetic batches of the training data's median
     sentence lengths under ``data.max_tokens``; cached under ``<data.root>/cache/precision``.
+    The model runs eagerly even where ``trainer.compile`` will compile it.
     """
     lengths = (
         max(1, int(np.median(data.train.src_lens))),

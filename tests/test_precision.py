@@ -253,7 +253,12 @@ def test_training_records_the_measured_choice_and_a_resumed_run_keeps_it(
 ) -> None:
     stub = StubProbe(300.0, 100.0)  # fp32 faster: the opposite of what native bf16 suggests
     monkeypatch.setattr(train_mod, "probe_model", lambda *a, **k: stub.measure())
-    extra = ("trainer.val_every=1000", "trainer.device=cpu", "trainer.threads=1")
+    extra = (
+        "trainer.precision=auto",
+        "trainer.val_every=1000",
+        "trainer.device=cpu",
+        "trainer.threads=1",
+    )
     cfg = compose_config(
         "train", tiny_run_overrides(corpus, tmp_path, "trainer.max_steps=2", *extra)
     )
