@@ -61,7 +61,7 @@ class DecodeOptions:
     max_len_b: int = 10
     min_len: int = 0  # no EOS before this many tokens (unless the cap comes first)
     max_tokens: int = 8192  # token budget of a decoding batch
-    precision: str = "32"  # autocast: 32 | bf16 | 16 | auto (nmt.precision: bf16 on CUDA with it)
+    precision: str = "32"  # 32 | bf16 | 16 | auto (bf16 on CUDA with it, else 32)
 
     @classmethod
     def from_config(cls, cfg: Any, run_decode: Any = None) -> DecodeOptions:

@@ -15,9 +15,11 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from nmt import precision as prec
+from nmt import search
 from nmt import train as train_mod
 from nmt.checkpoint import load_checkpoint
 from nmt.config import GRUBahdanauConfig, TransformerConfig
+from nmt.data.batching import TokenDataset
 from nmt.precision import Measurement, SpeedProbe, measure_speed, probe_model, resolve_precision
 from nmt.runtime import DistInfo
 
@@ -132,6 +134,22 @@ def test_decoding_and_cuda_are_decided_without_a_probe(bf16_cpu, monkeypatch) ->
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda s=supported: s)
         assert resolve_precision("auto", torch.device("cuda"), stub.probe()) == expected
     assert stub.calls == 0
+
+
+def test_decoding_with_auto_on_a_bf16_cpu_runs_in_fp32(bf16_cpu, monkeypatch) -> None:
+    used: list[str] = []
+    real_autocast = search.autocast
+
+    def recording(precision: str, device: torch.device):
+        used.append(precision)
+        return real_autocast(precision, device)
+
+    monkeypatch.setattr(search, "autocast", recording)
+    model = tiny_model("transformer")
+    data = TokenDataset([[5, 6, 7], [8, 9]], [[5], [6]])
+    opts = search.DecodeOptions(max_len_a=0.0, max_len_b=3, precision="auto")
+    hyps = search.decode_dataset(model, data, opts, CPU)
+    assert len(hyps) == 2 and used and set(used) == {"32"}
 
 
 def test_an_unknown_precision_is_an_error_naming_it() -> None:
