@@ -106,7 +106,7 @@ class TrainerConfig:
     max_epochs: int = 0  # 0 = no limit
     max_time: float = 0.0  # seconds of training; 0 = no limit
     cpu_max_time: float = 1800.0  # cap applied when running on CPU with no other limit set
-    precision: str = "auto"  # auto | 32 | bf16 | 16 (auto: bf16 where the device has it)
+    precision: str = "auto"  # auto | 32 | bf16 | 16 (auto: see nmt.precision)
     accumulate: int = 1
     label_smoothing: float = 0.1
     clip_grad_norm: float = 1.0  # 0 disables clipping

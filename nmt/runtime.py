@@ -231,14 +231,3 @@ def native_bf16(device: torch.device) -> bool:
         probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
         return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
     return False
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """``auto``: bf16 where the device computes it natively, else 32.
-
-    On an AVX512-BF16 CPU both default models train about 1.3-1.5x faster under bf16 autocast
-    than in fp32 (``make bench``), and on GPUs bf16 is the usual choice.
-    """
-    if precision != "auto":
-        return precision
-    return "bf16" if native_bf16(device) else "32"

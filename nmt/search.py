@@ -45,6 +45,7 @@ from nmt.config import ConfigError
 from nmt.data.batching import TokenDataset, eval_batches, make_batch
 from nmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from nmt.models.base import SAME_SENTENCES, Seq2Seq, select_state
+from nmt.precision import resolve_precision
 from nmt.runtime import autocast
 
 log = logging.getLogger("nmt.search")
@@ -60,7 +61,7 @@ class DecodeOptions:
     max_len_b: int = 10
     min_len: int = 0  # no EOS before this many tokens (unless the cap comes first)
     max_tokens: int = 8192  # token budget of a decoding batch
-    precision: str = "32"  # autocast: 32 | bf16 | 16 | auto (bf16 on a CUDA device that has it)
+    precision: str = "32"  # 32 | bf16 | 16 | auto (bf16 on CUDA with it, else 32)
 
     @classmethod
     def from_config(cls, cfg: Any, run_decode: Any = None) -> DecodeOptions:
@@ -433,13 +434,6 @@ def clip_sources(src: Tensor, src_lens: Tensor, limit: int) -> tuple[Tensor, Ten
     return src, src_lens
 
 
-def decode_precision(precision: str, device: torch.device) -> str:
-    """``auto``: bf16 on a CUDA device that supports it, else 32; other values as given."""
-    if precision != "auto":
-        return precision
-    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "32"
-
-
 def decode_batches(src_lens: np.ndarray, opts: DecodeOptions) -> list[list[int]]:
     """Token-budget batches for decoding, costed by source length and output cap."""
     caps = (np.asarray(src_lens) * opts.max_len_a + opts.max_len_b).astype(np.int64)  # (N,)
@@ -495,10 +489,11 @@ def decode_dataset(
     nonempty = np.flatnonzero(data.src_lens[:n] > 0)  # (M,) an empty source gives no output
     for i in np.flatnonzero(data.src_lens[:n] == 0).tolist():
         out[i] = Hypothesis([], 0.0, None, [([], 0.0)])
+    precision = resolve_precision(str(opts.precision), device)
     for batch_pos in decode_batches(data.src_lens[nonempty], opts):
         idx = nonempty[batch_pos]  # (b,) dataset indices
         batch = make_batch(data, idx).to(device)
-        with autocast(decode_precision(str(opts.precision), device), device):
+        with autocast(precision, device):
             hyps = search(model, batch.src, batch.src_lens, opts, keep_attention)
         for i, h in zip(idx.tolist(), hyps, strict=True):
             out[i] = h

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -42,6 +43,7 @@ from nmt.inference import build_model, checkpoint_path, load_checked_checkpoint
 from nmt.metrics import bleu, chrf
 from nmt.models.base import Seq2Seq
 from nmt.optim import build_optimizer, build_scheduler
+from nmt.precision import SpeedProbe, probe_model, resolve_precision
 from nmt.runtime import (
     DistInfo,
     autocast,
@@ -50,7 +52,6 @@ from nmt.runtime import (
     held_warnings,
     init_distributed,
     pick_device,
-    resolve_precision,
     resolve_run_dir,
     seed_everything,
     setup_logging,
@@ -732,6 +733,71 @@ def time_limit(cfg: DictConfig, device: torch.device) -> float:
     return 0.0
 
 
+def speed_probe(cfg: DictConfig, model: Seq2Seq, data: PreparedData) -> SpeedProbe:
+    """The measurement behind ``trainer.precision=auto`` on a CPU with native bf16.
+
+    Forward and backward of this model on synthetic batches of the training data's median
+    sentence lengths under ``data.max_tokens``; cached under ``<data.root>/cache/precision``.
+    The model runs eagerly even where ``trainer.compile`` will compile it.
+    """
+    lengths = (
+        max(1, int(np.median(data.train.src_lens))),
+        max(1, int(np.median(data.train.tgt_lens))),
+    )
+    vocab = (data.tokenizers.src.vocab_size, data.tokenizers.tgt.vocab_size)
+    smoothing = float(cfg.trainer.label_smoothing)
+    shape = {
+        "model": to_container(cfg.model),
+        "vocab": list(vocab),
+        "joint_vocab": data.tokenizers.joint,
+        "max_tokens": int(cfg.data.max_tokens),
+        "lengths": list(lengths),
+    }
+    return SpeedProbe(
+        measure=lambda: probe_model(
+            model, lambda m, b: loss_sum(m, b, smoothing), int(cfg.data.max_tokens), lengths, vocab
+        ),
+        shape=shape,
+        cache_dir=Path(cfg.data.root) / "cache" / "precision",
+    )
+
+
+def training_precision(
+    cfg: DictConfig,
+    model: Seq2Seq,
+    data: PreparedData,
+    device: torch.device,
+    dist_info: DistInfo,
+    resumed: dict[str, Any] | None,
+) -> str:
+    """``trainer.precision`` resolved for this run.
+
+    A resumed run keeps the precision it started with (its checkpoint's config holds the
+    resolved value), so ``auto`` never re-decides mid-run. Under DDP on a CPU only rank 0
+    resolves (probing at most once, with the other ranks idle rather than competing for the
+    same cores) and broadcasts its choice, so every rank trains in the same precision.
+    """
+    requested = str(cfg.trainer.precision)
+    if resumed is not None:
+        started = str(resumed.get("config", {}).get("trainer", {}).get("precision", "auto"))
+        if requested == "auto" and started != "auto":
+            log.info("trainer.precision=auto: %s, as when this run started", started)
+            return started
+        if started not in ("auto", requested):
+            log.warning(
+                "trainer.precision=%s, but this run started in %s: the resumed run is not an "
+                "exact continuation",
+                requested, started,
+            )  # fmt: skip
+    if not (dist_info.enabled and device.type == "cpu" and requested == "auto"):
+        return resolve_precision(requested, device, speed_probe(cfg, model, data))
+    choice: list[str | None] = [None]
+    if dist_info.is_main:
+        choice = [resolve_precision(requested, device, speed_probe(cfg, model, data))]
+    dist.broadcast_object_list(choice, src=0)
+    return str(choice[0])
+
+
 def save_tokenizers(t: TokenizerPair, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     if t.joint:
@@ -808,7 +874,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         save_tokenizers(data.tokenizers, run_dir / "tokenizer")
     model = start_model if start_model is not None else build_model(cfg, data.tokenizers)
     model.to(device)
-    precision = resolve_precision(str(t.precision), device)
+    precision = training_precision(cfg, model, data, device, dist_info, resumed)
     if precision != str(t.precision):
         log.info("trainer.precision=%s: using %s on %s", t.precision, precision, device)
         t.precision = precision

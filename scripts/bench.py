@@ -63,6 +63,7 @@ from nmt.flops import TRAIN_FACTOR, forward_flops_breakdown
 from nmt.inference import build_model, load_trained
 from nmt.models.base import Seq2Seq
 from nmt.optim import build_optimizer, build_scheduler
+from nmt.precision import resolve_precision
 from nmt.runtime import (
     DistInfo,
     autocast,
@@ -76,7 +77,6 @@ from nmt.search import (
     DecodeOptions,
     decode_batches,
     decode_dataset,
-    decode_precision,
     max_output_lengths,
     model_max_positions,
 )
@@ -701,7 +701,7 @@ def decode_without_cache(
     caps_all = torch.from_numpy(output_caps(subject.model, ds, n, opts))  # (N,)
     outputs: list[list[int]] = [[] for _ in range(n)]
     nonempty = np.flatnonzero(ds.src_lens[:n] > 0)  # (M,)
-    precision = decode_precision(str(opts.precision), device)
+    precision = resolve_precision(str(opts.precision), device)
     synchronize(device)
     tic = time.perf_counter()
     for batch_pos in decode_batches(ds.src_lens[nonempty], opts):
@@ -763,7 +763,7 @@ def bench_decoding(model: str, cfg: DictConfig, data: PreparedData, s: Settings)
         "test_set": subject.test.name,
         "sentences": n_all,
         "single_sentences": n_single,
-        "precision": decode_precision(s.decode_precision, s.device),
+        "precision": resolve_precision(s.decode_precision, s.device),
         "max_len_a": base.max_len_a,
         "max_len_b": base.max_len_b,
         "runs": runs,

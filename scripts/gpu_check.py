@@ -651,7 +651,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     preconditions(args)
     import torch
 
-    from nmt.runtime import native_bf16
+    from nmt.precision import resolve_precision
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -675,9 +675,10 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
 
     from omegaconf import OmegaConf
 
-    precision = str(OmegaConf.load(run_dir / "config.yaml").trainer.precision)
-    if precision == "auto":
-        precision = "bf16" if native_bf16(device) else "32"
+    # the precision the run trained in (summary.json), else its config's resolved here
+    precision = train["summary"].get("hardware", {}).get("precision") or resolve_precision(
+        str(OmegaConf.load(run_dir / "config.yaml").trainer.precision), device
+    )
     if precision not in peaks:
         peaks[precision] = measure_peak(device, precision, args)
     peak = peaks[precision]

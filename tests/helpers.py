@@ -73,6 +73,7 @@ def tiny_run_overrides(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
         "trainer.log_every=5",
         "trainer.progress=false",
         "trainer.attention_sentences=0",
+        "trainer.precision=32",  # auto measures: two runs of one test could differ
         *TINY_TRANSFORMER,
         *extra,
     ]
