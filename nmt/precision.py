@@ -273,7 +273,11 @@ def measured_choice(probe: SpeedProbe) -> str:
             if m.pairs >= MIN_PAIRS
             else f"the probe was cut short after {m.seconds:.0f}s (a busy machine?)"
         )
-        log.warning("precision=auto: %s; not cached, the next run measures again", why)
+        log.warning(
+            "precision=auto: %s; not cached, the next run measures again "
+            "(trainer.precision=32 or bf16 skips the probe)",
+            why,
+        )
     elif path is not None:
         write_cached(path, key, m)
     return m.choice
