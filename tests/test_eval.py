@@ -298,16 +298,23 @@ def run_config(payload: dict, seed: int, **decode: float) -> str:
     return yaml.safe_dump(config)
 
 
-def test_tune_decode_scores_each_setting_on_validation(run_dir: Path, tmp_path: Path) -> None:
-    """Real decoding of the validation split: greedy once, the run's beam search as the
-    default, each row with its interval, p-value and length ratio; config.yaml is only
-    rewritten for a significant winner."""
+def copy_run(run_dir: Path, tmp_path: Path, beam: int) -> tuple[Path, dict, str]:
+    """A new run holding the best checkpoint of ``run_dir``, decoding with ``beam``, alpha 1;
+    returns it, the checkpoint's payload and the text of its config.yaml."""
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     payload = load_checkpoint(run_dir / "checkpoints" / "best.pt")
     save_checkpoint(payload, run / "checkpoints" / "best.pt")
-    config_text = run_config(payload, seed=1, beam=2, length_penalty=1.0)
+    config_text = run_config(payload, seed=1, beam=beam, length_penalty=1.0)
     (run / "config.yaml").write_text(config_text)
+    return run, payload, config_text
+
+
+def test_tune_decode_scores_each_setting_on_validation(run_dir: Path, tmp_path: Path) -> None:
+    """Real decoding of the validation split: greedy once, the run's beam search as the
+    default, each row with its interval, p-value and length ratio; config.yaml is only
+    rewritten for a significant winner."""
+    run, payload, config_text = copy_run(run_dir, tmp_path, beam=2)
     report = tune(run, None, [1, 2, 2], [0.5, 1.0], "cpu", apply=True)
     settings = {(r["beam"], r["length_penalty"]) for r in report["rows"]}
     assert settings == {(1, None), (2, 0.5), (2, 1.0)}  # greedy once, duplicates dropped
@@ -467,12 +474,7 @@ def fake_decoding(monkeypatch: pytest.MonkeyPatch):
 def test_apply_writes_only_a_significant_winner(
     run_dir: Path, tmp_path: Path, fake_decoding, capsys
 ) -> None:
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    payload = load_checkpoint(run_dir / "checkpoints" / "best.pt")
-    save_checkpoint(payload, run / "checkpoints" / "best.pt")
-    config_text = run_config(payload, seed=1, beam=5, length_penalty=1.0)
-    (run / "config.yaml").write_text(config_text)
+    run, payload, config_text = copy_run(run_dir, tmp_path, beam=5)
 
     def worse(refs: list[str]) -> list[str]:
         return [" ".join(r.split()[:-3]) for r in refs]  # the last three words lost
