@@ -275,18 +275,78 @@ def resolve_pair(prefix: str | Path, src_lang: str, tgt_lang: str) -> tuple[Path
     return found[0], found[1]
 
 
-def _read_bytes(path: Path) -> bytes:
+BLOCK_BYTES = 1 << 20  # bytes read at a time when streaming a text file
+
+
+def _open_binary(path: Path) -> BinaryIO:
     try:
         if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        return path.read_bytes()
+            return gzip.open(path, "rb")  # type: ignore[return-value]
+        return open(path, "rb")
     except FileNotFoundError as err:
         raise DataError(f"{path}: file not found") from err
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err})") from err
+
+
+def _read_block(f: BinaryIO, path: Path, size: int) -> bytes:
+    try:
+        return f.read(size)
     except (gzip.BadGzipFile, EOFError, zlib.error) as err:
         raise DataError(f"{path}: not a valid gzip file ({err})") from err
     except OSError as err:
         raise DataError(f"{path}: cannot read ({err})") from err
+
+
+def _decode_lines(data: bytes, path: Path, first_line: int) -> list[str]:
+    """Lines of ``data`` (complete lines, no final newline); ``first_line``: 1-based number."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = first_line + data.count(b"\n", 0, err.start)
+        raise DataError(f"{path}:{line}: invalid UTF-8 ({err.reason})") from err
+    if "\0" in text:
+        text = text.replace("\0", " ")
+    lines = text.split("\n")
+    if "\r" in text:
+        lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    return lines
+
+
+def iter_line_blocks(path: str | Path, block_bytes: int = BLOCK_BYTES) -> Iterator[list[str]]:
+    """The lines of a UTF-8 text file (``.gz``: gzip-compressed), a block at a time.
+
+    Reads about ``block_bytes`` at a time, so memory stays bounded by the block size (and the
+    longest line). The lines are those of :func:`read_lines`, with the same errors.
+    """
+    path = Path(path)
+    with _open_binary(path) as f:
+        data = b""
+        while len(data) < len(_BOM):  # the byte-order mark is looked for at the start only
+            more = _read_block(f, path, block_bytes)
+            if not more:
+                break
+            data += more
+        if data.startswith(_BOM):
+            data = data[len(_BOM) :]
+        pending: list[bytes] = []  # bytes read since the last newline
+        line_no = 1  # number of the next line
+        while True:
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                pending.append(data)
+            else:
+                block = b"".join([*pending, data[:cut]])
+                pending = [data[cut + 1 :]]
+                lines = _decode_lines(block, path, line_no)
+                line_no += len(lines)
+                yield lines
+            data = _read_block(f, path, block_bytes)
+            if not data:
+                break
+        rest = b"".join(pending)
+        if rest:  # a last line without a newline
+            yield _decode_lines(rest, path, line_no)
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -296,37 +356,54 @@ def read_lines(path: str | Path) -> list[str]:
     trailing ``\\r`` and a leading byte-order mark are removed; NUL characters are replaced by
     spaces. Invalid UTF-8 raises :class:`DataError` naming the file and 1-based line.
     """
-    path = Path(path)
-    data = _read_bytes(path)
-    if data.startswith(_BOM):
-        data = data[len(_BOM) :]
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise DataError(f"{path}:{line}: invalid UTF-8 ({err.reason})") from err
-    if not text:
-        return []
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [_clean_line(line) for line in lines]
+    return [line for block in iter_line_blocks(path) for line in block]
 
 
-def _clean_line(line: str) -> str:
-    if line.endswith("\r"):
-        line = line[:-1]
-    return line.replace("\0", " ")
+def iter_parallel_blocks(
+    src_path: str | Path, tgt_path: str | Path, block_bytes: int = BLOCK_BYTES
+) -> Iterator[tuple[list[str], list[str]]]:
+    """Aligned blocks of line pairs from two files, read a block at a time.
+
+    Line ``i`` of one file is paired with line ``i`` of the other; when one file ends before
+    the other, the rest of the longer one is counted and :class:`DataError` names both files
+    and their line counts.
+    """
+    sides = (iter_line_blocks(src_path, block_bytes), iter_line_blocks(tgt_path, block_bytes))
+    bufs: tuple[list[str], list[str]] = ([], [])
+    counts = [0, 0]
+    open_ = [True, True]
+    while True:
+        for k in (0, 1):  # refill the shorter buffer(s)
+            while open_[k] and len(bufs[k]) <= len(bufs[1 - k]):
+                block = next(sides[k], None)
+                if block is None:
+                    open_[k] = False
+                else:
+                    bufs[k].extend(block)
+                    counts[k] += len(block)
+        n = min(len(bufs[0]), len(bufs[1]))
+        if n:
+            yield bufs[0][:n], bufs[1][:n]
+            del bufs[0][:n], bufs[1][:n]
+        if not (open_[0] and open_[1]):
+            break
+    for k in (0, 1):  # drain whichever side goes on: its line count goes into the error
+        for block in sides[k]:
+            counts[k] += len(block)
+    if counts[0] != counts[1]:
+        raise DataError(
+            f"parallel files differ in length: {src_path} has {counts[0]} lines, "
+            f"{tgt_path} has {counts[1]} lines"
+        )
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
     """Both sides of a parallel corpus; their line counts must match."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"parallel files differ in length: {src_path} has {len(src)} lines, "
-            f"{tgt_path} has {len(tgt)} lines"
-        )
+    src: list[str] = []
+    tgt: list[str] = []
+    for s, t in iter_parallel_blocks(src_path, tgt_path):
+        src += s
+        tgt += t
     return src, tgt
 
 
