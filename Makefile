@@ -15,7 +15,7 @@ PORT ?= 6006
 N ?= 5
 
 .DEFAULT_GOAL := help
-.PHONY: help install train eval translate tensorboard test test-fast lint format clean
+.PHONY: help install prepare train eval translate tensorboard test test-fast lint format clean
 .PHONY: attention demo-pooling
 .PHONY: average tune-decode
 .PHONY: bench
@@ -32,6 +32,9 @@ $(VENV)/.installed: pyproject.toml
 	@if [ -n "$(TORCH)" ]; then $(BIN)/python -m pip install $(TORCH); fi
 	$(BIN)/python -m pip install -e ".[dev]"
 	@touch $@
+
+prepare: install ## Prepare the training data once (nmt-train does it when needed): ARGS="data=... [--verify]"
+	$(BIN)/nmt-prepare $(ARGS)
 
 train: install ## Prepare data and train (default: Transformer on Multi30k de->en); NPROC=N for DDP
 ifeq ($(NPROC)$(NNODES),11)

@@ -8,15 +8,42 @@ which raises :class:`ConfigError` naming the offending key.
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the key."""
+
+
+def _shipped_config_dir() -> Path:
+    """``nmt/configs`` of an installed package (the build copies ``configs/`` there), else the
+    checkout's ``configs/`` beside the package (an editable install or a source tree)."""
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"
+    if (installed / "train.yaml").is_file():
+        return installed
+    return package.parent / "configs"
+
+
+CONFIG_DIR = str(_shipped_config_dir())
+
+
+def config_dir() -> str:
+    """The Hydra config directory: $NMT_CONFIG_DIR, ./configs, else the configs shipped with nmt."""
+    env = os.environ.get("NMT_CONFIG_DIR")
+    if env:
+        return str(Path(env).resolve())
+    local = Path.cwd() / "configs"
+    if (local / "train.yaml").is_file():
+        return str(local)
+    return CONFIG_DIR
 
 
 @dataclass
@@ -28,6 +55,19 @@ class DataConfig:
     it. ``corpus: parallel`` reads the user's own files: ``train``, ``valid`` and each ``test``
     entry are path prefixes, completed by ``.<src_lang>`` / ``.<tgt_lang>`` (optionally
     followed by ``.gz``).
+
+    ``train`` is one corpus (``/corpus/train``) or a list of them
+    (``[/corpus/news:0.5, /corpus/crawl]``). An entry may end in ``:<weight>``, a number > 0
+    (default 1): each epoch draws ``round(weight * pairs)`` of that corpus's pairs, every pair
+    ``floor(weight)`` times and a seeded random share of them once more, so ``2`` doubles a
+    corpus and ``0.5`` takes a different half of it each epoch. A path whose last ``:`` is
+    followed by a number takes an explicit ``:1``.
+
+    The training corpora are prepared once (``nmt-prepare``; ``nmt-train`` does it when
+    needed) into ``<root>/cache/prepared/<key>/``: token ids in memory-mapped arrays and the
+    sentencepiece model(s), trained on ``spm_sample`` pairs drawn uniformly from the cleaned
+    training pairs (all of them when there are fewer). ``num_workers`` processes encode
+    (0: one per available core; 1: in this process).
     """
 
     name: str = MISSING
@@ -35,7 +75,8 @@ class DataConfig:
     src_lang: str = "de"
     tgt_lang: str = "en"
     root: str = "data"  # downloads and caches live here
-    train: str = "train"
+    # one corpus, or a list of them; each may end in :<weight> (see above)
+    train: Any = "train"
     valid: str = "val"
     test: list[str] = field(default_factory=lambda: ["test_2016_flickr"])
     # cleaning (training split only; valid/test are only stripped)
@@ -46,6 +87,9 @@ class DataConfig:
     vocab_size: int = 8000
     spm_model_type: str = "unigram"  # unigram | bpe
     character_coverage: float = 1.0
+    spm_sample: int = 100_000  # training pairs drawn for sentencepiece training
+    # preparation: encoding processes (0 = one per available core, 1 = in this process)
+    num_workers: int = 0
     # batching
     max_tokens: int = 4096  # per batch: sentences x longest side, padding included
     eval_max_tokens: int = 8192
@@ -245,6 +289,48 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
         raise ConfigError(f"{key}={value} must be {bound}")
 
 
+@dataclass(frozen=True)
+class TrainCorpus:
+    """One entry of ``data.train``: a split name or path prefix and its sampling weight."""
+
+    prefix: str
+    weight: float = 1.0
+
+
+def train_corpora(value: Any, key: str = "data.train") -> list[TrainCorpus]:
+    """The corpora named by ``data.train``: a string or a list of strings, each optionally
+    ending in ``:<weight>`` (a number > 0). Raises ConfigError naming the entry."""
+    if isinstance(value, str):
+        entries, keys = [value], [key]
+    elif isinstance(value, (list, tuple, ListConfig)):
+        entries, keys = list(value), [f"{key}[{i}]" for i in range(len(value))]
+        if not entries:
+            raise ConfigError(f"{key}=[] names no training corpus")
+    else:
+        raise ConfigError(
+            f"{key}={value!r} must be a corpus (split name or path prefix) or a list of them"
+        )
+    corpora = []
+    for entry, where in zip(entries, keys, strict=True):
+        if not isinstance(entry, str) or not entry.strip():
+            raise ConfigError(f"{where}={entry!r} must be a non-empty split name or path prefix")
+        prefix, weight = entry, 1.0
+        head, sep, tail = entry.rpartition(":")
+        if sep and head:
+            try:
+                weight = float(tail)
+            except ValueError:
+                pass  # a colon inside the path itself
+            else:
+                prefix = head
+                if not (math.isfinite(weight) and weight > 0):
+                    raise ConfigError(
+                        f"{where}={entry!r}: the sampling weight after ':' must be a number > 0"
+                    )
+        corpora.append(TrainCorpus(prefix, weight))
+    return corpora
+
+
 def validate(cfg: DictConfig) -> None:
     """Check values that the type system cannot; raise ConfigError naming the key."""
     d, o, t = cfg.data, cfg.optim, cfg.trainer
@@ -255,6 +341,9 @@ def validate(cfg: DictConfig) -> None:
     if d.corpus == "multi30k":
         for key, lang in (("data.src_lang", d.src_lang), ("data.tgt_lang", d.tgt_lang)):
             _choice(key, lang, ("en", "de", "fr", "cs"))
+    train_corpora(d.train)
+    _positive("data.spm_sample", d.spm_sample)
+    _positive("data.num_workers", d.num_workers, allow_zero=True)
     _positive("data.max_len", d.max_len)
     if d.max_len_ratio < 1:
         raise ConfigError(f"data.max_len_ratio={d.max_len_ratio} must be >= 1")

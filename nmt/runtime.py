@@ -16,33 +16,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nmt.config import ConfigError
+from nmt.config import CONFIG_DIR, ConfigError, config_dir  # noqa: F401 (re-exported)
 
 log = logging.getLogger("nmt")
-
-
-def _shipped_config_dir() -> Path:
-    """``nmt/configs`` of an installed package (the build copies ``configs/`` there), else the
-    checkout's ``configs/`` beside the package (an editable install or a source tree)."""
-    package = Path(__file__).resolve().parent
-    installed = package / "configs"
-    if (installed / "train.yaml").is_file():
-        return installed
-    return package.parent / "configs"
-
-
-CONFIG_DIR = str(_shipped_config_dir())
-
-
-def config_dir() -> str:
-    """The Hydra config directory: $NMT_CONFIG_DIR, ./configs, else the configs shipped with nmt."""
-    env = os.environ.get("NMT_CONFIG_DIR")
-    if env:
-        return str(Path(env).resolve())
-    local = Path.cwd() / "configs"
-    if (local / "train.yaml").is_file():
-        return str(local)
-    return CONFIG_DIR
 
 
 def pick_device(name: str) -> torch.device:

@@ -493,6 +493,7 @@ class Trainer:
             seed=t.seed,
             num_replicas=dist_info.world_size,
             rank=dist_info.rank,
+            corpora=[(c.pairs, c.weight) for c in data.train_corpora] or None,
         )
         self.checkpointer = Checkpointer(run_dir / "checkpoints", t.keep_last)
         self.writer = (

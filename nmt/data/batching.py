@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
+from typing import overload
 
 import numpy as np
 import torch
@@ -19,12 +20,18 @@ from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 class _Side:
-    """One side of a corpus: all ids in one flat int32 tensor plus per-sentence offsets."""
+    """One side of a corpus: all ids in one flat array plus per-sentence offsets and lengths.
 
-    def __init__(self, flat: Tensor, offsets: np.ndarray) -> None:
-        self.flat = flat  # (total_tokens,) int32
+    The arrays may be memory-mapped, read-only files (a prepared cache): sentences are read by
+    numpy indexing, and only the small results become tensors.
+    """
+
+    def __init__(
+        self, flat: np.ndarray, offsets: np.ndarray, lens: np.ndarray | None = None
+    ) -> None:
+        self.flat = flat  # (total_tokens,) integer ids (int32, or uint16 in a prepared cache)
         self.offsets = offsets  # (N + 1,) int64; sentence i is flat[offsets[i]:offsets[i + 1]]
-        self.lens = np.diff(offsets)  # (N,) int64
+        self.lens = np.diff(offsets) if lens is None else lens  # (N,) integer
 
     @classmethod
     def from_lists(cls, seqs: Sequence[Sequence[int]]) -> _Side:
@@ -34,36 +41,41 @@ class _Side:
         flat = np.fromiter(
             itertools.chain.from_iterable(seqs), dtype=np.int32, count=int(offsets[-1])
         )  # (total_tokens,)
-        return cls(torch.from_numpy(flat), offsets)
+        return cls(flat, offsets, lens)
 
     def item(self, i: int) -> Tensor:
-        return self.flat[int(self.offsets[i]) : int(self.offsets[i + 1])]
+        ids = self.flat[int(self.offsets[i]) : int(self.offsets[i + 1])]
+        return torch.from_numpy(np.array(ids, dtype=np.int32))
 
     def subset(self, idx: np.ndarray) -> _Side:
-        lens = self.lens[idx]  # (M,)
+        lens = np.asarray(self.lens[idx], dtype=np.int64)  # (M,)
         offsets = np.zeros(len(idx) + 1, dtype=np.int64)  # (M + 1,)
         np.cumsum(lens, out=offsets[1:])
         # position k of new sentence j comes from flat[old_start[j] + k]
         shift = np.repeat(self.offsets[idx] - offsets[:-1], lens)  # (total,)
         positions = np.arange(int(offsets[-1]), dtype=np.int64) + shift  # (total,)
-        return _Side(self.flat[torch.from_numpy(positions)], offsets)
+        return _Side(np.asarray(self.flat[positions], dtype=np.int32), offsets, lens)
 
     def gather(self, idx: np.ndarray) -> tuple[Tensor, Tensor]:
         """Sentences ``idx`` as (B, L) int64 right-padded with PAD, and their (B,) lengths."""
-        lens = torch.from_numpy(self.lens[idx])  # (B,)
+        lens = np.asarray(self.lens[idx], dtype=np.int64)  # (B,)
         width = int(lens.max()) if len(idx) else 0
         if width == 0:
-            return torch.full((len(idx), 0), PAD_ID, dtype=torch.long), lens
-        starts = torch.from_numpy(self.offsets[idx])  # (B,)
-        pos = torch.arange(width)  # (L,)
+            return torch.full((len(idx), 0), PAD_ID, dtype=torch.long), torch.from_numpy(lens)
+        starts = np.asarray(self.offsets[idx], dtype=np.int64)  # (B,)
+        pos = np.arange(width)  # (L,)
         real = pos[None, :] < lens[:, None]  # (B, L)
-        flat_idx = (starts[:, None] + pos[None, :]).masked_fill(~real, 0)  # (B, L)
-        ids = self.flat[flat_idx].long().masked_fill(~real, PAD_ID)  # (B, L)
-        return ids, lens
+        flat_idx = np.where(real, starts[:, None] + pos[None, :], 0)  # (B, L)
+        ids = np.where(real, self.flat[flat_idx], PAD_ID).astype(np.int64)  # (B, L)
+        return torch.from_numpy(ids), torch.from_numpy(lens)
 
 
 class TokenDataset:
-    """Pre-tokenized parallel data (ids without BOS/EOS), stored as flat int32 tensors."""
+    """Pre-tokenized parallel data (ids without BOS/EOS), stored as flat arrays.
+
+    Built from lists of ids (in memory), or with :meth:`from_arrays` over the arrays of a
+    prepared cache (memory-mapped: nothing per sentence is held in memory).
+    """
 
     def __init__(self, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
         if len(src) != len(tgt):
@@ -77,17 +89,28 @@ class TokenDataset:
         ds._src, ds._tgt = src, tgt
         return ds
 
+    @classmethod
+    def from_arrays(
+        cls,
+        src: tuple[np.ndarray, np.ndarray, np.ndarray],
+        tgt: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ) -> TokenDataset:
+        """A dataset over (flat ids, offsets, lengths) of each side, used as they are."""
+        if len(src[2]) != len(tgt[2]):
+            raise DataError(f"TokenDataset: {len(src[2])} source vs {len(tgt[2])} target sentences")
+        return cls._from_sides(_Side(*src), _Side(*tgt))
+
     def __len__(self) -> int:
         return len(self._src.lens)
 
     @property
     def src_lens(self) -> np.ndarray:
-        """(N,) int64 source lengths (EOS not counted)."""
+        """(N,) integer source lengths (EOS not counted)."""
         return self._src.lens
 
     @property
     def tgt_lens(self) -> np.ndarray:
-        """(N,) int64 target lengths (BOS/EOS not counted)."""
+        """(N,) integer target lengths (BOS/EOS not counted)."""
         return self._tgt.lens
 
     def src(self, i: int) -> Tensor:
@@ -99,7 +122,7 @@ class TokenDataset:
         return self._tgt.item(i)
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> TokenDataset:
-        """A new dataset holding sentences ``indices`` (renumbered from 0)."""
+        """A new dataset holding sentences ``indices`` (renumbered from 0), in memory."""
         idx = np.asarray(indices, dtype=np.int64)
         return TokenDataset._from_sides(self._src.subset(idx), self._tgt.subset(idx))
 
@@ -172,26 +195,76 @@ def example_costs(src_lens: np.ndarray, tgt_lens: np.ndarray | None = None) -> n
     return cost
 
 
-def cut_batches(order: np.ndarray, cost: np.ndarray, max_tokens: int) -> list[list[int]]:
+class BatchList(Sequence[list[int]]):
+    """Batches of dataset indices held compactly: one index array and each batch's span.
+
+    It reads like a list of lists of ints (a batch comes out as a list); slices and
+    :meth:`take` keep the compact form. An epoch of millions of sentences costs 8 bytes per
+    index instead of a Python int and a list slot each.
+    """
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.order = order  # (N,) int64 dataset indices, batch after batch
+        self.starts = starts  # (B,) int64: batch b is order[starts[b]:ends[b]]
+        self.ends = ends  # (B,) int64
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @overload
+    def __getitem__(self, i: int) -> list[int]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> BatchList: ...
+
+    def __getitem__(self, i: int | slice) -> list[int] | BatchList:
+        if isinstance(i, slice):
+            return BatchList(self.order, self.starts[i], self.ends[i])
+        return self.order[self.starts[i] : self.ends[i]].tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for a, b in zip(self.starts.tolist(), self.ends.tolist(), strict=True):
+            yield self.order[a:b].tolist()
+
+    def take(self, picks: np.ndarray) -> BatchList:
+        """The batches ``picks``, in that order."""
+        return BatchList(self.order, self.starts[picks], self.ends[picks])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (BatchList, list, tuple)):
+            return NotImplemented
+        return len(self) == len(other) and all(
+            list(a) == list(b) for a, b in zip(self, other, strict=True)
+        )
+
+    def __repr__(self) -> str:
+        return f"BatchList({len(self)} batches, {int((self.ends - self.starts).sum())} indices)"
+
+
+def cut_batches(order: np.ndarray, cost: np.ndarray, max_tokens: int) -> BatchList:
     """Greedily cut ``order`` into consecutive batches of cost ``n * max(cost) <= max_tokens``.
 
-    An example that alone exceeds the budget gets a batch of its own.
+    An example that alone exceeds the budget gets a batch of its own. Each batch is found
+    with a few array operations over a window of at most ``max_tokens // cost + 1`` examples
+    (no batch can hold more), so cutting millions of examples takes a fraction of a second.
     """
-    batches: list[list[int]] = []
-    current: list[int] = []
-    widest = 0
-    cost_list = cost.tolist()
-    for i in order.tolist():
-        c = cost_list[i]
-        w = max(widest, c)
-        if current and (len(current) + 1) * w > max_tokens:
-            batches.append(current)
-            current, w = [], c
-        current.append(i)
-        widest = w
-    if current:
-        batches.append(current)
-    return batches
+    order = np.asarray(order, dtype=np.int64)  # (N,)
+    c = np.asarray(cost, dtype=np.int64)[order]  # (N,) costs in batch order
+    n = len(order)
+    starts: list[int] = []
+    p = 0
+    while p < n:
+        width = min(n - p, max_tokens // max(int(c[p]), 1) + 1)
+        grown = np.maximum.accumulate(c[p : p + width]) * np.arange(1, width + 1)  # (width,)
+        over = grown > max_tokens
+        over[0] = False  # the first example always starts a batch
+        starts.append(p)
+        p += int(np.argmax(over)) if over.any() else width
+    first = np.asarray(starts, dtype=np.int64)  # (B,)
+    last = np.append(first[1:], n).astype(np.int64)  # (B,)
+    return BatchList(order, first, last)
 
 
 def length_order(
@@ -205,7 +278,7 @@ def length_order(
 
 def eval_batches(
     src_lens: np.ndarray, max_tokens: int, tgt_lens: np.ndarray | None = None
-) -> list[list[int]]:
+) -> BatchList:
     """Batches for decoding: longest sources first (so memory limits show up at once).
 
     Cost counts the source side (and the target side if ``tgt_lens`` is given). Nothing is
@@ -216,11 +289,22 @@ def eval_batches(
     return cut_batches(order, example_costs(src_lens, tgt_lens), max_tokens)
 
 
+def _lengths(values: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Lengths as an integer array, kept in their dtype (a memory-mapped int32 stays one)."""
+    arr = np.asarray(values)
+    return arr if arr.dtype.kind in "iu" else np.asarray(values, dtype=np.int64)
+
+
 class TokenBatchSampler:
     """Length-bucketed batches under a token budget, shuffled per epoch, split across ranks.
 
-    ``batches(epoch)`` is a pure function of (seed, epoch, lengths, max_tokens, replicas, rank):
-    a resumed run rebuilds the epoch and skips the batches it has already consumed.
+    ``batches(epoch)`` is a pure function of (seed, epoch, lengths, max_tokens, replicas, rank,
+    corpora): a resumed run rebuilds the epoch and skips the batches it has already consumed.
+
+    ``corpora``: (pairs, weight) of consecutive index ranges (the training corpora in order).
+    Where a weight is not 1, each epoch takes ``round(weight * pairs)`` examples of that
+    corpus: every example ``floor`` times, plus a random subset drawn from (seed, epoch,
+    corpus). With all weights 1 the epoch is every example once, as without ``corpora``.
     """
 
     def __init__(
@@ -232,20 +316,28 @@ class TokenBatchSampler:
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
+        corpora: Sequence[tuple[int, float]] | None = None,
     ) -> None:
-        self.src_lens = np.asarray(src_lens, dtype=np.int64)  # (N,)
-        self.tgt_lens = np.asarray(tgt_lens, dtype=np.int64)  # (N,)
+        self.src_lens = _lengths(src_lens)  # (N,)
+        self.tgt_lens = _lengths(tgt_lens)  # (N,)
         if self.src_lens.shape != self.tgt_lens.shape:
             raise ValueError("src_lens and tgt_lens differ in length")
         if max_tokens <= 0 or num_replicas <= 0 or not 0 <= rank < num_replicas:
             raise ValueError(
                 f"bad max_tokens={max_tokens}, num_replicas={num_replicas}, rank={rank}"
             )
+        self.corpora = [(int(n), float(w)) for n, w in corpora] if corpora else None
+        if self.corpora is not None:
+            if sum(n for n, _ in self.corpora) != len(self.src_lens):
+                raise ValueError("the corpora's sizes do not add up to the number of examples")
+            if any(n <= 0 or not w > 0 for n, w in self.corpora):
+                raise ValueError(f"every corpus needs pairs and a weight > 0: {self.corpora}")
+        self._weighted = self.corpora is not None and any(w != 1 for _, w in self.corpora)
         self.max_tokens = int(max_tokens)
         self.shuffle, self.seed = shuffle, int(seed)
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
-        self._len: int | None = None
+        self._memo: tuple[int, BatchList] | None = None
         self._cost = example_costs(self.src_lens, self.tgt_lens)  # (N,)
         self._check_budget()
 
@@ -259,20 +351,45 @@ class TokenBatchSampler:
                 f"{len(too_long)} example(s) too long: raise data.max_tokens or lower data.max_len"
             )
 
-    def global_batches(self, epoch: int) -> list[list[int]]:
+    def epoch_examples(self, epoch: int) -> np.ndarray | None:
+        """The dataset indices making up ``epoch`` under the corpus weights (None: all once)."""
+        if not self._weighted:
+            return None
+        assert self.corpora is not None
+        parts = []
+        start = 0
+        for k, (n, weight) in enumerate(self.corpora):
+            full, rest = divmod(max(1, round(weight * n)), n)
+            parts += [np.arange(start, start + n, dtype=np.int64)] * full
+            if rest:
+                rng = np.random.default_rng([self.seed, epoch, k, 1])
+                parts.append(start + np.sort(rng.choice(n, size=rest, replace=False)))
+            start += n
+        return np.concatenate(parts)
+
+    def global_batches(self, epoch: int) -> BatchList:
         """All ranks' batches of ``epoch``, in the order they are dealt out."""
         rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
-        order = length_order(self.src_lens, self.tgt_lens, rng)
+        examples = self.epoch_examples(epoch)
+        if examples is None:
+            order = length_order(self.src_lens, self.tgt_lens, rng)
+        else:
+            local = length_order(self.src_lens[examples], self.tgt_lens[examples], rng)
+            order = examples[local]
         batches = cut_batches(order, self._cost, self.max_tokens)
         if rng is not None:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
+            batches = batches.take(rng.permutation(len(batches)))
         return batches
 
-    def batches(self, epoch: int) -> list[list[int]]:
+    def batches(self, epoch: int) -> BatchList:
         """This rank's batches of ``epoch``: every ``num_replicas``-th batch, equal counts."""
+        if self._memo is not None and self._memo[0] == epoch:
+            return self._memo[1]
         batches = self.global_batches(epoch)
         per_rank = len(batches) // self.num_replicas
-        return batches[self.rank :: self.num_replicas][:per_rank]
+        mine = batches[self.rank :: self.num_replicas][:per_rank]
+        self._memo = (epoch, mine)
+        return mine
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -281,10 +398,7 @@ class TokenBatchSampler:
         return iter(self.batches(self.epoch))
 
     def __len__(self) -> int:
-        # the batch boundaries depend only on the sorted lengths, so every epoch has this count
-        if self._len is None:
-            self._len = len(self.batches(self.epoch))
-        return self._len
+        return len(self.batches(self.epoch))
 
 
 def padding_share(ds: TokenDataset, batches: Sequence[Sequence[int]]) -> float:

@@ -1,8 +1,10 @@
 """From a data config to tokenized training data and evaluation sets (used by the trainer).
 
-Only two things are written to disk: verified Multi30k downloads and the atomically written
-SentencePiece cache; everything else lives in memory, so a failed preparation leaves nothing
-behind that a later run would trust.
+The training corpora come from a prepared cache (:mod:`nmt.data.binarize`): built once under
+``<data.root>/cache/prepared/``, verified when opened, and memory-mapped by every run and
+every rank. Validation and test sets are small: read, stripped and encoded in memory, and never
+filtered. Besides Multi30k downloads, only the sentencepiece and prepared caches are written to
+disk, each atomically, so a failed preparation leaves nothing behind that a later run trusts.
 """
 
 from __future__ import annotations
@@ -15,16 +17,17 @@ from typing import Any
 
 import numpy as np
 
+from nmt.config import train_corpora
 from nmt.data.batching import TokenDataset
-from nmt.data.corpus import (
-    DataError,
-    clean_pairs,
-    fetch_multi30k,
-    read_parallel,
-    resolve_pair,
-    strip_lines,
+from nmt.data.binarize import (
+    Split,
+    ensure_prepared,
+    filter_by_length,
+    log_shares,
+    resolve_splits,
 )
-from nmt.data.tokenizer import TokenizerPair, train_tokenizers
+from nmt.data.corpus import read_parallel, strip_lines
+from nmt.data.tokenizer import TokenizerPair
 
 log = logging.getLogger("nmt.data")
 
@@ -43,49 +46,33 @@ class EvalSet:
 
 
 @dataclass
-class PreparedData:
-    tokenizers: TokenizerPair
-    train: TokenDataset
-    valid: EvalSet
-    tests: list[EvalSet]
-    stats: dict = field(default_factory=dict)
+class TrainCorpusInfo:
+    """One training corpus of a run: its name, pairs kept, and sampling weight."""
+
+    name: str
+    pairs: int
+    weight: float = 1.0
 
 
 @dataclass
-class _Split:
-    name: str
-    src_path: Path
-    tgt_path: Path
-
-
-def _resolve(cfg: Any, names: list[str]) -> list[_Split]:
-    """The files of the named splits (fetching Multi30k if needed)."""
-    if cfg.corpus == "multi30k":
-        base = fetch_multi30k(Path(cfg.root), [cfg.src_lang, cfg.tgt_lang], dict.fromkeys(names))
-        prefixes: list[str | Path] = [base / name for name in names]
-    elif cfg.corpus == "parallel":
-        prefixes = list(names)
-    else:
-        raise DataError(f"data.corpus={cfg.corpus!r} is not one of: multi30k, parallel")
-    return [
-        _Split(Path(str(p)).name, *resolve_pair(p, cfg.src_lang, cfg.tgt_lang)) for p in prefixes
-    ]
-
-
-def _splits(cfg: Any) -> tuple[_Split, _Split, list[_Split]]:
-    """The train, valid and test files named by the config."""
-    splits = _resolve(cfg, [cfg.train, cfg.valid, *cfg.test])
-    return splits[0], splits[1], splits[2:]
+class PreparedData:
+    tokenizers: TokenizerPair
+    train: TokenDataset  # the training corpora, one after the other
+    valid: EvalSet
+    tests: list[EvalSet]
+    stats: dict = field(default_factory=dict)
+    train_corpora: list[TrainCorpusInfo] = field(default_factory=list)  # in ``train`` order
+    cache_dir: Path | None = None  # the prepared cache ``train`` maps
 
 
 def load_test_sets(cfg: Any, tokenizers: TokenizerPair) -> list[EvalSet]:
     """The test split(s) of a data config, without reading the training data."""
-    return [_eval_set(s, tokenizers) for s in _resolve(cfg, list(cfg.test))]
+    return [_eval_set(s, tokenizers) for s in resolve_splits(cfg, list(cfg.test))]
 
 
 def load_valid_set(cfg: Any, tokenizers: TokenizerPair) -> EvalSet:
     """The validation split of a data config, without reading the training data."""
-    return _eval_set(_resolve(cfg, [cfg.valid])[0], tokenizers)
+    return _eval_set(resolve_splits(cfg, [cfg.valid])[0], tokenizers)
 
 
 def encode_texts(
@@ -118,80 +105,42 @@ def length_filter(
     """
     s = np.fromiter(map(len, src_ids), dtype=np.int64, count=len(src_ids))  # (N,)
     t = np.fromiter(map(len, tgt_ids), dtype=np.int64, count=len(tgt_ids))  # (N,)
-    too_long = (s > max_len) | (t > max_len)
-    ratio = np.maximum(s, t) / np.maximum(np.minimum(s, t), 1)
-    bad_ratio = ~too_long & (ratio > max_len_ratio)
-    keep = np.flatnonzero(~(too_long | bad_ratio))
-    return keep, {"dropped_too_long": int(too_long.sum()), "dropped_ratio": int(bad_ratio.sum())}
+    return filter_by_length(s, t, max_len, max_len_ratio)
 
 
-def _no_data_error(split: _Split, stats: dict, cfg: Any) -> DataError:
-    return DataError(
-        f"no training pairs left from {split.src_path} / {split.tgt_path}: read "
-        f"{stats['read']}, dropped {stats['dropped_empty']} with an empty side, "
-        f"{stats.get('dropped_too_long', 0)} longer than data.max_len={cfg.max_len} tokens, "
-        f"{stats.get('dropped_ratio', 0)} with a length ratio above "
-        f"data.max_len_ratio={cfg.max_len_ratio}"
-    )
-
-
-def _train_tokenizers(cfg: Any, src: list[str], tgt: list[str]) -> TokenizerPair:
-    return train_tokenizers(
-        src,
-        tgt,
-        Path(cfg.root) / "cache" / "spm",
-        joint=bool(cfg.joint_vocab),
-        vocab_size=int(cfg.vocab_size),
-        model_type=str(cfg.spm_model_type),
-        character_coverage=float(cfg.character_coverage),
-    )
-
-
-def _prepare_train(
-    cfg: Any, split: _Split, tokenizers: TokenizerPair | None
-) -> tuple[TokenizerPair, TokenDataset, dict]:
-    src, tgt = read_parallel(split.src_path, split.tgt_path)
-    src, tgt, stats = clean_pairs(src, tgt)
-    if not src:
-        raise _no_data_error(split, stats, cfg)
-    if tokenizers is None:
-        tokenizers = _train_tokenizers(cfg, src, tgt)
-    src_ids, tgt_ids = tokenizers.src.encode_batch(src), tokenizers.tgt.encode_batch(tgt)
-    keep, drops = length_filter(src_ids, tgt_ids, cfg.max_len, cfg.max_len_ratio)
-    stats.update(drops, kept=len(keep))
-    if not len(keep):
-        raise _no_data_error(split, stats, cfg)
-    log.info(
-        "train %s: read %d, dropped empty %d, dropped too long %d, dropped ratio %d, kept %d",
-        split.name,
-        stats["read"],
-        stats["dropped_empty"],
-        stats["dropped_too_long"],
-        stats["dropped_ratio"],
-        stats["kept"],
-    )
-    data = TokenDataset([src_ids[i] for i in keep], [tgt_ids[i] for i in keep])
-    return tokenizers, data, stats
-
-
-def _eval_set(split: _Split, tokenizers: TokenizerPair) -> EvalSet:
+def _eval_set(split: Split, tokenizers: TokenizerPair) -> EvalSet:
     evalset = load_eval_set(split.name, split.src_path, split.tgt_path, tokenizers)
     log.info("%s: %d sentences", split.name, len(evalset))
     return evalset
 
 
 def prepare_data(cfg: Any, tokenizers: TokenizerPair | None = None) -> PreparedData:
-    """Resolve, read, clean, tokenize and filter the corpus described by ``cfg`` (DataConfig).
+    """The training corpora of ``cfg`` (DataConfig) from their prepared cache, built if needed
+    (:func:`nmt.data.binarize.ensure_prepared`), and the validation and test sets.
 
-    Tokenizers are trained (or taken from the cache) on the cleaned training text unless
-    given. Only the training split is filtered; valid/test sentences are kept as they are.
+    Tokenizers are trained (or taken from the caches) on a sample of the cleaned training
+    pairs unless given; given ones encode the training data as they are. Only the training
+    corpora are filtered; valid/test sentences are kept as they are.
     """
-    train_split, valid_split, test_splits = _splits(cfg)
-    tokenizers, train, train_stats = _prepare_train(cfg, train_split, tokenizers)
+    cache = ensure_prepared(cfg, tokenizers)
+    tokenizers = cache.tokenizers if tokenizers is None else tokenizers
+    train = TokenDataset.from_arrays(cache.side("src"), cache.side("tgt"))
+    weights = [c.weight for c in train_corpora(cfg.train)]
+    corpora = [
+        TrainCorpusInfo(c["name"], int(c["pairs"]), w)
+        for c, w in zip(cache.corpora, weights, strict=True)
+    ]
+    if len(corpora) > 1 or any(w != 1 for w in weights):
+        log_shares([c.name for c in corpora], [c.pairs for c in corpora], weights)
+    valid_split, *test_splits = resolve_splits(cfg, [cfg.valid, *cfg.test])
     valid = _eval_set(valid_split, tokenizers)
     tests = [_eval_set(s, tokenizers) for s in test_splits]
     stats = {
-        "train": train_stats,
+        "train": cache.stats,
+        "corpora": [
+            {"name": c.name, "weight": c.weight, **s["stats"]}
+            for c, s in zip(corpora, cache.corpora, strict=True)
+        ],
         "valid": {valid.name: len(valid)},
         "tests": {t.name: len(t) for t in tests},
         "vocab": {
@@ -201,7 +150,8 @@ def prepare_data(cfg: Any, tokenizers: TokenizerPair | None = None) -> PreparedD
         },
         "files": {
             s.name: [str(s.src_path), str(s.tgt_path)]
-            for s in (train_split, valid_split, *test_splits)
+            for s in (*cache.splits, valid_split, *test_splits)
         },
+        "cache": str(cache.path),
     }
-    return PreparedData(tokenizers, train, valid, tests, stats)
+    return PreparedData(tokenizers, train, valid, tests, stats, corpora, cache.path)

@@ -79,11 +79,14 @@ class Tokenizer:
         """Subword ids of one sentence, without BOS/EOS."""
         return self._sp.Encode(text)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Subword ids of many sentences (multi-threaded), without BOS/EOS."""
+    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        """Subword ids of many sentences (multi-threaded: ``num_threads``, default all cores),
+        without BOS/EOS."""
         if not texts:
             return []
-        return self._sp.Encode(list(texts))
+        if num_threads is None:
+            return self._sp.Encode(list(texts))
+        return self._sp.Encode(list(texts), num_threads=num_threads)
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of a sequence of ids; PAD, BOS and EOS are ignored."""
