@@ -777,16 +777,20 @@ def _build(
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path`` (created if needed) for the duration of the block."""
+def _locked(path: Path, wait: bool = True) -> Iterator[bool]:
+    """An exclusive lock on ``path`` (created if needed) for the duration of the block; with
+    ``wait=False`` the block gets False at once when another process holds it."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if not wait:
+                yield False
+                return
             log.info("waiting for another process preparing the same data (%s)", path)
             fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        yield True
     finally:
         os.close(fd)
 
@@ -805,7 +809,7 @@ def _make_dirs(path: Path) -> list[Path]:
 def _discard(path: Path, problem: CacheError) -> None:
     """Report an unusable prepared directory and move it out of the way."""
     log.warning("%s; rebuilding %s", problem, path)
-    trash = path.with_name(f".bad-{path.name[:16]}-{os.getpid()}")
+    trash = path.with_name(f".bad-{path.name[:16]}-{socket.gethostname()}-{os.getpid()}")
     try:
         os.rename(path, trash)
     except OSError:
@@ -823,10 +827,11 @@ def _try_open(path: Path, full: bool) -> PreparedCache | None:
         return None
 
 
-def _sweep(base: Path, key: str) -> None:
-    """Remove temporary directories of ``key`` left on this host by processes that died."""
+def _sweep(base: Path) -> None:
+    """Remove what killed preparations on this host left: temporary and discarded directories
+    of processes that no longer run, and lock files that nobody holds."""
     host = socket.gethostname()
-    for tmp in base.glob(f".tmp-{key[:16]}-{host}-*"):
+    for tmp in [*base.glob(f".tmp-*-{host}-*"), *base.glob(f".bad-*-{host}-*")]:
         pid = tmp.name.rsplit("-", 1)[-1]
         if not pid.isdigit():
             continue
@@ -837,6 +842,10 @@ def _sweep(base: Path, key: str) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         except PermissionError:
             pass
+    for lock in base.glob(".lock-*"):
+        with contextlib.suppress(OSError), _locked(lock, wait=False) as held:
+            if held:
+                lock.unlink()
 
 
 def ensure_prepared(
@@ -873,13 +882,13 @@ def _ensure(
     if cache is not None:
         return _opened(cache, prints, verify)
     created = _make_dirs(base)
-    lock = base / f"{spec.key}.lock"
+    lock = base / f".lock-{spec.key}"
     try:
         with _locked(lock):
             try:
                 cache = _try_open(final, False)  # built while this process waited?
                 if cache is None:
-                    _sweep(base, spec.key)
+                    _sweep(base)
                     _build(final, spec, corpora, tokenizers, cfg)
                     cache = open_prepared(final)
             finally:
@@ -894,6 +903,7 @@ def _ensure(
 
 
 def _opened(cache: PreparedCache, prints: InputFingerprints, verified: bool) -> PreparedCache:
+    _sweep(cache.path.parent)
     log.info(
         "using prepared training data %s (%d pairs%s)",
         cache.path, cache.pairs, ", every checksum verified" if verified else "",
