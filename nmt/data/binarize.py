@@ -371,7 +371,7 @@ def _check_side(cache: PreparedCache, side: str, full: bool) -> None:
     for a in range(0, n, step):
         b = min(n, a + step)
         span = np.diff(offsets[a : b + 1])
-        if not np.array_equal(span, lengths[a:b]) or (span < 1).any() or (span > max_len).any():
+        if not np.array_equal(span, lengths[a:b]) or (span > max_len).any():
             raise CacheError(
                 f"{cache.path / f'{side}.lengths.npy'}: lengths disagree with the offsets or "
                 f"the length limit in pairs {a}-{b - 1}"
@@ -680,7 +680,7 @@ def _save_tokenizers(tmp: Path, tokenizers: TokenizerPair) -> dict:
     files = files or {"src": "src.model", "tgt": "tgt.model"}
     entry: dict[str, Any] = {"joint": tokenizers.joint}
     for side, tok in (("src", tokenizers.src), ("tgt", tokenizers.tgt)):
-        (tmp / files[side]).write_bytes(tok.proto)
+        atomic_write_bytes(tmp / files[side], tok.proto)
         entry[side] = {
             "file": files[side],
             "sha256": hashlib.sha256(tok.proto).hexdigest(),

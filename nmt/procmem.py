@@ -1,0 +1,140 @@
+"""Memory of a process tree from ``/proc`` (Linux): resident and proportional set sizes.
+
+RSS counts every page a process maps, shared ones included, so summing it over processes
+that share memory (forked workers, DDP ranks mapping the same files) counts shared pages
+several times; PSS (``/proc/<pid>/smaps_rollup``) divides each shared page among its users,
+so the sum over a tree is the memory the tree really holds.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (children, grandchildren...), as now running."""
+    children: dict[int, list[int]] = {}
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # the command name may hold spaces and parentheses: the fields follow the last ')'
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
+def _kib_field(text: str, name: str) -> int:
+    for line in text.splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def rss(pid: int) -> tuple[int, int]:
+    """(current, peak) resident set size of a process in bytes; (0, 0) once it is gone."""
+    try:
+        text = (PROC / str(pid) / "status").read_text()
+    except OSError:
+        return 0, 0
+    return _kib_field(text, "VmRSS"), _kib_field(text, "VmHWM")
+
+
+def pss(pid: int) -> int:
+    """Proportional set size of a process in bytes (0 once it is gone)."""
+    try:
+        return _kib_field((PROC / str(pid) / "smaps_rollup").read_text(), "Pss")
+    except OSError:
+        return 0
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@dataclass
+class TreeMemory:
+    """Peaks seen by a :class:`TreeSampler` (bytes)."""
+
+    rss_sum: int = 0  # the largest sum of RSS over the selected processes at one sample
+    pss_sum: int = 0  # the largest sum of PSS at one sample
+    hwm: dict[int, int] = field(default_factory=dict)  # each process's own peak RSS (VmHWM)
+    samples: int = 0
+    last_pss_sum: int = 0
+    last_rss_sum: int = 0
+
+
+class TreeSampler:
+    """Samples the memory of a process tree in a background thread.
+
+    ``select`` picks the processes counted (default: all of the tree under ``pid``).
+    """
+
+    def __init__(
+        self,
+        pid: int,
+        interval: float = 0.05,
+        select: Callable[[int], bool] | None = None,
+        with_pss: bool = True,
+    ) -> None:
+        self.pid, self.interval, self.select, self.with_pss = pid, interval, select, with_pss
+        self.peak = TreeMemory()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def processes(self) -> Iterable[int]:
+        tree = descendants(self.pid)
+        return [p for p in tree if self.select is None or self.select(p)]
+
+    def sample(self) -> None:
+        """Take one sample now (also called by the thread)."""
+        pids = list(self.processes())
+        total_rss = total_pss = 0
+        for p in pids:
+            now, high = rss(p)
+            total_rss += now
+            if high:
+                self.peak.hwm[p] = max(self.peak.hwm.get(p, 0), high)
+            if self.with_pss:
+                total_pss += pss(p)
+        self.peak.rss_sum = max(self.peak.rss_sum, total_rss)
+        self.peak.pss_sum = max(self.peak.pss_sum, total_pss)
+        self.peak.last_rss_sum, self.peak.last_pss_sum = total_rss, total_pss
+        self.peak.samples += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> TreeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def wait_with_rusage(proc_pid: int) -> tuple[int, int]:
+    """Wait for a child; (exit code, its peak RSS in bytes as the kernel counted it)."""
+    _, status, usage = os.wait4(proc_pid, 0)
+    return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024
+

@@ -1,0 +1,61 @@
+"""The data scale benchmark (scripts/bench_data.py) and the process-tree memory it reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nmt.procmem import TreeSampler, descendants, pss, rss
+
+from .helpers import REPO, TINY_TRANSFORMER
+
+
+def test_tree_sampler_sees_a_child_and_its_memory() -> None:
+    code = (
+        "import subprocess, sys, time; b = bytearray(64 << 20); "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; b = bytearray(32 << 20); "
+        "time.sleep(3)']); time.sleep(3); c.wait()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        with TreeSampler(proc.pid, interval=0.05) as sampler:
+            proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert sampler.peak.samples >= 5
+    assert len(sampler.peak.hwm) >= 2  # the child was found and counted
+    assert sampler.peak.rss_sum >= 96 << 20  # both bytearrays, summed over the tree
+    assert sampler.peak.pss_sum >= 96 << 20
+    me = descendants(os.getpid())
+    assert me[0] == os.getpid()
+    assert rss(me[0])[0] > 0 and rss(me[0])[1] >= rss(me[0])[0] and pss(me[0]) > 0
+    assert rss(2**22 + 12345) == (0, 0) and pss(2**22 + 12345) == 0  # no such process
+
+
+@pytest.mark.slow
+def test_bench_data_smoke_run(mirror: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    sets = [f"--set={o}" for o in (*TINY_TRANSFORMER, "data.vocab_size=600", "data.max_tokens=600")]
+    cmd = [
+        sys.executable, "scripts/bench_data.py", "--pairs", "2000,4000", "--ddp-steps", "1",
+        "--work", str(tmp_path / "work"), "--data-root", str(tmp_path / "data"),
+        "--out", str(out), *sets,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [r["pairs"] for r in result["sizes"]] == [2000, 4000]
+    for r in result["sizes"]:
+        assert r["prepare"]["kept_pairs"] > 0.99 * r["pairs"]
+        assert r["prepare"]["seconds"] > 0 and r["prepare"]["peak_rss_bytes"] > 20 << 20
+        assert r["prepare"]["tree_peak_rss_sum_bytes"] >= r["prepare"]["peak_rss_bytes"] * 0.5
+        t = r["train"]
+        assert 0 < t["data_seconds"] <= t["ready_seconds"] <= t["startup_seconds"]
+        assert r["ddp"]["pss_sum_bytes"] > 100 << 20  # two ranks with torch loaded
+    assert "2,000" in proc.stdout and "4,000" in proc.stdout
+    assert not list((tmp_path / "work").glob("root_*"))  # caches removed after each size
