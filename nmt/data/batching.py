@@ -275,12 +275,17 @@ def length_order(
     tie = rng.permutation(n) if rng is not None else np.arange(n)
     if n == 0:
         return tie
-    src = np.asarray(src_lens, dtype=np.int64)  # (N,)
-    tgt = np.asarray(tgt_lens, dtype=np.int64)  # (N,)
+    src, tgt = np.asarray(src_lens), np.asarray(tgt_lens)  # (N,) integer, not copied
     width = int(tgt.max()) + 1
     if min(int(src.min()), int(tgt.min())) >= 0 and (int(src.max()) + 1) * width * n < 2**62:
-        # one int64 key, unique thanks to the tie-break: the lexsort's order, four times faster
-        return np.argsort((src * width + tgt) * n + tie)
+        # one int64 key, unique thanks to the tie-break: the lexsort's order, four times
+        # faster; built in place, so millions of lengths need one temporary array
+        key = src.astype(np.int64)  # (N,)
+        key *= width
+        key += tgt
+        key *= n
+        key += tie
+        return np.argsort(key)
     return np.lexsort((tie, tgt, src))
 
 
