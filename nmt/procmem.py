@@ -56,10 +56,17 @@ def rss(pid: int) -> tuple[int, int]:
 
 def pss(pid: int) -> int:
     """Proportional set size of a process in bytes (0 once it is gone)."""
+    return pss_parts(pid)[0]
+
+
+def pss_parts(pid: int) -> tuple[int, int, int]:
+    """(PSS, its anonymous part, its file-backed part) of a process in bytes: mapped files (a
+    memory-mapped cache, libraries) show in the third, the heap in the second."""
     try:
-        return _kib_field((PROC / str(pid) / "smaps_rollup").read_text(), "Pss")
+        text = (PROC / str(pid) / "smaps_rollup").read_text()
     except OSError:
-        return 0
+        return 0, 0, 0
+    return _kib_field(text, "Pss"), _kib_field(text, "Pss_Anon"), _kib_field(text, "Pss_File")
 
 
 def cmdline(pid: int) -> str:
@@ -79,6 +86,8 @@ class TreeMemory:
     samples: int = 0
     last_pss_sum: int = 0
     last_rss_sum: int = 0
+    last_pss_anon: int = 0  # the anonymous and file-backed parts of the last PSS sum
+    last_pss_file: int = 0
 
 
 class TreeSampler:
@@ -96,6 +105,7 @@ class TreeSampler:
     ) -> None:
         self.pid, self.interval, self.select, self.with_pss = pid, interval, select, with_pss
         self.peak = TreeMemory()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -103,21 +113,28 @@ class TreeSampler:
         tree = descendants(self.pid)
         return [p for p in tree if self.select is None or self.select(p)]
 
-    def sample(self) -> None:
-        """Take one sample now (also called by the thread)."""
-        pids = list(self.processes())
-        total_rss = total_pss = 0
-        for p in pids:
-            now, high = rss(p)
-            total_rss += now
-            if high:
-                self.peak.hwm[p] = max(self.peak.hwm.get(p, 0), high)
-            if self.with_pss:
-                total_pss += pss(p)
-        self.peak.rss_sum = max(self.peak.rss_sum, total_rss)
-        self.peak.pss_sum = max(self.peak.pss_sum, total_pss)
-        self.peak.last_rss_sum, self.peak.last_pss_sum = total_rss, total_pss
-        self.peak.samples += 1
+    def sample(self) -> TreeMemory:
+        """Take one sample now (also called by the thread); the peaks and this sample."""
+        with self._lock:
+            pids = list(self.processes())
+            total_rss = total_pss = anon = file = 0
+            for p in pids:
+                now, high = rss(p)
+                total_rss += now
+                if high:
+                    self.peak.hwm[p] = max(self.peak.hwm.get(p, 0), high)
+                if self.with_pss:
+                    parts = pss_parts(p)
+                    total_pss += parts[0]
+                    anon += parts[1]
+                    file += parts[2]
+            peak = self.peak
+            peak.rss_sum = max(peak.rss_sum, total_rss)
+            peak.pss_sum = max(peak.pss_sum, total_pss)
+            peak.last_rss_sum, peak.last_pss_sum = total_rss, total_pss
+            peak.last_pss_anon, peak.last_pss_file = anon, file
+            peak.samples += 1
+            return peak
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -137,4 +154,3 @@ def wait_with_rusage(proc_pid: int) -> tuple[int, int]:
     """Wait for a child; (exit code, its peak RSS in bytes as the kernel counted it)."""
     _, status, usage = os.wait4(proc_pid, 0)
     return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024
-

@@ -31,7 +31,6 @@ Nothing here imports torch: the preparing process and its workers stay small.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import itertools
 import json
@@ -62,6 +61,11 @@ from nmt.data.corpus import (
 )
 from nmt.data.tokenizer import _CACHE_VERSION as SPM_RECIPE_VERSION
 from nmt.data.tokenizer import Tokenizer, TokenizerPair, train_tokenizers
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locks; concurrent preparations each build, one rename wins
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("nmt.data")
 
@@ -780,6 +784,9 @@ def _build(
 def _locked(path: Path, wait: bool = True) -> Iterator[bool]:
     """An exclusive lock on ``path`` (created if needed) for the duration of the block; with
     ``wait=False`` the block gets False at once when another process holds it."""
+    if fcntl is None:
+        yield True
+        return
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         try:
