@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,7 @@ class TreeMemory:
     last_rss_sum: int = 0
     last_pss_anon: int = 0  # the anonymous and file-backed parts of the last PSS sum
     last_pss_file: int = 0
+    series: list[tuple[float, int]] = field(default_factory=list)  # (monotonic s, PSS sum)
 
 
 class TreeSampler:
@@ -134,6 +136,8 @@ class TreeSampler:
             peak.last_rss_sum, peak.last_pss_sum = total_rss, total_pss
             peak.last_pss_anon, peak.last_pss_file = anon, file
             peak.samples += 1
+            if self.with_pss:
+                peak.series.append((time.monotonic(), total_pss))
             return peak
 
     def _run(self) -> None:

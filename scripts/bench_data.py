@@ -9,10 +9,14 @@ de-en corpus of N distinct pairs from Multi30k's training split (numbered copies
   (the encoding workers included) of the summed RSS and of the summed PSS, sampled every 50 ms;
   the preparation's own phase timings from its manifest;
 * ``train``: a training run on the prepared cache (``nmt-train``, the second run on the data):
-  seconds from process start to its first update, its peak resident memory until then;
-* ``ddp``: two DDP ranks (torchrun, gloo, CPU) on the same cache until rank 0's update
-  ``--ddp-steps``: the summed PSS of the two ranks (``/proc/<pid>/smaps_rollup``) then, and
-  its peak. Shared pages (the memory-mapped cache, libraries) count once in total.
+  seconds from process start to its first update (and to the log lines saying that its data
+  is read and that its model and batches are ready), its peak resident memory until then;
+* ``ddp``: two DDP ranks (torchrun, gloo, CPU) on the same cache, run to rank 0's update
+  ``--ddp-steps``: the summed PSS of the two ranks (``/proc/<pid>/smaps_rollup``; shared
+  pages, such as the memory-mapped cache and the libraries, count once in total) when rank 0
+  has its data, model and batches ready (with its anonymous and file-backed parts), its
+  lowest value between update 1 and the last (``steady``: what stays between the updates'
+  activations) and its peak.
 
 The machine's load average is recorded around each measurement: on a shared machine the
 times are noisy. Writes JSON (default ``outputs/bench/bench-data-<timestamp>.json``) and prints
@@ -87,6 +91,7 @@ class Watched:
     pss_at_match: int  # summed PSS sampled when the awaited line came
     marks: dict[str, float]  # seconds from start to the first line matching each mark
     marks_pss: dict[str, tuple[int, int, int]]  # summed PSS (total, anon, file) at each mark
+    series: list[tuple[float, int]]  # (seconds from start, summed PSS) of every sample
 
 
 def watch(
@@ -168,6 +173,7 @@ def watch(
         pss_at_match=pss_at_match,
         marks=seen,
         marks_pss=seen_pss,
+        series=[(t - start, v) for t, v in sampler.peak.series],
     )
 
 
@@ -288,7 +294,7 @@ def bench_size(pairs: int, args: argparse.Namespace, base: Path, valid: Path) ->
             {**env, "OMP_NUM_THREADS": "1"},
             until=rf"\] step {args.ddp_steps}: loss",
             select=is_rank,
-            marks={"ready": r"\] training data: "},
+            marks={"ready": r"\] training data: ", "first": r"\] step 1: loss"},
         )
         if not ddp.matched:
             raise SystemExit(f"DDP training never reached update {args.ddp_steps}:\n{ddp.tail}")
@@ -301,6 +307,12 @@ def bench_size(pairs: int, args: argparse.Namespace, base: Path, valid: Path) ->
             "ready_pss_anon_bytes": ddp.marks_pss.get("ready", (None,) * 3)[1],
             "ready_pss_file_bytes": ddp.marks_pss.get("ready", (None,) * 3)[2],
             "pss_sum_bytes": ddp.pss_at_match,
+            # the lowest summed PSS from update 1 to the last: what stays between the updates'
+            # activations (model, optimizer, data), the steadiest of these figures
+            "steady_pss_sum_bytes": min(
+                (v for t, v in ddp.series if ddp.marks.get("first", 1e9) <= t <= ddp.seconds),
+                default=None,
+            ),
             "peak_pss_sum_bytes": ddp.tree_pss,
             "peak_rss_sum_bytes": ddp.tree_rss,
             "seconds": ddp.seconds,
@@ -344,7 +356,7 @@ def targets(sizes: dict[int, dict[str, Any]]) -> list[str]:
         )
     if big and small and "ddp" in big and "ddp" in small:
         for key, when in (("ready_pss_sum_bytes", "with data and batches ready"),
-                          ("pss_sum_bytes", "at the update read"),
+                          ("steady_pss_sum_bytes", "steady between updates"),
                           ("peak_pss_sum_bytes", "peak")):  # fmt: skip
             if big["ddp"].get(key) is None or small["ddp"].get(key) is None:
                 continue
@@ -367,7 +379,7 @@ def _s(x: float | None) -> str:
 def report(result: dict[str, Any]) -> str:
     header = ["pairs", "text MB", "prep s", "prep peak MB", "tree RSS MB", "tree PSS MB",
               "workers", "data s", "ready s", "update s", "train peak MB", "ranks PSS ready",
-              "anon", "file", "at update", "peak"]  # fmt: skip
+              "anon", "file", "steady", "peak"]  # fmt: skip
     rows = []
     for r in result["sizes"]:
         p, t, d = r["prepare"], r["train"], r.get("ddp", {})
@@ -377,7 +389,7 @@ def report(result: dict[str, Any]) -> str:
             str(p["workers"]), _s(t["data_seconds"]), _s(t["ready_seconds"]),
             _s(t["startup_seconds"]), _mb(t["peak_rss_bytes"]),
             _mb(d.get("ready_pss_sum_bytes")), _mb(d.get("ready_pss_anon_bytes")),
-            _mb(d.get("ready_pss_file_bytes")), _mb(d.get("pss_sum_bytes")),
+            _mb(d.get("ready_pss_file_bytes")), _mb(d.get("steady_pss_sum_bytes")),
             _mb(d.get("peak_pss_sum_bytes")),
         ])  # fmt: skip
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
@@ -406,7 +418,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ddp-steps",
         type=int,
-        default=3,
+        default=6,
         help="DDP updates before the ranks' memory is read (0: no DDP run)",
     )
     parser.add_argument(

@@ -38,12 +38,12 @@ def test_tree_sampler_sees_a_child_and_its_memory() -> None:
 
 
 @pytest.mark.slow
-def test_bench_data_smoke_run(mirror: Path, tmp_path: Path) -> None:
+def test_bench_data_smoke_run(multi30k: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     sets = [f"--set={o}" for o in (*TINY_TRANSFORMER, "data.vocab_size=600", "data.max_tokens=600")]
     cmd = [
         sys.executable, "scripts/bench_data.py", "--pairs", "2000,4000", "--ddp-steps", "1",
-        "--work", str(tmp_path / "work"), "--data-root", str(tmp_path / "data"),
+        "--work", str(tmp_path / "work"), "--data-root", str(multi30k.parent),
         "--out", str(out), *sets,
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)

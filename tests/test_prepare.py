@@ -35,6 +35,7 @@ from nmt.data.batching import (
     cut_batches,
     eval_batches,
     make_batch,
+    padding_share,
 )
 from nmt.data.binarize import CacheError, Reservoir, ensure_prepared, open_prepared
 from nmt.data.corpus import DataError, clean_pairs, read_parallel
@@ -61,9 +62,9 @@ ODD_PAIRS = [
 
 
 @pytest.fixture(scope="module")
-def real_corpus(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def real_corpus(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """3,000 real Multi30k training pairs plus a few that cleaning or filtering drops."""
-    prefix = write_subset(mirror, tmp_path_factory.mktemp("real"), "train", 3000)
+    prefix = write_subset(multi30k, tmp_path_factory.mktemp("real"), "train", 3000)
     for lang, k in (("de", 0), ("en", 1)):
         with open(f"{prefix}.{lang}", "a", encoding="utf-8") as f:
             f.write("".join(pair[k] + "\n" for pair in ODD_PAIRS))
@@ -311,10 +312,10 @@ def test_train_corpora_option() -> None:
 
 
 def test_several_weighted_corpora_train(
-    mirror: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, one_thread: None
+    multi30k: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, one_thread: None
 ) -> None:
-    a = write_subset(mirror, tmp_path / "a", "train", 120)
-    b = write_subset(mirror, tmp_path / "b", "train", 60, start=500)
+    a = write_subset(multi30k, tmp_path / "a", "train", 120)
+    b = write_subset(multi30k, tmp_path / "b", "train", 60, start=500)
     caplog.set_level(logging.INFO)
     overrides = tiny_run_overrides(
         a, tmp_path, "trainer.max_steps=3", "trainer.val_every=100", "trainer.threads=1",
@@ -447,6 +448,14 @@ def test_memory_mapped_batches_equal_in_memory_ones(real_corpus: Path, tok, tmp_
     sampler = TokenBatchSampler(data.train.src_lens, data.train.tgt_lens, 800, seed=3)
     reference = TokenBatchSampler(plain.src_lens, plain.tgt_lens, 800, seed=3)
     assert sampler.batches(0) == reference.batches(0)
+    compact = sampler.batches(0)  # a BatchList: padding counted with array operations
+    assert isinstance(compact, BatchList)
+    assert padding_share(data.train, compact) == pytest.approx(
+        padding_share(plain, [list(b) for b in compact]), abs=1e-12
+    )
+    assert padding_share(data.train, compact[3:9]) == pytest.approx(
+        padding_share(plain, list(compact[3:9])), abs=1e-12
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # e.g. torch's warning about non-writable arrays
         for idx in sampler.batches(0)[:20]:
@@ -567,13 +576,13 @@ def wait_for(proc: subprocess.Popen, ready: Callable[[], bool], limit: float = 3
 
 @pytest.mark.slow
 def test_preparation_killed_at_random_moments_never_leaves_a_used_cache(
-    mirror: Path, tmp_path: Path
+    multi30k: Path, tmp_path: Path
 ) -> None:
     """SIGKILL (the preparing process and its two workers) at random moments and in each phase:
     sampling and sentencepiece, encoding, between the manifest and the rename. Whatever is under
     a final name verifies fully; the next run cleans up and builds the same arrays."""
     src, tgt = write_numbered_copies(
-        mirror / "train.de.gz", mirror / "train.en.gz", tmp_path / "big", ("de", "en"), 70_000
+        multi30k / "train.de.gz", multi30k / "train.en.gz", tmp_path / "big", ("de", "en"), 70_000
     )
     assert count_pairs(src, tgt) == 70_000
     root = tmp_path / "root"

@@ -188,10 +188,18 @@ def make_batch(ds: TokenDataset, indices: Sequence[int] | np.ndarray) -> Batch:
 
 
 def example_costs(src_lens: np.ndarray, tgt_lens: np.ndarray | None = None) -> np.ndarray:
-    """(N,) positions one example takes in a batch: max(source + 1, target + 1)."""
-    cost = np.asarray(src_lens, dtype=np.int64) + 1
+    """(N,) positions one example takes in a batch: max(source + 1, target + 1).
+
+    Integer lengths keep their width (at least 32 bits): int32 lengths of millions of
+    examples cost 4 bytes each, and one array is allocated.
+    """
+    src = np.asarray(src_lens)
+    if src.dtype.kind not in "iu":
+        src = src.astype(np.int64)
+    cost = src.astype(np.promote_types(src.dtype, np.int32))  # (N,) a new array
     if tgt_lens is not None:
-        cost = np.maximum(cost, np.asarray(tgt_lens, dtype=np.int64) + 1)
+        np.maximum(cost, tgt_lens, out=cost, casting="unsafe")
+    cost += 1
     return cost
 
 
@@ -206,7 +214,7 @@ class BatchList(Sequence[list[int]]):
     __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
-        self.order = order  # (N,) int64 dataset indices, batch after batch
+        self.order = order  # (N,) integer dataset indices, batch after batch
         self.starts = starts  # (B,) int64: batch b is order[starts[b]:ends[b]]
         self.ends = ends  # (B,) int64
 
@@ -250,8 +258,10 @@ def cut_batches(order: np.ndarray, cost: np.ndarray, max_tokens: int) -> BatchLi
     with a few array operations over a window of at most ``max_tokens // cost + 1`` examples
     (no batch can hold more), so cutting millions of examples takes a fraction of a second.
     """
-    order = np.asarray(order, dtype=np.int64)  # (N,)
-    c = np.asarray(cost, dtype=np.int64)[order]  # (N,) costs in batch order
+    order = np.asarray(order)  # (N,) integer indices, kept in their width
+    if order.dtype.kind not in "iu":
+        order = order.astype(np.int64)
+    c = np.asarray(cost)[order]  # (N,) costs in batch order
     n = len(order)
     starts: list[int] = []
     p = 0
@@ -389,6 +399,8 @@ class TokenBatchSampler:
         else:
             local = length_order(self.src_lens[examples], self.tgt_lens[examples], rng)
             order = examples[local]
+        if len(order) < 2**31:
+            order = order.astype(np.int32)  # half the memory of the epoch's order
         batches = cut_batches(order, self._cost, self.max_tokens)
         if rng is not None:
             batches = batches.take(rng.permutation(len(batches)))
@@ -416,10 +428,29 @@ class TokenBatchSampler:
 
 def padding_share(ds: TokenDataset, batches: Sequence[Sequence[int]]) -> float:
     """Fraction of PAD among all source and target positions of ``batches``."""
+    if isinstance(batches, BatchList):
+        return _padding_share_compact(ds, batches)
     total = real = 0
     for batch in batches:
         idx = np.asarray(batch, dtype=np.int64)
         s, t = ds.src_lens[idx] + 1, ds.tgt_lens[idx] + 1  # (B,) with EOS / BOS
         total += len(idx) * (int(s.max()) + int(t.max()))
         real += int(s.sum()) + int(t.sum())
+    return 1.0 - real / total if total else 0.0
+
+
+def _padding_share_compact(ds: TokenDataset, batches: BatchList, step: int = 256) -> float:
+    """:func:`padding_share` of a BatchList with array operations, ``step`` batches at a time."""
+    total = real = 0
+    for k in range(0, len(batches), step):
+        starts, ends = batches.starts[k : k + step], batches.ends[k : k + step]  # (B,)
+        sizes = ends - starts  # (B,) every batch holds at least one example
+        first = np.zeros(len(sizes), dtype=np.int64)  # (B,) where each batch begins in `rows`
+        np.cumsum(sizes[:-1], out=first[1:])
+        pos = np.arange(int(sizes.sum())) + np.repeat(starts - first, sizes)  # (M,) into order
+        rows = batches.order[pos]  # (M,) dataset indices, batch after batch
+        for lens in (ds.src_lens, ds.tgt_lens):
+            width = np.asarray(lens[rows], dtype=np.int64) + 1  # (M,) with EOS / BOS
+            total += int((sizes * np.maximum.reduceat(width, first)).sum())
+            real += int(width.sum())
     return 1.0 - real / total if total else 0.0

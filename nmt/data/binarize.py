@@ -882,12 +882,12 @@ def _ensure(
         if cache is not None and _tokenizer_hashes(cache.tokenizers) == _tokenizer_hashes(
             tokenizers
         ):
-            return _opened(cache, prints, verify)
+            return _opened(cache, prints, verify, corpora)
         spec = _spec(cfg, corpora, prints, _given(tokenizers))
     final = base / spec.key
     cache = _try_open(final, verify)
     if cache is not None:
-        return _opened(cache, prints, verify)
+        return _opened(cache, prints, verify, corpora)
     created = _make_dirs(base)
     lock = base / f".lock-{spec.key}"
     try:
@@ -909,14 +909,16 @@ def _ensure(
     return cache
 
 
-def _opened(cache: PreparedCache, prints: InputFingerprints, verified: bool) -> PreparedCache:
+def _opened(
+    cache: PreparedCache, prints: InputFingerprints, verified: bool, corpora: list[TrainSplit]
+) -> PreparedCache:
     _sweep(cache.path.parent)
     log.info(
         "using prepared training data %s (%d pairs%s)",
         cache.path, cache.pairs, ", every checksum verified" if verified else "",
     )  # fmt: skip
-    for c in cache.corpora:
-        log_corpus(c["name"], c["stats"])
+    for split, c in zip(corpora, cache.corpora, strict=True):  # named as asked this time
+        log_corpus(split.name, c["stats"])
     prints.save()
     return cache
 

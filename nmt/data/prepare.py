@@ -127,8 +127,8 @@ def prepare_data(cfg: Any, tokenizers: TokenizerPair | None = None) -> PreparedD
     train = TokenDataset.from_arrays(cache.side("src"), cache.side("tgt"))
     weights = [c.weight for c in train_corpora(cfg.train)]
     corpora = [
-        TrainCorpusInfo(c["name"], int(c["pairs"]), w)
-        for c, w in zip(cache.corpora, weights, strict=True)
+        TrainCorpusInfo(split.name, int(c["pairs"]), w)
+        for split, c, w in zip(cache.splits, cache.corpora, weights, strict=True)
     ]
     if len(corpora) > 1 or any(w != 1 for w in weights):
         log_shares([c.name for c in corpora], [c.pairs for c in corpora], weights)
