@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from nmt.config import ConfigError, DataConfig, TrainCorpus, train_corpora
-from nmt.data import binarize
+from nmt.data import batching, binarize
 from nmt.data.batching import (
     BatchList,
     TokenBatchSampler,
@@ -42,6 +42,7 @@ from nmt.data.corpus import DataError, clean_pairs, read_parallel
 from nmt.data.prepare import length_filter, prepare_data
 from nmt.data.synthetic import count_pairs, write_numbered_copies
 from nmt.data.tokenizer import TokenizerPair, train_tokenizers
+from nmt.procmem import pss_parts
 from nmt.train import train
 
 from .helpers import REPO, compose_config, tiny_run_overrides, write_subset
@@ -462,6 +463,39 @@ def test_memory_mapped_batches_equal_in_memory_ones(real_corpus: Path, tok, tmp_
             a, b = make_batch(data.train, idx), make_batch(plain, idx)
             for name in ("src", "src_lens", "tgt_in", "tgt_out", "index", "tgt_positions"):
                 assert getattr(a, name).equal(getattr(b, name)), name
+
+
+def test_reading_a_large_mapped_side_keeps_its_pages_unmapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over a whole epoch of batches, a memory-mapped side larger than RELEASE_ABOVE adds no
+    mapped pages to the process (they would add the whole file without the release)."""
+    rng = np.random.default_rng(0)
+    lens = rng.integers(5, 40, 400_000).astype(np.int32)  # (N,)
+    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    tokens = rng.integers(4, 8000, int(offsets[-1])).astype(np.uint16)  # about 18 MB
+    for name, arr in (("tokens", tokens), ("offsets", offsets), ("lengths", lens)):
+        np.save(tmp_path / f"{name}.npy", arr)
+        (tmp_path / f"{name}.npy").read_bytes()  # in the page cache, as after a preparation
+
+    def side() -> tuple[np.ndarray, ...]:
+        return tuple(
+            np.load(tmp_path / f"{n}.npy", mmap_mode="r") for n in ("tokens", "offsets", "lengths")
+        )
+
+    batches = TokenBatchSampler(lens, lens, 4096, seed=0).batches(0)
+    growth = {}
+    for bound in (1 << 40, 16 << 20):  # never release, then release (the files exceed 16 MB)
+        monkeypatch.setattr(batching, "RELEASE_ABOVE", bound)
+        ds = TokenDataset.from_arrays(side(), side())
+        before = pss_parts(os.getpid())[2]
+        for idx in batches:
+            make_batch(ds, idx)
+        growth[bound] = pss_parts(os.getpid())[2] - before
+        del ds
+    assert growth[1 << 40] > 20 << 20  # the whole of both sides' files became mapped
+    assert growth[16 << 20] < 2 << 20
 
 
 DAMAGE = {
