@@ -151,8 +151,14 @@ def test_tokenizers_are_the_checkpoints_byte_for_byte(runs) -> None:
     assert (runs["source_dir"] / "tokenizer" / "spm.model").read_bytes() == proto
     ft_tokenizers = load_checkpoint(ft_dir / "checkpoints" / "last.pt")["tokenizers"]
     assert ft_tokenizers == {"joint": True, "src": proto}
-    # no sentencepiece model was trained for the new run: its data root has no cache
-    assert not (runs["tmp"] / "ft" / "data" / "cache").exists()
+    # no sentencepiece model was trained for the new run: its data root has no model cache,
+    # and its prepared training data was encoded with the checkpoint's tokenizer
+    cache = runs["tmp"] / "ft" / "data" / "cache"
+    assert not (cache / "spm").exists()
+    (prepared,) = [p for p in (cache / "prepared").iterdir() if p.is_dir()]
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    assert manifest["options"]["tokenizer"]["given"]["src"] == hashlib.sha256(proto).hexdigest()
+    assert (prepared / "spm.model").read_bytes() == proto
     # the vocabulary options of the config were replaced by the checkpoint's, and said so
     saved = yaml.safe_load((ft_dir / "config.yaml").read_text())
     assert saved["data"]["vocab_size"] == 600
