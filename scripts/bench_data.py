@@ -18,7 +18,8 @@ de-en corpus of N distinct pairs from Multi30k's training split (numbered copies
   lowest value between update 1 and the last (``steady``: what stays between the updates'
   activations) and its peak.
 
-The machine's load average is recorded around each measurement: on a shared machine the
+The training runs use ``trainer.precision=32`` unless ``--precision`` says otherwise. The
+machine's load average is recorded around each measurement: on a shared machine the
 times are noisy. Writes JSON (default ``outputs/bench/bench-data-<timestamp>.json``) and prints
 a table and the issue's targets where the sizes allow::
 
@@ -245,7 +246,8 @@ def bench_size(pairs: int, args: argparse.Namespace, base: Path, valid: Path) ->
     }
 
     train = [
-        *data, "trainer.device=cpu", "trainer.log_every=1", "trainer.val_every=1000000",
+        *data, "trainer.device=cpu", f"trainer.precision={args.precision}",
+        "trainer.log_every=1", "trainer.val_every=1000000",
         "trainer.max_steps=1000000", "trainer.progress=false", "trainer.attention_sentences=0",
         f"outputs={work / 'outputs'}",
     ]  # fmt: skip
@@ -425,6 +427,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--work",
         default=str(REPO / "outputs" / "bench" / "data"),
         help="corpora, caches and runs (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--precision",
+        default="32",
+        help="trainer.precision of the training runs (default: %(default)s; auto measures "
+        "both precisions on a CPU with native bf16 the first time, a cost that is not the data's)",
     )
     parser.add_argument("--data-root", default="data", help="where Multi30k is (or is fetched)")
     parser.add_argument("--keep-caches", action="store_true", help="keep the prepared caches")
