@@ -63,6 +63,7 @@ def test_train_then_eval_overfits(model, tiny_corpus, tmp_path):
         "trainer.label_smoothing=0.0",
         "trainer.progress=false",
         "trainer.attention_sentences=1",
+        "trainer.precision=32",  # the same numbers on every CPU (auto measures, and may differ)
         *MODEL_OVERRIDES[model],
     ]
     cfg = compose_config("train", overrides)
