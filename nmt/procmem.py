@@ -8,7 +8,9 @@ so the sum over a tree is the memory the tree really holds.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -37,6 +39,25 @@ def descendants(pid: int) -> list[int]:
         found.append(p)
         todo.extend(children.get(p, []))
     return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it. The tree is stopped (SIGSTOP) top-down
+    first, so that no process reparents its children or starts new ones in between: a
+    launcher such as torchrun runs its workers in sessions of their own, where a signal to the
+    launcher's process group does not reach them, and killing the launcher alone orphans them."""
+    seen: set[int] = set()
+    while True:
+        tree = [p for p in descendants(pid) if p not in seen]
+        if not tree:
+            break
+        for p in tree:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGSTOP)
+        seen.update(tree)
+    for p in seen:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, signal.SIGKILL)
 
 
 def _kib_field(text: str, name: str) -> int:

@@ -41,7 +41,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -53,7 +52,7 @@ from typing import Any
 
 from nmt.data.corpus import fetch_multi30k, read_parallel
 from nmt.data.synthetic import count_pairs, write_numbered_copies
-from nmt.procmem import TreeSampler, cmdline, rss, wait_with_rusage
+from nmt.procmem import TreeSampler, cmdline, kill_tree, rss, wait_with_rusage
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "nmt-bench-data/1"
@@ -144,23 +143,29 @@ def watch(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     main_peak = pss_at_match = 0
-    with sampler:
-        if pattern is not None:
-            deadline = start + timeout
-            while not hit.wait(0.02):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    break
-            if hit.is_set():
-                main_peak = rss(proc.pid)[1]
-                sampler.sample()
-                pss_at_match = sampler.peak.last_pss_sum
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        with sampler:
+            if pattern is not None:
+                deadline = start + timeout
+                while not hit.wait(0.02):
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        break
+                if hit.is_set():
+                    main_peak = rss(proc.pid)[1]
+                    sampler.sample()
+                    pss_at_match = sampler.peak.last_pss_sum
+                if proc.poll() is None:
+                    kill_tree(proc.pid)
+                proc.wait()
+                code = proc.returncode
+            else:
+                code, main_peak = wait_with_rusage(proc.pid)
+                proc.returncode = code
+    finally:
+        # an interrupted benchmark leaves no process behind (torchrun's ranks included)
+        if proc.poll() is None:
+            kill_tree(proc.pid)
             proc.wait()
-            code = proc.returncode
-        else:
-            code, main_peak = wait_with_rusage(proc.pid)
-            proc.returncode = code
     reader.join(timeout=10)
     end = matched_at[0] if matched_at else time.monotonic()
     return Watched(

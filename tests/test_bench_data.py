@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from nmt.procmem import TreeSampler, descendants, pss, rss
+from nmt.procmem import TreeSampler, descendants, kill_tree, pss, rss
 
 from .helpers import REPO, TINY_TRANSFORMER
 
@@ -35,6 +36,46 @@ def test_tree_sampler_sees_a_child_and_its_memory() -> None:
     assert me[0] == os.getpid()
     assert rss(me[0])[0] > 0 and rss(me[0])[1] >= rss(me[0])[0] and pss(me[0]) > 0
     assert rss(2**22 + 12345) == (0, 0) and pss(2**22 + 12345) == 0  # no such process
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped, counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_kill_tree_reaches_children_in_sessions_of_their_own(tmp_path: Path) -> None:
+    # like torchrun: the launcher starts its workers with start_new_session, so a signal to
+    # the launcher's process group misses them, and killing the launcher alone orphans them
+    pids = tmp_path / "pids"
+    code = (
+        "import subprocess, sys, time\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+        " start_new_session=True) for _ in range(2)]\n"
+        f"open({str(pids)!r}, 'w').write(' '.join(str(k.pid) for k in kids))\n"
+        "time.sleep(120)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        for _ in range(600):
+            if pids.is_file() and pids.read_text():
+                break
+            launcher.poll()
+
+            time.sleep(0.05)
+        workers = [int(p) for p in pids.read_text().split()]
+        assert all(_alive(w) for w in workers)
+        kill_tree(launcher.pid)
+        launcher.wait(timeout=30)
+        for _ in range(200):  # the orphans are reaped by init, which may take a moment
+            if not any(_alive(w) for w in workers):
+                break
+            time.sleep(0.05)
+        assert not any(_alive(w) for w in workers)
+    finally:
+        launcher.kill()
 
 
 @pytest.mark.slow
