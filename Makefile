@@ -18,7 +18,7 @@ N ?= 5
 .PHONY: help install prepare train eval translate tensorboard test test-fast lint format clean
 .PHONY: attention demo-pooling
 .PHONY: average tune-decode
-.PHONY: bench bench-data
+.PHONY: bench bench-data bench-soak
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -66,6 +66,9 @@ bench: install ## Benchmark training and decoding speed (JSON into outputs/bench
 
 bench-data: install ## Scale benchmark of the data path at 29k-2.9M pairs: preparation, start-up, DDP memory (JSON into outputs/bench/; ARGS="--quick")
 	$(BIN)/python scripts/bench_data.py $(ARGS)
+
+bench-soak: install ## Resident memory over a 30-minute cpu_quick run, sampled every 5 s (JSON into outputs/bench/; ARGS="--minutes 10 --early 2")
+	$(BIN)/python scripts/bench_soak.py $(ARGS)
 
 # JoeyNMT 2.3.0 in its own venv, installed by hand (README: "Speed next to JoeyNMT"); the run
 # writes JoeyNMT's Multi30k text files and sentencepiece model into JOEY_DIR when they are missing

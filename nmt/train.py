@@ -175,6 +175,14 @@ def evaluate_loss(model: Seq2Seq, ds: EvalSet, cfg: DictConfig, device: torch.de
     return total / max(tokens, 1)
 
 
+def validation_decode_precision(training: str) -> str:
+    """The precision of the validation decode: fp32 when training is fp32, else decoding's own
+    rule (``auto``: bf16 on a GPU that has it, fp32 on a CPU), so that validation BLEU is the
+    greedy BLEU ``nmt-eval`` gives the checkpoint. On a CPU, bf16 incremental decoding would also
+    make a new shape at every decoding step for oneDNN to build kernels for."""
+    return "32" if training == "32" else "auto"
+
+
 def validate_model(
     model: Seq2Seq, data: PreparedData, cfg: DictConfig, device: torch.device
 ) -> dict[str, float]:
@@ -186,7 +194,7 @@ def validate_model(
         max_len_a=t.max_output_len_a,
         max_len_b=t.max_output_len_b,
         max_tokens=cfg.data.eval_max_tokens,
-        precision=str(t.precision),
+        precision=validation_decode_precision(str(t.precision)),
     )
     hyps = translate_dataset(
         model, data.valid.data, data.tokenizers.tgt, opts, device, t.val_sentences
@@ -894,6 +902,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     )  # fmt: skip
     reason = trainer.fit()
     s = trainer.state
+    if s.history:
+        log.info("%s; best validation BLEU %.2f at step %d", reason, s.best_bleu, s.best_step)
+    else:
+        log.info("%s at step %d (no validation yet)", reason, s.step)
     averaged = None
     if t.average_last > 0 and dist_info.is_main and not reason.startswith("stopped by"):
         averaged = trainer.average_last()
@@ -901,10 +913,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         final = {"best_bleu": s.best_bleu, "best_step": s.best_step}
         log_hparams(trainer.writer, to_container(cfg), final, step=s.step)
         trainer.writer.close()
-    if s.history:
-        log.info("%s; best validation BLEU %.2f at step %d", reason, s.best_bleu, s.best_step)
-    else:
-        log.info("%s at step %d (no validation yet)", reason, s.step)
     if reason.startswith("stopped by"):
         log.warning('to continue this run: make train ARGS="trainer.resume=%s"', run_dir)
     log.info("run directory: %s", run_dir)
