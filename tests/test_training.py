@@ -326,3 +326,45 @@ def test_multirun_sweep_gives_one_run_per_combination_and_a_summary(corpus, tmp_
     summary = __import__("json").loads((sweep / "summary.json").read_text())
     assert len(summary) == 4
     assert "Sweep summary" in proc.stdout
+
+
+def test_validation_decodes_in_decodings_own_precision(corpus, tmp_path, monkeypatch):
+    # bf16 training on a CPU validates with an fp32 decode: the BLEU nmt-eval gives the
+    # checkpoint, and no new bf16 kernel shape at every decoding step
+    from nmt.precision import resolve_precision
+
+    seen: list[str] = []
+    real = train_mod.translate_dataset
+
+    def spy(model, data, tokenizer, opts, device, limit=0):
+        seen.append(opts.precision)
+        return real(model, data, tokenizer, opts, device, limit)
+
+    monkeypatch.setattr(train_mod, "translate_dataset", spy)
+    extra = ("trainer.max_steps=2", "trainer.val_every=2", "trainer.average_last=0")
+    run(corpus, tmp_path, "bf16", "trainer.precision=bf16", *extra)
+    run(corpus, tmp_path, "fp32", "trainer.precision=32", *extra)
+    assert len(seen) == 2
+    assert resolve_precision(seen[0], torch.device("cpu")) == "32"
+    assert seen[1] == "32"
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [(None, "16"), ("256", "256")], ids=["default", "user's value wins"]
+)
+def test_importing_nmt_bounds_the_onednn_kernel_caches(given, expected):
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+    }
+    if given is not None:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = env["LRU_CACHE_CAPACITY"] = given
+    code = (
+        "import os, nmt; "
+        "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == [expected, expected]
