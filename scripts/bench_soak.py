@@ -33,6 +33,7 @@ from nmt.procmem import kill_tree, rss
 
 REPO = Path(__file__).resolve().parents[1]
 # the trainer's line when its loop ends (before the final averaging and evaluation)
+VALIDATION = re.compile(r"validation at step \d+: .*\(([\d.]+)s\)")
 TRAIN_END = re.compile(r"best validation BLEU [\d.]+ at step \d+|at step \d+ \(no validation yet\)")
 
 
@@ -65,6 +66,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-u", "-m", "nmt.train", *overrides]
     samples: list[tuple[float, int]] = []
     train_end: list[float] = []
+    validations: list[tuple[float, float]] = []  # (start, end) seconds since the start
     tail: list[str] = []
     start = time.monotonic()
     proc = subprocess.Popen(
@@ -81,8 +83,11 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         for line in proc.stdout:
             tail.append(line)
             del tail[:-40]
+            now = time.monotonic() - start
+            if m := VALIDATION.search(line):
+                validations.append((now - float(m.group(1)), now))
             if not train_end and TRAIN_END.search(line):
-                train_end.append(time.monotonic() - start)
+                train_end.append(now)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -100,8 +105,14 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     if proc.returncode != 0:
         raise SystemExit(f"training failed (exit {proc.returncode}):\n{''.join(tail)}")
     end = train_end[0] if train_end else samples[-1][0]
-    early = window(samples, args.early * 60 - 30, args.early * 60 + 30)
-    late = window(samples, end - 60, end)
+    training = [
+        (t, v)
+        for t, v in samples
+        if t < end and not any(a - 2 * args.interval <= t <= b + 1 for a, b in validations)
+    ]
+    early = window(training, args.early * 60 - 30, args.early * 60 + 30)
+    last = training[-1][0] if training else end
+    late = window(training, last - 60, last + 1)
     summary = (
         json.loads((run_dir / "summary.json").read_text())
         if (run_dir / "summary.json").is_file()
@@ -119,6 +130,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         "command": " ".join(["nmt-train", *overrides]),
         "seconds_training": end,
         "samples": samples,
+        "validations": validations,
         "early": early,
         "end": late,
         "peak_rss": max(v for _, v in samples),
