@@ -197,12 +197,19 @@ class TranslateConfig:
 
 @dataclass
 class AttentionConfig:
-    """``nmt-attention``: heatmap PNGs of a trained model's attention on given sentences."""
+    """``nmt-attention``: a trained model's attention on given sentences, as heatmap PNGs or
+    as one interactive HTML page (``format=html``)."""
 
     run: str = "outputs/latest"
     ckpt: str | None = None  # default: <run>/checkpoints/best.pt (else last.pt)
     sentence: str | None = None  # one source sentence ...
     input: str | None = None  # ... or a file with one source sentence per line
+    # references for the sentence BLEU shown by format=html: one with sentence=, or a file
+    # with one line per line of input=
+    reference: str | None = None
+    references: str | None = None
+    format: str = "png"  # png: heatmap images; html: the explorer page (nmt.explorer)
+    words: bool = False  # format=html: open the page with pieces joined into words
     out: str | None = None  # default: <run dir>/attention
     layers: Any = "last"  # self-attention layers drawn: last | all | none | 2 | [0, 2]
     max_sentences: int = 100  # from the input file
