@@ -7,8 +7,11 @@ repository's ``data/multi30k``: already there (and verified), copied from
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -113,3 +116,43 @@ def trained_runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     finally:
         torch.set_num_threads(threads)
     return runs
+
+
+# -- a real browser (tests marked `browser`) ---------------------------------------------------
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+CHROMIUM_HELP = (
+    "the tests marked 'browser' drive a headless Chromium: install it (Debian/Ubuntu: "
+    "`apt-get install chromium`; .ci/run does), or point NMT_CHROMIUM at a Chromium/Chrome "
+    "executable; to run the other tests only: pytest -m 'not browser'"
+)
+
+
+def chromium_executable() -> str:
+    """The system Chromium: $NMT_CHROMIUM, else the first of CHROMIUM_NAMES on PATH."""
+    given = os.environ.get("NMT_CHROMIUM")
+    if given:
+        if not Path(given).is_file():
+            pytest.fail(f"NMT_CHROMIUM={given} is not a file; {CHROMIUM_HELP}", pytrace=False)
+        return given
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail(f"no Chromium found on PATH ({', '.join(CHROMIUM_NAMES)}); {CHROMIUM_HELP}", False)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Headless Chromium driven by Playwright (never Playwright's own browser downloads)."""
+    executable = chromium_executable()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("Playwright is missing: pip install -e '.[dev]' (or make install)", False)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=executable, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()

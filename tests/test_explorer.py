@@ -1,13 +1,22 @@
 """The attention explorer: what ``nmt-attention format=html`` writes (its data against the
-model's own attention), the page's self-containment and the command's errors, for two tiny
-trained models (the session's ``trained_runs``)."""
+model's own attention), the page's self-containment and the command's errors; then the page in
+headless Chromium (tests marked ``browser``): what a reader sees equals what the model computes.
+
+The pages are those of two tiny trained models (the session's ``trained_runs``), opened from a
+file URL in a browser context without network.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -201,3 +210,240 @@ def test_missing_run_is_named(tmp_path: Path, monkeypatch, capfd) -> None:
 
 def test_reference_is_quoted_like_the_sentence() -> None:
     assert quote_free_text(["reference=It's a dog."]) == ["reference='It\\'s a dog.'"]
+
+
+# ============================================================================ browser
+
+VIEWPORT = {"width": 1366, "height": 768}  # a laptop screen
+TOLERANCE = 0.0005 + 2e-5  # the page prints 3 decimals of weights stored in steps of 1/65535
+
+
+@dataclass
+class Opened:
+    """A page and what it did: console errors and warnings, uncaught errors, requests."""
+
+    page: Any
+    problems: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def open_page(browser) -> Iterator[Any]:
+    """``open_page(path)`` opens a file in a fresh offline browser context."""
+    contexts = []
+
+    def _open(path: Path) -> Opened:
+        context = browser.new_context(offline=True, viewport=VIEWPORT)
+        contexts.append(context)
+        opened = Opened(context.new_page())
+        page = opened.page
+        page.on(
+            "console",
+            lambda m: (
+                opened.problems.append(f"{m.type}: {m.text}")
+                if m.type in ("error", "warning")
+                else None
+            ),
+        )
+        page.on("pageerror", lambda e: opened.problems.append(f"uncaught: {e}"))
+        page.on("request", lambda r: opened.requests.append(r.url))
+        page.goto(path.resolve().as_uri())
+        page.wait_for_selector("#queries button.query")
+        return opened
+
+    yield _open
+    for context in contexts:
+        context.close()
+
+
+def save_screenshot(page: Any, tmp_path: Path, name: str) -> Path:
+    """A full-page screenshot into the test's folder, and into $NMT_SCREENSHOTS_TO if set
+    (how the PNGs of docs/ were made)."""
+    path = tmp_path / name
+    page.screenshot(path=str(path), full_page=True)
+    target = os.environ.get("NMT_SCREENSHOTS_TO")
+    if target:
+        shutil.copy(path, Path(target) / name)
+    return path
+
+
+# -- reading the page --------------------------------------------------------------------------
+
+
+def choose(page: Any, kind: str, layer: int, head: str | int) -> None:
+    """Set the attention selectors as a user would, in one call to the page (a disabled
+    selector has a single choice and stays)."""
+    done = page.evaluate(
+        """([kind, layer, head]) => [["kind", kind], ["layer", layer], ["head", head]].map(
+            ([id, value]) => {
+                const select = document.getElementById(id);
+                if (select.disabled) return select.options.length === 1;
+                select.value = value;
+                select.dispatchEvent(new Event("change"));
+                return select.value === value;
+            })""",
+        [kind, str(layer), str(head)],
+    )
+    assert done == [True, True, True], (kind, layer, head)
+
+
+def heatmap_numbers(page: Any) -> np.ndarray:
+    """The weights the heatmap prints in its cells' titles, (rows, columns)."""
+    page.click("#view-heatmap")
+    rows = page.eval_on_selector_all(
+        "#heatmap tbody tr",
+        "trs => trs.map(tr => Array.from(tr.querySelectorAll('td'), td => td.title))",
+    )
+    page.click("#view-tokens")
+    return np.array([[float(t.rsplit(": ", 1)[1]) for t in row] for row in rows])
+
+
+def hover_query(page: Any, j: int) -> list[dict[str, Any]]:
+    """Hover output piece j; the key pieces' printed weights, shading alpha and labels."""
+    page.hover(f"#queries button[data-index='{j}']")
+    assert page.get_attribute(f"#queries button[data-index='{j}']", "aria-pressed") == "true"
+    return page.eval_on_selector_all(
+        "#keys .key",
+        """ks => ks.map(k => ({
+            label: k.querySelector('.piece').textContent,
+            printed: k.querySelector('.weight').textContent,
+            background: getComputedStyle(k).backgroundColor}))""",
+    )
+
+
+def alpha(css: str) -> float:
+    """The alpha of a CSS colour: rgba(r, g, b, a), or 1 for rgb(r, g, b)."""
+    parts = re.findall(r"[\d.]+", css)
+    return float(parts[3]) if len(parts) == 4 else 1.0
+
+
+def reference(weights: np.ndarray, layer: int, head: str | int) -> np.ndarray:
+    """(Tq, Tk) of (L, H, Tq, Tk) weights: one head, or the mean of the heads."""
+    return weights[layer].mean(0) if head == "mean" else weights[layer, int(head)]
+
+
+def choices(attention: dict[str, np.ndarray]) -> Iterator[tuple[str, int, str | int]]:
+    """Every (kind, layer, head) the selectors offer."""
+    for kind, weights in attention.items():
+        layers, heads = weights.shape[:2]
+        for layer in range(layers):
+            for head in ["mean", *range(heads)] if heads > 1 else ["mean"]:
+                yield kind, layer, head
+
+
+def word_groups(pieces: list[str]) -> list[range]:
+    """Pieces joined into words as the page joins them: a piece starting with U+2581 starts
+    a word; <s>, </s> and <pad> stand alone."""
+    single, groups = {"<s>", "</s>", "<pad>"}, []
+    for i, piece in enumerate(pieces):
+        if i == 0 or piece in single or pieces[i - 1] in single or piece.startswith("\u2581"):
+            groups.append([i])
+        else:
+            groups[-1].append(i)
+    return [range(g[0], g[-1] + 1) for g in groups]
+
+
+# -- in the browser ----------------------------------------------------------------------------
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("arch", ["transformer", "gru_bahdanau"])
+def test_every_choice_shows_the_models_weights(
+    arch: str, trained_runs, explorer_pages, open_page, tmp_path: Path
+) -> None:
+    """For each kind, layer and head (or head mean): the heatmap prints the model's (j, i)
+    weight in every cell, and hovering output piece j shades and labels each source piece i
+    with it (first sentence: the first, middle and last j), to 3 decimals. Offline, from a file
+    URL, without console errors."""
+    opened = open_page(explorer_pages[arch])
+    page = opened.page
+    assert page.title() == "Attention explorer"
+    for k in (0, 2):  # a sentence of the training data, and one of letters and markup
+        source = SENTENCES[k]
+        page.select_option("#sentence", str(k))
+        assert page.text_content("#source-text") == source  # any letters, markup as text
+        _, attention = model_attention(trained_runs[arch], source)
+        offered = list(choices(attention))
+        assert len(offered) == (18 if arch == "transformer" else 1)
+        for kind, layer, head in offered:
+            choose(page, kind, layer, head)
+            expected = reference(attention[kind], layer, head)  # (Tq, Tk)
+            shown = heatmap_numbers(page)
+            assert shown.shape == expected.shape, (kind, layer, head)
+            assert np.abs(shown - expected).max() <= TOLERANCE, (kind, layer, head)
+            n_queries = expected.shape[0]
+            for j in sorted({0, n_queries // 2, n_queries - 1}) if k == 0 else []:
+                keys = hover_query(page, j)
+                printed = np.array([float(key["printed"]) for key in keys])
+                shading = np.array([alpha(key["background"]) for key in keys])
+                assert np.abs(printed - expected[j]).max() <= TOLERANCE, (kind, layer, head, j)
+                assert np.abs(shading - expected[j]).max() <= 0.004, (kind, layer, head, j)
+    save_screenshot(page, tmp_path, f"explorer-{arch}.png")
+    scroll = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert scroll[0] <= scroll[1], "the page is wider than a laptop screen"
+    assert opened.problems == []
+    assert opened.requests == [explorer_pages[arch].resolve().as_uri()]
+
+
+@pytest.mark.browser
+def test_joined_words_sum_sources_and_average_outputs(
+    trained_runs, explorer_pages, open_page
+) -> None:
+    """With pieces joined into words, cell (word a, word b) is the mean over a's pieces of the
+    sum of the weights they give b's pieces."""
+    opened = open_page(explorer_pages["transformer"])
+    page = opened.page
+    tokens_before = page.locator("#queries button").count()
+    page.keyboard.press("w")
+    assert page.is_checked("#words")
+    source = SENTENCES[0]
+    _, attention = model_attention(trained_runs["transformer"], source)
+    doc_pieces = page.evaluate(
+        "JSON.parse(document.getElementById('nmt-data').textContent).steps[0].sentences[0]"
+    )
+    rows, cols = word_groups(doc_pieces["out"]), word_groups(doc_pieces["src"])
+    assert len(rows) < tokens_before or len(cols) < len(doc_pieces["src"])
+    pieces = reference(attention["cross"], 1, "mean")  # the default choice: last layer, mean
+    expected = np.array([[pieces[np.ix_(a, b)].sum(1).mean() for b in cols] for a in rows])
+    assert np.abs(heatmap_numbers(page) - expected).max() <= TOLERANCE
+    labels = page.eval_on_selector_all("#keys .key .piece", "ps => ps.map(p => p.textContent)")
+    assert labels[:3] == ["Zwei", "junge", "weiße"] and labels[-1] == "</s>"
+    assert opened.problems == []
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("arch", ["transformer", "gru_bahdanau"])
+def test_keyboard_reaches_everything(arch: str, explorer_pages, open_page) -> None:
+    """Tab reaches the output pieces; arrows move between pieces and heatmap cells; letter keys
+    switch sentence, attention kind and view."""
+    opened = open_page(explorer_pages[arch])
+    page = opened.page
+    active = "document.activeElement"
+    for _ in range(20):
+        page.keyboard.press("Tab")
+        if page.evaluate(f"{active}.matches('button.query')"):
+            break
+    assert page.evaluate(f"{active}.dataset.index") == "0"
+    page.keyboard.press("ArrowRight")
+    assert page.evaluate(f"{active}.dataset.index") == "1"
+    label = page.text_content("#queries button[data-index='1']")
+    assert page.text_content("#readout").startswith(f"\u201c{label}\u201d (2 of")
+    page.keyboard.press("End")
+    last = page.locator("#queries button").count() - 1
+    assert page.get_attribute(f"#queries button[data-index='{last}']", "aria-pressed") == "true"
+    page.keyboard.press("v")
+    assert page.is_visible("#heatmap") and not page.is_visible("#queries")
+    for _ in range(20):
+        page.keyboard.press("Tab")
+        if page.evaluate(f"{active}.matches('td')"):
+            break
+    assert page.evaluate(f"[{active}.dataset.q, {active}.dataset.k]") == [str(last), "0"]
+    page.keyboard.press("ArrowUp")
+    page.keyboard.press("ArrowRight")
+    assert page.evaluate(f"[{active}.dataset.q, {active}.dataset.k]") == [str(last - 1), "1"]
+    assert ": " in page.text_content("#readout")
+    page.keyboard.press("n")
+    assert page.input_value("#sentence") == "1"
+    page.keyboard.press("a")
+    assert page.input_value("#kind") == ("enc_self" if arch == "transformer" else "cross")
+    assert opened.problems == []
