@@ -9,9 +9,7 @@ file URL in a browser context without network.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,7 +29,7 @@ from nmt.inference import checkpoint_path, load_trained
 from nmt.plot_attention import plot_attention, quote_free_text
 from nmt.search import greedy_search, max_output_lengths
 
-from .helpers import compose_config
+from .helpers import compose_config, save_screenshot
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -254,17 +252,6 @@ def open_page(browser) -> Iterator[Any]:
     yield _open
     for context in contexts:
         context.close()
-
-
-def save_screenshot(page: Any, tmp_path: Path, name: str) -> Path:
-    """A full-page screenshot into the test's folder, and into $NMT_SCREENSHOTS_TO if set
-    (how the PNGs of docs/ were made)."""
-    path = tmp_path / name
-    page.screenshot(path=str(path), full_page=True)
-    target = os.environ.get("NMT_SCREENSHOTS_TO")
-    if target:
-        shutil.copy(path, Path(target) / name)
-    return path
 
 
 # -- reading the page --------------------------------------------------------------------------
