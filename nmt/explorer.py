@@ -47,8 +47,8 @@ BATCH_SENTENCES = 16
 KINDS = ("cross", "enc_self", "dec_self")
 DATA_MARKER = "/*NMT-EXPLORER-DATA*/"  # where the template takes the JSON document
 TEMPLATE = "explorer.html"
-EXPLORER_FILE = "explorer.html"  # the page the trainer rewrites at every validation
-STEPS_FILE = "explorer_steps.jsonl"  # one validation per line, to rebuild the page on resume
+TRAINING_PAGE = "validation.html"  # the page the trainer rewrites at every validation
+STEPS_FILE = "validation_steps.jsonl"  # one validation per line, to rebuild the page on resume
 
 _SENTENCE_BLEU = BLEU(effective_order=True)
 
@@ -197,10 +197,11 @@ def write_html(path: Path, doc: dict[str, Any]) -> Path:
 class TrainingExplorer:
     """The explorer of a training run's fixed validation sentences, one step per validation.
 
-    Each validation appends a line to ``<folder>/explorer_steps.jsonl`` and rewrites
-    ``<folder>/explorer.html`` with every step so far. A resumed run drops the steps after the
-    one it resumes from (they belong to the interrupted future), as TensorBoard's purge_step
-    does for the event files.
+    Each validation adds its step, as one line, to ``<folder>/validation_steps.jsonl`` and
+    rewrites ``<folder>/validation.html`` with every step so far (both files are replaced
+    atomically). A resumed run keeps the steps up to the one it resumes from and drops the
+    later ones (they belong to the interrupted future), as TensorBoard's purge_step does for
+    the event files.
     """
 
     def __init__(self, folder: Path, model: dict[str, Any], resume_step: int = 0) -> None:
@@ -208,16 +209,22 @@ class TrainingExplorer:
         self.model = model
         self.steps: list[dict[str, Any]] = []
         lines_file = self.folder / STEPS_FILE
-        if lines_file.is_file():
-            for line in lines_file.read_text(encoding="utf-8").splitlines():
-                step = json.loads(line) if line.strip() else None
-                if step is not None and step["step"] <= resume_step:
-                    self.steps.append(step)
-            self._rewrite_lines()
+        if not lines_file.is_file():
+            return
+        for number, line in enumerate(lines_file.read_text(encoding="utf-8").splitlines(), 1):
+            try:
+                step = json.loads(line)
+                keep = step["step"] <= resume_step
+            except (ValueError, KeyError, TypeError) as err:
+                log.warning("%s:%d: not a validation step, left out (%s)", lines_file, number, err)
+                continue
+            if keep:
+                self.steps.append(step)
+        self._rewrite_lines()
 
     @property
     def html_path(self) -> Path:
-        return self.folder / EXPLORER_FILE
+        return self.folder / TRAINING_PAGE
 
     def _rewrite_lines(self) -> None:
         text = "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in self.steps)
@@ -244,5 +251,5 @@ class TrainingExplorer:
         self.steps.append({"step": step, "note": note, "sentences": records})
         self.steps.sort(key=lambda s: s["step"])
         self._rewrite_lines()
-        title = "Attention during training"
+        title = "Attention at each validation"
         return write_html(self.html_path, document(self.model, self.steps, title))

@@ -84,8 +84,9 @@ def trained_runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     """Run directories of a tiny Transformer and a tiny GRU, by arch (``<root>/runs/<arch>``).
 
     Each ran TRAINED_STEPS updates on the 120 pairs of ``corpus`` (validating on 20 of them at
-    the half and at the end) and logged one validation sentence's cross-attention images to
-    TensorBoard (drawing them is most of the time these runs take).
+    the half and at the end), logged one validation sentence's cross-attention images to
+    TensorBoard (drawing them is most of the time these runs take) and wrote its explorer page
+    (trainer.attention_html).
     """
     from nmt.train import train
 
@@ -106,6 +107,7 @@ def trained_runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
                 "trainer.val_sentences=20",
                 "trainer.attention_sentences=1",
                 "trainer.attention_layers=none",
+                "trainer.attention_html=true",
                 "trainer.label_smoothing=0.0",
                 "trainer.progress=false",
                 "model.dropout=0.0",

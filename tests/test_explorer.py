@@ -22,9 +22,17 @@ import torch
 from sacrebleu.metrics import BLEU
 
 from nmt import plot_attention as cli
-from nmt.config import ConfigError
+from nmt.config import ConfigError, validate
 from nmt.data.tokenizer import BOS_ID, EOS_ID
-from nmt.explorer import QUANT, decode_weights, document, encode_weights, render_html
+from nmt.explorer import (
+    QUANT,
+    STEPS_FILE,
+    TrainingExplorer,
+    decode_weights,
+    document,
+    encode_weights,
+    render_html,
+)
 from nmt.inference import checkpoint_path, load_trained
 from nmt.plot_attention import plot_attention, quote_free_text
 from nmt.search import greedy_search, max_output_lengths
@@ -54,10 +62,13 @@ def embedded_document(html: str) -> dict:
     return json.loads(found.group(1))
 
 
-def model_attention(run: Path, source: str) -> tuple[list[int], dict[str, np.ndarray]]:
-    """The greedy output ids of a run's model and its attention (kind -> (L, H, Tq, Tk)),
-    computed here from the checkpoint with the model's own forward pass."""
-    trained = load_trained(checkpoint_path(run), torch.device("cpu"))
+def model_attention(
+    run: Path, source: str, ckpt: str | None = None
+) -> tuple[list[int], dict[str, np.ndarray]]:
+    """The greedy output ids of a run's model (its checkpoint ``ckpt``, by default the one
+    nmt-attention loads) and its attention (kind -> (L, H, Tq, Tk)), computed here from the
+    checkpoint with the model's own forward pass."""
+    trained = load_trained(checkpoint_path(run, ckpt), torch.device("cpu"))
     ids = [*trained.tokenizers.src.encode(source), EOS_ID]
     src, lens = torch.tensor([ids]), torch.tensor([len(ids)])  # (1, S), (1,)
     with torch.inference_mode():
@@ -208,6 +219,43 @@ def test_missing_run_is_named(tmp_path: Path, monkeypatch, capfd) -> None:
 
 def test_reference_is_quoted_like_the_sentence() -> None:
     assert quote_free_text(["reference=It's a dog."]) == ["reference='It\\'s a dog.'"]
+
+
+# -- the page of a training run (trainer.attention_html) ---------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["transformer", "gru_bahdanau"])
+def test_training_writes_the_page_of_every_validation(arch: str, trained_runs) -> None:
+    """One step per validation, each holding the attention of the weights of that moment."""
+    run = trained_runs[arch]
+    doc = embedded_document((run / "attention" / "validation.html").read_text(encoding="utf-8"))
+    assert [s["step"] for s in doc["steps"]] == [30, 60]
+    assert all(re.fullmatch(r"validation BLEU \d+\.\d\d", s["note"]) for s in doc["steps"])
+    for step in doc["steps"]:
+        (sent,) = step["sentences"]  # trainer.attention_sentences=1
+        assert sent["source"] == SENTENCES[0] and sent["reference"] == REFERENCES[0]
+        _, attention = model_attention(run, sent["source"], f"step_{step['step']:08d}")
+        for kind, weights in attention.items():
+            assert np.abs(decode_weights(sent["maps"][kind]) - weights).max() < 1e-4
+    lines = (run / "attention" / STEPS_FILE).read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [30, 60]
+
+
+def test_resumed_training_keeps_the_steps_before_it(tmp_path: Path) -> None:
+    steps = [{"step": n, "note": "", "sentences": []} for n in (10, 20, 30)]
+    lines = [json.dumps(s) for s in steps[:2]] + ["{not json", json.dumps(steps[2])]
+    (tmp_path / STEPS_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    explorer = TrainingExplorer(tmp_path, {"arch": "transformer"}, resume_step=20)
+    assert explorer.steps == steps[:2]
+    kept = (tmp_path / STEPS_FILE).read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in kept] == steps[:2]
+
+
+def test_attention_html_needs_validation_sentences() -> None:
+    cfg = compose_config("train", ["trainer.attention_html=true", "trainer.attention_sentences=0"])
+    with pytest.raises(ConfigError, match="trainer.attention_sentences=0: set it > 0"):
+        validate(cfg)
+    assert compose_config("train").trainer.attention_html is False  # off by default
 
 
 # ============================================================================ browser
@@ -433,4 +481,26 @@ def test_keyboard_reaches_everything(arch: str, explorer_pages, open_page) -> No
     assert page.input_value("#sentence") == "1"
     page.keyboard.press("a")
     assert page.input_value("#kind") == ("enc_self" if arch == "transformer" else "cross")
+    assert opened.problems == []
+
+
+@pytest.mark.browser
+def test_training_page_steps_through_validations(trained_runs, open_page) -> None:
+    """The step selector (and the [ ] keys) show the alignment of each validation's weights."""
+    run = trained_runs["transformer"]
+    opened = open_page(run / "attention" / "validation.html")
+    page = opened.page
+    assert page.title() == "Attention at each validation" and page.is_visible("#step")
+    options = page.eval_on_selector_all("#step option", "os => os.map(o => o.textContent)")
+    assert [o.split(" \u2014 ")[0] for o in options] == ["step 30", "step 60"]
+    shown = {}
+    for key, step in (("", 60), ("[", 30), ("]", 60)):
+        if key:
+            page.keyboard.press(key)
+        assert page.input_value("#step") == str([30, 60].index(step))
+        assert page.text_content("#source-text") == SENTENCES[0]
+        _, attention = model_attention(run, SENTENCES[0], f"step_{step:08d}")
+        shown[step] = heatmap_numbers(page)
+        expected = reference(attention["cross"], 1, "mean")
+        assert np.abs(shown[step] - expected).max() <= TOLERANCE, step
     assert opened.problems == []
