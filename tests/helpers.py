@@ -84,7 +84,7 @@ def tiny_run_overrides(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
 
 def save_screenshot(page: Any, folder: Path, name: str, full_page: bool = True) -> Path:
     """A browser page's screenshot into ``folder``, and also into $NMT_SCREENSHOTS_TO when it
-    is set (how the PNGs in docs/ were made)."""
+    is set (to keep them)."""
     path = folder / name
     page.screenshot(path=str(path), full_page=full_page)
     target = os.environ.get("NMT_SCREENSHOTS_TO")
