@@ -243,8 +243,11 @@ class TrainingExplorer:
         max_len_a: float,
         max_len_b: int,
     ) -> Path:
-        """Decode the first ``n_sentences`` of ``evalset`` and rewrite the page."""
+        """Decode the first ``n_sentences`` of ``evalset`` and rewrite the page (nothing to
+        write for an empty validation set)."""
         n = min(n_sentences, len(evalset))
+        if n <= 0:
+            return self.html_path
         sources, refs = evalset.src_text[:n], evalset.ref_text[:n]
         records = explore_sentences(model, tokenizers, sources, refs, device, max_len_a, max_len_b)
         self.steps = [s for s in self.steps if s["step"] != step]
