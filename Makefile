@@ -55,7 +55,7 @@ average: install ## Average the weights of a run's last N step checkpoints: RUN=
 tune-decode: install ## Keep a run's decoding unless another beam/length penalty is significantly better on validation: RUN=<run dir> ARGS="--apply"
 	$(BIN)/nmt-tune-decode $(RUN) $(if $(CKPT),--ckpt $(CKPT)) $(ARGS)
 
-attention: install ## Attention heatmap PNGs of a run: ARGS="sentence='Ein Mann fährt Fahrrad.'" (or input=FILE)
+attention: install ## Attention of a run as heatmap PNGs, or ARGS="format=html ..." as one explorer page: ARGS="sentence='Ein Mann fährt Fahrrad.'" (or input=FILE)
 	$(BIN)/nmt-attention run=$(RUN) $(if $(CKPT),ckpt=$(CKPT)) $(ARGS)
 
 demo-pooling: install ## Attention pooling demo (Nadaraya-Watson kernel regression) into outputs/demo/

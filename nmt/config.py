@@ -162,6 +162,9 @@ class TrainerConfig:
     patience: int = 10  # validations without BLEU improvement before stopping; 0 = off
     attention_sentences: int = 4  # validation sentences drawn in TensorBoard; 0 = none
     attention_layers: str = "last"  # self-attention layers drawn: last | all | none | 0,2
+    # also write those sentences' attention explorer, every validation one step of it, into
+    # <run>/attention/validation.html (nmt.explorer)
+    attention_html: bool = False
     keep_last: int = 5  # step checkpoints kept (for averaging), besides last.pt and best.pt
     average_last: int = 0  # > 0: at the end, average the last N step checkpoints (averaged.pt)
     resume: str | None = None  # run dir, checkpoint file, or "auto"
@@ -241,12 +244,19 @@ class TranslateConfig:
 
 @dataclass
 class AttentionConfig:
-    """``nmt-attention``: heatmap PNGs of a trained model's attention on given sentences."""
+    """``nmt-attention``: a trained model's attention on given sentences, as heatmap PNGs or
+    as one interactive HTML page (``format=html``)."""
 
     run: str = "outputs/latest"
     ckpt: str | None = None  # default: <run>/checkpoints/best.pt (else last.pt)
     sentence: str | None = None  # one source sentence ...
     input: str | None = None  # ... or a file with one source sentence per line
+    # references for the sentence BLEU shown by format=html: one with sentence=, or a file
+    # with one line per line of input=
+    reference: str | None = None
+    references: str | None = None
+    format: str = "png"  # png: heatmap images; html: the explorer page (nmt.explorer)
+    words: bool = False  # format=html: open the page with pieces joined into words
     out: str | None = None  # default: <run dir>/attention
     layers: Any = "last"  # self-attention layers drawn: last | all | none | 2 | [0, 2]
     max_sentences: int = 100  # from the input file
@@ -393,6 +403,11 @@ def validate(cfg: DictConfig) -> None:
             f"trainer.init_from={t.init_from!r} and trainer.resume={t.resume!r} exclude each "
             "other: init_from starts a new run from a checkpoint's weights, resume continues a "
             "run (a fine-tuning run included) where it stopped; set only one"
+        )
+    if t.attention_html and t.attention_sentences <= 0:
+        raise ConfigError(
+            "trainer.attention_html=true shows the first trainer.attention_sentences validation "
+            f"sentences, but trainer.attention_sentences={t.attention_sentences}: set it > 0"
         )
     _positive("trainer.keep_last", t.keep_last)
     _positive("trainer.average_last", t.average_last, allow_zero=True)

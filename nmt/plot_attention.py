@@ -1,15 +1,20 @@
-"""Attention heatmaps of a trained model: ``nmt-attention`` / ``make attention``.
+"""Attention of a trained model, as heatmaps or as an explorer page: ``nmt-attention`` /
+``make attention``.
 
 ::
 
     nmt-attention run=outputs/latest "sentence=Ein Mann fährt Fahrrad."
     nmt-attention ckpt=run/checkpoints/best.pt input=sentences.de out=plots layers=all
+    nmt-attention format=html input=test.de references=test.en
 
 For the k-th sentence it writes ``<out>/sent<k>/<view>.png`` (the views of
 :mod:`nmt.visualize`: the alignment ``cross``, and for the Transformer every decoder layer's
 cross-attention plus the chosen self-attention layers) and a line
 ``sent<k> TAB source TAB translation`` in ``<out>/translations.tsv``. ``out`` defaults to
-``<run dir>/attention``. The value of ``sentence`` may be given unquoted: it is quoted for
+``<run dir>/attention``. With ``format=html`` it writes one self-contained page instead,
+``<out>/explorer.html`` (:mod:`nmt.explorer`), with the sentence BLEU of each translation where
+``reference`` (with ``sentence``) or ``references`` (a file parallel to ``input``) is given.
+The values of ``sentence`` and ``reference`` may be given unquoted: they are quoted for
 Hydra's override parser, which rejects spaces, most punctuation and non-ASCII letters.
 """
 
@@ -29,33 +34,72 @@ from nmt.config import ConfigError, register_configs
 from nmt.data.batching import make_batch
 from nmt.data.corpus import DataError, read_lines
 from nmt.data.prepare import encode_texts
+from nmt.explorer import document, explore_sentences, model_info, write_html
 from nmt.inference import Trained, checkpoint_path, load_trained
-from nmt.runtime import config_dir, pick_device, setup_logging
+from nmt.runtime import config_dir, pick_device, resolve_run_dir, setup_logging
 from nmt.visualize import attend, save_png, sentence_views, view_title
 
 log = logging.getLogger("nmt.plot_attention")
 register_configs()
 
 BATCH_SENTENCES = 16
-FREE_TEXT_KEYS = ("sentence",)
+FREE_TEXT_KEYS = ("sentence", "reference")
+FORMATS = ("png", "html")
 _BEFORE_QUOTE = re.compile(r"(\\*)'")  # a quote and the backslashes before it
 _BACKSLASHES_AT_END = re.compile(r"(\\+)$")
 
 
 def source_sentences(cfg: DictConfig) -> list[str]:
     """The non-empty sentences of ``sentence=`` or ``input=`` (at most ``max_sentences``)."""
+    return read_inputs(cfg)[0]
+
+
+def _references(cfg: DictConfig, n_lines: int) -> list[str] | None:
+    """The lines of ``reference=`` / ``references=``, one per input line; None without."""
+    if cfg.sentence is not None and cfg.references is not None:
+        raise ConfigError("references=FILE goes with input=FILE; with sentence= give reference=")
+    if cfg.input is not None and cfg.reference is not None:
+        raise ConfigError("reference= goes with sentence=; with input=FILE give references=FILE")
+    if cfg.reference is not None:
+        return [str(cfg.reference).strip()]
+    if cfg.references is None:
+        return None
+    refs = read_lines(Path(cfg.references))
+    if len(refs) != n_lines:
+        raise ConfigError(
+            f"references={cfg.references} has {len(refs)} lines but input={cfg.input} has "
+            f"{n_lines}: give one reference per input line"
+        )
+    return [line.strip() for line in refs]
+
+
+def read_inputs(cfg: DictConfig) -> tuple[list[str], list[str] | None]:
+    """The non-empty sentences of ``sentence=`` or ``input=`` (at most ``max_sentences``) and
+    their references, if any (see :func:`_references`)."""
     if cfg.sentence is not None and cfg.input is not None:
         raise ConfigError("give either sentence=... or input=FILE, not both")
     if cfg.sentence is not None:
-        lines = [str(cfg.sentence)]
+        lines, given = [str(cfg.sentence)], f"sentence={str(cfg.sentence)!r}"
     elif cfg.input is not None:
-        lines = read_lines(Path(cfg.input))
+        lines, given = read_lines(Path(cfg.input)), f"input={cfg.input}"
     else:
         raise ConfigError("nothing to plot: give sentence='...' or input=FILE")
-    sentences = [line.strip() for line in lines if line.strip()][: cfg.max_sentences]
-    if not sentences:
-        raise ConfigError("no non-empty sentence to plot")
-    return sentences
+    refs = _references(cfg, len(lines))
+    kept = [i for i, line in enumerate(lines) if line.strip()][: cfg.max_sentences]
+    if not kept:
+        raise ConfigError(f"{given}: no non-empty sentence to translate")
+    sentences = [lines[i].strip() for i in kept]
+    return sentences, None if refs is None else [refs[i] for i in kept]
+
+
+def check_request(cfg: DictConfig) -> None:
+    """Refuse a wrong ``format`` or a missing run before any model is loaded."""
+    if cfg.format not in FORMATS:
+        raise ConfigError(f"format={cfg.format!r} is not one of: {', '.join(FORMATS)}")
+    if not cfg.ckpt and not resolve_run_dir(cfg.run).is_dir():
+        raise ConfigError(
+            f"run={cfg.run}: no such run directory (train a model first, or give ckpt=FILE)"
+        )
 
 
 def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
@@ -92,13 +136,39 @@ def plot_sentences(
     return written
 
 
+def write_explorer(
+    trained: Trained,
+    sentences: list[str],
+    references: list[str] | None,
+    cfg: DictConfig,
+    out: Path,
+    device: torch.device,
+) -> Path:
+    """Write ``<out>/explorer.html`` for the sentences (see :mod:`nmt.explorer`)."""
+    records = explore_sentences(
+        trained.model, trained.tokenizers, sentences, references, device,
+        cfg.max_output_len_a, cfg.max_output_len_b,
+    )  # fmt: skip
+    for k, record in enumerate(records):
+        log.info("sent%03d: %s -> %s", k, record["source"], record["hypothesis"])
+    steps = [{"step": trained.step, "note": "", "sentences": records}]
+    doc = document(model_info(trained.cfg, str(trained.path)), steps, join_words=cfg.words)
+    path = write_html(out / "explorer.html", doc)
+    log.info("wrote the attention explorer of %d sentence(s): %s", len(records), path)
+    return path
+
+
 def plot_attention(cfg: DictConfig) -> list[Path]:
-    """Load the run's checkpoint and draw the configured sentences; returns the PNG paths."""
-    sentences = source_sentences(cfg)
+    """Load the run's checkpoint and draw the configured sentences; returns the files written
+    (the PNGs, or with ``format=html`` the explorer page)."""
+    sentences, references = read_inputs(cfg)
+    check_request(cfg)
     device = pick_device(cfg.device)
     path = checkpoint_path(cfg.run, cfg.ckpt)
     trained = load_trained(path, device)
     out = output_dir(cfg, path)
+    if cfg.format == "html":
+        return [write_explorer(trained, sentences, references, cfg, out, device)]
     written = plot_sentences(trained, sentences, cfg, out, device)
     log.info("wrote %d heatmaps for %d sentence(s) to %s", len(written), len(sentences), out)
     return written

@@ -39,6 +39,7 @@ from nmt.data.batching import Batch, TokenBatchSampler, eval_batches, make_batch
 from nmt.data.corpus import DataError, sha256_file
 from nmt.data.prepare import EvalSet, PreparedData, prepare_data
 from nmt.data.tokenizer import TokenizerPair
+from nmt.explorer import TrainingExplorer, model_info
 from nmt.inference import build_model, checkpoint_path, load_checked_checkpoint
 from nmt.metrics import bleu, chrf
 from nmt.models.base import Seq2Seq
@@ -509,6 +510,11 @@ class Trainer:
             if dist_info.is_main
             else None
         )
+        self.explorer = (  # trainer.attention_html: the explorer page of every validation
+            TrainingExplorer(run_dir / "attention", model_info(cfg), self.state.step)
+            if t.attention_html and dist_info.is_main
+            else None
+        )
 
     def _slowest_rank(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
@@ -575,6 +581,12 @@ class Trainer:
                     max_len_a=self.t.max_output_len_a, max_len_b=self.t.max_output_len_b,
                 )  # fmt: skip
             self.writer.flush()
+        if self.explorer is not None:
+            self.explorer.add(
+                s.step, self.model, self.data.valid, self.data.tokenizers, self.device,
+                self.t.attention_sentences, f"validation BLEU {metrics['bleu']:.2f}",
+                max_len_a=self.t.max_output_len_a, max_len_b=self.t.max_output_len_b,
+            )  # fmt: skip
         self.save(is_best=improved)
         return self.t.patience > 0 and s.bad_validations >= self.t.patience
 

@@ -7,15 +7,18 @@ repository's ``data/multi30k``: already there (and verified), copied from
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from nmt.data.corpus import MULTI30K_SPLITS, DataError, fetch_multi30k
 
-from .helpers import write_subset
+from .helpers import compose_config, corpus_overrides, write_subset
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_ROOT = REPO / "data"  # the default data.root of `make train`, which runs in the repository
@@ -48,3 +51,110 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# Two tiny models trained for a few seconds on `corpus`, validated (and their attention drawn)
+# twice: the runs that the attention explorer and TensorBoard tests read.
+TRAINED_STEPS = 60
+TRAINED_MODELS = {
+    "transformer": [
+        "model=transformer",
+        "model.d_model=32",
+        "model.heads=2",
+        "model.d_ff=64",
+        "model.enc_layers=2",
+        "model.dec_layers=2",
+        "optim.lr=5e-3",
+        "optim.warmup_steps=20",
+    ],
+    "gru_bahdanau": [
+        "model=gru_bahdanau",
+        "model.emb_dim=32",
+        "model.hidden_dim=48",
+        "model.attn_dim=32",
+        "optim=adam_constant",
+        "optim.lr=1e-2",
+        "optim.warmup_steps=10",
+    ],
+}
+
+
+@pytest.fixture(scope="session")
+def trained_runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Run directories of a tiny Transformer and a tiny GRU, by arch (``<root>/runs/<arch>``).
+
+    Each ran TRAINED_STEPS updates on the 120 pairs of ``corpus`` (validating on 20 of them at
+    the half and at the end), logged one validation sentence's cross-attention images to
+    TensorBoard (drawing them is most of the time these runs take) and wrote its explorer page
+    (trainer.attention_html).
+    """
+    from nmt.train import train
+
+    root = tmp_path_factory.mktemp("trained")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest on a busy machine
+    runs = {}
+    try:
+        for arch, model in TRAINED_MODELS.items():
+            overrides = [
+                *corpus_overrides(corpus, root),
+                "data.max_tokens=600",
+                f"outputs={root / 'outputs'}",
+                "trainer.device=cpu",
+                "trainer.precision=32",
+                f"trainer.max_steps={TRAINED_STEPS}",
+                f"trainer.val_every={TRAINED_STEPS // 2}",
+                "trainer.val_sentences=20",
+                "trainer.attention_sentences=1",
+                "trainer.attention_layers=none",
+                "trainer.attention_html=true",
+                "trainer.label_smoothing=0.0",
+                "trainer.progress=false",
+                "model.dropout=0.0",
+                *model,
+            ]
+            runs[arch] = root / "runs" / arch
+            train(compose_config("train", overrides), runs[arch])
+    finally:
+        torch.set_num_threads(threads)
+    return runs
+
+
+# -- a real browser (tests marked `browser`) ---------------------------------------------------
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+CHROMIUM_HELP = (
+    "the tests marked 'browser' drive a headless Chromium: install it (Debian/Ubuntu: "
+    "`apt-get install chromium`; .ci/run does), or point NMT_CHROMIUM at a Chromium/Chrome "
+    "executable; to run the other tests only: pytest -m 'not browser'"
+)
+
+
+def chromium_executable() -> str:
+    """The system Chromium: $NMT_CHROMIUM, else the first of CHROMIUM_NAMES on PATH."""
+    given = os.environ.get("NMT_CHROMIUM")
+    if given:
+        if not Path(given).is_file():
+            pytest.fail(f"NMT_CHROMIUM={given} is not a file; {CHROMIUM_HELP}", pytrace=False)
+        return given
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail(f"no Chromium found on PATH ({', '.join(CHROMIUM_NAMES)}); {CHROMIUM_HELP}", False)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Headless Chromium driven by Playwright (never Playwright's own browser downloads)."""
+    executable = chromium_executable()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("Playwright is missing: pip install -e '.[dev]' (or make install)", False)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=executable, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()

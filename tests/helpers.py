@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import os
+import shutil
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -77,3 +80,14 @@ def tiny_run_overrides(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
         *TINY_TRANSFORMER,
         *extra,
     ]
+
+
+def save_screenshot(page: Any, folder: Path, name: str, full_page: bool = True) -> Path:
+    """A browser page's screenshot into ``folder``, and also into $NMT_SCREENSHOTS_TO when it
+    is set (to keep them)."""
+    path = folder / name
+    page.screenshot(path=str(path), full_page=full_page)
+    target = os.environ.get("NMT_SCREENSHOTS_TO")
+    if target:
+        shutil.copy(path, Path(target) / name)
+    return path

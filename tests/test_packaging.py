@@ -96,6 +96,7 @@ def test_installed_wheel_carries_the_configs_and_trains_outside_the_checkout(
     # the package list in pyproject.toml is explicit: every module of the checkout is in it
     modules = {n.removeprefix("nmt/") for n in names if n.startswith("nmt/") and n.endswith(".py")}
     assert modules == files_under(REPO / "nmt", "*.py")
+    assert "nmt/explorer.html" in names  # the explorer page's template
 
     purelib = make_venv(tmp_path / "venv", wheel)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NMT_CONFIG_DIR")}
