@@ -19,6 +19,7 @@ N ?= 5
 .PHONY: attention demo-pooling
 .PHONY: average tune-decode
 .PHONY: bench
+.PHONY: export
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -45,6 +46,10 @@ eval: install ## Score a run's checkpoint on its test set(s): RUN=<run dir> CKPT
 
 translate: install ## Translate stdin (or ARGS="input=FILE output=FILE") with a run's best checkpoint
 	$(BIN)/nmt-translate run=$(RUN) $(if $(CKPT),ckpt=$(CKPT)) $(ARGS)
+
+OUT ?= $(RUN)/package
+export: install ## Write a run's model as a self-contained package: RUN=<run dir> CKPT=<name> OUT=<dir> ARGS="--format ctranslate2 --quantize int8"
+	$(BIN)/nmt-export $(RUN) $(if $(CKPT),--ckpt $(CKPT)) --out $(OUT) $(ARGS)
 
 average: install ## Average the weights of a run's last N step checkpoints: RUN=<run dir> N=5 (-> checkpoints/averaged.pt)
 	$(BIN)/nmt-average $(RUN) --last $(N) $(ARGS)

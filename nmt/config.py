@@ -160,6 +160,9 @@ class EvalConfig:
     # a file, or a name in <run>/checkpoints (best, last, averaged, step_400);
     # default: the run's decode.checkpoint, else best
     ckpt: str | None = None
+    # a model package (nmt-export) instead of run/ckpt; `model=DIR` on the command line
+    model_dir: str | None = None
+    engine: str = "auto"  # auto | torch | ctranslate2 (a package exported with it)
     beam: int | None = None  # 1 = greedy search; default: the run's decode.beam
     # GNMT alpha for beam search: ((5 + len) / 6) ** alpha; 0 = none; default: the run's
     length_penalty: float | None = None
@@ -182,6 +185,8 @@ class EvalConfig:
 class TranslateConfig:
     run: str = "outputs/latest"
     ckpt: str | None = None  # as in nmt-eval
+    model_dir: str | None = None  # a model package, as in nmt-eval (`model=DIR`)
+    engine: str = "auto"  # auto | torch | ctranslate2, as in nmt-eval
     input: str | None = None  # default: stdin (an interactive prompt when it is a terminal)
     output: str | None = None  # default: stdout
     beam: int | None = None  # 1 = greedy search; default: the run's decode.beam
@@ -201,6 +206,7 @@ class AttentionConfig:
 
     run: str = "outputs/latest"
     ckpt: str | None = None  # default: <run>/checkpoints/best.pt (else last.pt)
+    model_dir: str | None = None  # a model package, as in nmt-eval (`model=DIR`)
     sentence: str | None = None  # one source sentence ...
     input: str | None = None  # ... or a file with one source sentence per line
     out: str | None = None  # default: <run dir>/attention

@@ -29,7 +29,8 @@ from nmt.config import ConfigError, register_configs
 from nmt.data.batching import make_batch
 from nmt.data.corpus import DataError, read_lines
 from nmt.data.prepare import encode_texts
-from nmt.inference import Trained, checkpoint_path, load_trained
+from nmt.inference import Trained
+from nmt.package import is_package, load_for_decoding, model_argument
 from nmt.runtime import config_dir, pick_device, setup_logging
 from nmt.visualize import attend, save_png, sentence_views, view_title
 
@@ -62,6 +63,8 @@ def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
     """``out``, or ``attention/`` in the run directory the checkpoint belongs to."""
     if cfg.out:
         return Path(cfg.out)
+    if is_package(ckpt):  # a package is handed on as it is: nothing is written into it
+        return Path("outputs") / "attention" / ckpt.resolve().name
     ckpt = ckpt.resolve()
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
     return run_dir / "attention"
@@ -96,9 +99,8 @@ def plot_attention(cfg: DictConfig) -> list[Path]:
     """Load the run's checkpoint and draw the configured sentences; returns the PNG paths."""
     sentences = source_sentences(cfg)
     device = pick_device(cfg.device)
-    path = checkpoint_path(cfg.run, cfg.ckpt)
-    trained = load_trained(path, device)
-    out = output_dir(cfg, path)
+    trained = load_for_decoding(cfg, device)
+    out = output_dir(cfg, trained.path)
     written = plot_sentences(trained, sentences, cfg, out, device)
     log.info("wrote %d heatmaps for %d sentence(s) to %s", len(written), len(sentences), out)
     return written
@@ -131,7 +133,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    sys.argv[1:] = quote_free_text(sys.argv[1:])
+    sys.argv[1:] = quote_free_text(model_argument(sys.argv[1:]))
     _main()
 
 
