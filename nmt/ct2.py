@@ -37,20 +37,23 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from omegaconf import DictConfig
 
 from nmt.config import ConfigError
-from nmt.data.batching import TokenDataset
 from nmt.data.tokenizer import EOS_ID, TokenizerPair
-from nmt.models.attention import MultiHeadAttention
-from nmt.models.base import Seq2Seq
-from nmt.models.transformer import Transformer, sinusoidal_positions
-from nmt.search import DecodeOptions, Hypothesis, length_penalty, max_output_lengths
+from nmt.decode_options import DecodeOptions
+
+if TYPE_CHECKING:  # the converter reads PyTorch modules; decoding needs no PyTorch
+    import torch
+
+    from nmt.data.batching import TokenDataset
+    from nmt.models.attention import MultiHeadAttention
+    from nmt.models.transformer import Transformer
 
 log = logging.getLogger("nmt.ct2")
 
@@ -140,6 +143,8 @@ def _ffn(spec: Any, layer: Any, norm: torch.nn.LayerNorm) -> None:
 
 
 def _positions(model: Transformer, which: str) -> np.ndarray:
+    from nmt.models.transformer import sinusoidal_positions
+
     pos = getattr(model, which)
     if pos.learned is not None:
         return _np(pos.learned.weight)  # (P, D)
@@ -192,8 +197,10 @@ def vocabulary(tokenizers: TokenizerPair, side: str) -> list[str]:
     return tok.pieces(range(tok.vocab_size))
 
 
-def convert(model: Seq2Seq, tokenizers: TokenizerPair, out: Path, quantization: str) -> None:
+def convert(model: Any, tokenizers: TokenizerPair, out: Path, quantization: str) -> None:
     """Write the CTranslate2 model of ``model`` into the folder ``out`` (created here)."""
+    from nmt.models.transformer import Transformer
+
     if not isinstance(model, Transformer):
         raise ConfigError(f"{type(model).__name__} cannot be exported to CTranslate2")
     spec = transformer_spec(model, tokenizers)
@@ -206,6 +213,28 @@ def convert(model: Seq2Seq, tokenizers: TokenizerPair, out: Path, quantization: 
 # ------------------------------------------------------------------------------------ decode
 
 
+@dataclass
+class Decoded:
+    """One sentence's output, shaped like :class:`nmt.search.Hypothesis` (without PyTorch)."""
+
+    tokens: list[int]  # without BOS and EOS
+    score: float = 0.0
+    attention: np.ndarray | None = None  # (len(tokens) + 1, S), the EOS step included
+    nbest: list[tuple[list[int], float]] = field(default_factory=list)  # best first
+
+
+def output_caps(src_lens: np.ndarray, a: float, b: int) -> np.ndarray:
+    """:func:`nmt.search.max_output_lengths` in numpy: the same float32 arithmetic, so the
+    same caps. src_lens counts EOS."""
+    lens = np.asarray(src_lens, dtype=np.float32)
+    return np.maximum((lens * np.float32(a) + np.float32(b)).astype(np.int64), 1)
+
+
+def gnmt_penalty(length: int, alpha: float) -> float:
+    """:func:`nmt.search.length_penalty` of one length (EOS counted)."""
+    return 1.0 if alpha == 0 else float(((5.0 + length) / 6.0) ** alpha)
+
+
 class CTranslate2Engine:
     """Decoding with a package's CTranslate2 model (see the module docstring for the mapping)."""
 
@@ -216,15 +245,16 @@ class CTranslate2Engine:
         model_dir: Path,
         tokenizers: TokenizerPair,
         max_positions: int | None,
-        device: torch.device,
+        device: Any = "cpu",
         threads: int = 0,
     ) -> None:
         ct2 = require()
+        device_type = getattr(device, "type", str(device))
         self.translator = ct2.Translator(
             str(model_dir),
-            device="cuda" if device.type == "cuda" else "cpu",
-            device_index=device.index or 0,
-            intra_threads=threads or torch.get_num_threads(),
+            device="cuda" if device_type == "cuda" else "cpu",
+            device_index=getattr(device, "index", None) or 0,
+            intra_threads=threads,
             inter_threads=1,
         )
         self.src_pieces = vocabulary(tokenizers, "src")
@@ -233,21 +263,17 @@ class CTranslate2Engine:
         self.eos_piece = tgt[EOS_ID]
         self.max_positions = max_positions
 
-    def _sources(self, data: TokenDataset, rows: list[int]) -> tuple[list[list[str]], np.ndarray]:
-        """Source pieces (EOS appended, cut to the position table) and their lengths."""
-        sources, lens = [], []
-        for i in rows:
-            ids = data.src(i).tolist() + [EOS_ID]
-            if self.max_positions is not None and len(ids) > self.max_positions:
-                ids = ids[: self.max_positions - 1] + [EOS_ID]
-            sources.append([self.src_pieces[t] for t in ids])
-            lens.append(len(ids))
-        return sources, np.asarray(lens, dtype=np.int64)
+    def _source(self, ids: list[int]) -> list[str]:
+        """Source pieces with EOS appended, cut to the position table as ours are."""
+        ids = list(ids) + [EOS_ID]
+        if self.max_positions is not None and len(ids) > self.max_positions:
+            ids = ids[: self.max_positions - 1] + [EOS_ID]
+        return [self.src_pieces[t] for t in ids]
 
-    def _ids(self, pieces: list[str]) -> tuple[list[int], bool]:
-        """Token ids of an output, without its EOS; and whether it ended with EOS."""
+    def _ids(self, pieces: list[str]) -> list[int]:
+        """Token ids of an output, without its EOS."""
         ended = bool(pieces) and pieces[-1] == self.eos_piece
-        return [self.tgt_ids[p] for p in (pieces[:-1] if ended else pieces)], ended
+        return [self.tgt_ids[p] for p in (pieces[:-1] if ended else pieces)]
 
     def _translate(
         self, sources: list[list[str]], opts: DecodeOptions, cap: int, keep_attention: bool
@@ -260,7 +286,7 @@ class CTranslate2Engine:
             beam_size=opts.beam,
             num_hypotheses=opts.beam,
             # greedy: raw summed log-probabilities; beam: CTranslate2's length ** alpha,
-            # undone and replaced by ours in _hypothesis (alpha = 0 keeps its exact stop)
+            # undone and replaced by ours in _decoded (alpha = 0 keeps its exact stop)
             length_penalty=0.0 if greedy else opts.length_penalty,
             patience=1.0 if greedy or opts.length_penalty == 0 else BEAM_PATIENCE,
             return_end_token=True,
@@ -271,59 +297,58 @@ class CTranslate2Engine:
             return_attention=keep_attention,
         )
 
-    def _hypothesis(
-        self, result: Any, opts: DecodeOptions, src_len: int, keep_attention: bool
-    ) -> Hypothesis:
+    def _decoded(self, result: Any, opts: DecodeOptions, src_len: int, keep: bool) -> Decoded:
         alpha = opts.length_penalty if opts.beam > 1 else 0.0
         nbest = []
         for k, pieces in enumerate(result.hypotheses):
-            ids, _ = self._ids(pieces)
             score = float(result.scores[k])
             if alpha != 0:
                 raw = score * max(len(pieces), 1) ** alpha  # CTranslate2 divided by this
-                score = raw / float(length_penalty(torch.tensor(len(pieces)), alpha))
-            nbest.append((ids, score, k))
+                score = raw / gnmt_penalty(len(pieces), alpha)
+            nbest.append((self._ids(pieces), score, k))
         nbest.sort(key=lambda x: -x[1])
         attention = None
-        if keep_attention and result.attention:
-            rows = result.attention[nbest[0][2]]
-            attention = torch.tensor(rows, dtype=torch.float32)[: len(nbest[0][0]) + 1, :src_len]
-        return Hypothesis(
-            nbest[0][0], nbest[0][1], attention, [(ids, score) for ids, score, _ in nbest]
-        )
+        if keep and result.attention:
+            rows = np.asarray(result.attention[nbest[0][2]], dtype=np.float32)
+            attention = rows[: len(nbest[0][0]) + 1, :src_len]
+        return Decoded(nbest[0][0], nbest[0][1], attention, [(t, s) for t, s, _ in nbest])
 
-    @torch.inference_mode()
-    def hypotheses(
-        self, data: TokenDataset, opts: DecodeOptions, limit: int = 0, keep_attention: bool = False
-    ) -> list[Hypothesis]:
-        """Hypotheses for (the first ``limit`` sentences of) ``data``, in order."""
-        n = len(data) if limit <= 0 else min(limit, len(data))
-        out: list[Hypothesis | None] = [None] * n
-        rows = [i for i in range(n) if data.src_lens[i] > 0]
-        for i in range(n):
-            if data.src_lens[i] == 0:
-                out[i] = Hypothesis([], 0.0, None, [([], 0.0)])
-        if not rows:
-            return [h for h in out if h is not None]
-        sources, lens = self._sources(data, rows)
-        caps = max_output_lengths(torch.from_numpy(lens), opts.max_len_a, opts.max_len_b)
+    def decode_ids(
+        self, sources: list[list[int]], opts: DecodeOptions, keep_attention: bool = False
+    ) -> list[Decoded]:
+        """Outputs for source token ids (without EOS), in order; an empty source gives an
+        empty output (score 0) without being decoded."""
+        out: list[Decoded | None] = [None] * len(sources)
+        rows = [i for i, ids in enumerate(sources) if len(ids) > 0]
+        for i, ids in enumerate(sources):
+            if len(ids) == 0:
+                out[i] = Decoded([], 0.0, None, [([], 0.0)])
+        pieces = [self._source(sources[i]) for i in rows]
+        lens = np.asarray([len(p) for p in pieces], dtype=np.int64)
+        caps = output_caps(lens, opts.max_len_a, opts.max_len_b)
         if self.max_positions is not None:
-            caps = caps.clamp(max=self.max_positions - 1)
+            caps = np.minimum(caps, self.max_positions - 1)
         caps_list = caps.tolist()
         groups: dict[int, list[int]] = defaultdict(list)  # cap -> positions in rows
-        if opts.beam == 1:  # one call up to the largest cap; outputs past their own redone
-            longest = max(caps_list)
-            results = self._translate(sources, opts, longest, keep_attention)
+        if opts.beam == 1 and rows:  # one call up to the largest cap; outputs past their own redone
+            results = self._translate(pieces, opts, max(caps_list), keep_attention)
             for j, result in enumerate(results):
-                if len(self._ids(result.hypotheses[0])[0]) > caps_list[j]:
+                if len(self._ids(result.hypotheses[0])) > caps_list[j]:
                     groups[caps_list[j]].append(j)
                 else:
-                    out[rows[j]] = self._hypothesis(result, opts, int(lens[j]), keep_attention)
-        else:
+                    out[rows[j]] = self._decoded(result, opts, int(lens[j]), keep_attention)
+        elif rows:
             for j, cap in enumerate(caps_list):
                 groups[cap].append(j)
         for cap, members in groups.items():
-            results = self._translate([sources[j] for j in members], opts, cap, keep_attention)
+            results = self._translate([pieces[j] for j in members], opts, cap, keep_attention)
             for j, result in zip(members, results, strict=True):
-                out[rows[j]] = self._hypothesis(result, opts, int(lens[j]), keep_attention)
-        return [h for h in out if h is not None]
+                out[rows[j]] = self._decoded(result, opts, int(lens[j]), keep_attention)
+        return [d for d in out if d is not None]
+
+    def hypotheses(
+        self, data: TokenDataset, opts: DecodeOptions, limit: int = 0, keep_attention: bool = False
+    ) -> list[Decoded]:
+        """Outputs for (the first ``limit`` sentences of) ``data``, in order."""
+        n = len(data) if limit <= 0 else min(limit, len(data))
+        return self.decode_ids([data.src(i).tolist() for i in range(n)], opts, keep_attention)

@@ -93,7 +93,11 @@ def make_ct2_engine(trained: Trained, device: torch.device) -> ct2.CTranslate2En
             "--format ctranslate2)"
         )
     return ct2.CTranslate2Engine(
-        folder, trained.tokenizers, model_max_positions(trained.model), device
+        folder,
+        trained.tokenizers,
+        model_max_positions(trained.model),
+        device,
+        threads=torch.get_num_threads(),
     )
 
 

@@ -29,8 +29,9 @@ from nmt.config import ConfigError, register_configs
 from nmt.data.batching import make_batch
 from nmt.data.corpus import DataError, read_lines
 from nmt.data.prepare import encode_texts
+from nmt.export import load_for_decoding
 from nmt.inference import Trained
-from nmt.package import is_package, load_for_decoding, model_argument
+from nmt.package import is_package, model_argument
 from nmt.runtime import config_dir, pick_device, setup_logging
 from nmt.visualize import attend, save_png, sentence_views, view_title
 

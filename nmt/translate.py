@@ -26,8 +26,9 @@ from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import DataError, read_lines
 from nmt.data.prepare import encode_texts
 from nmt.engines import Engine, TorchEngine, make_engine
+from nmt.export import load_for_decoding
 from nmt.inference import Trained, decode_defaults
-from nmt.package import load_for_decoding, model_argument
+from nmt.package import model_argument
 from nmt.runtime import config_dir, pick_device, setup_logging
 from nmt.search import DecodeOptions
 

@@ -15,10 +15,11 @@ from nmt.config import ConfigError
 from nmt.data.batching import make_batch
 from nmt.data.prepare import encode_texts, prepare_data
 from nmt.engines import TorchEngine, auto_choice, make_engine
+from nmt.export import export_package, load_package
+from nmt.export import main as export_main
 from nmt.inference import build_model, load_trained
 from nmt.metrics import bleu
-from nmt.package import CT2_DIR, export_package, load_package
-from nmt.package import main as export_main
+from nmt.package import CT2_DIR
 from nmt.search import DecodeOptions, max_output_lengths
 from nmt.train import train
 

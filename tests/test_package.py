@@ -18,16 +18,9 @@ from nmt.checkpoint import CheckpointError
 from nmt.config import ConfigError
 from nmt.data.prepare import encode_texts
 from nmt.evaluate import evaluate
+from nmt.export import export_package, load_package
 from nmt.inference import load_trained
-from nmt.package import (
-    CONFIG,
-    MANIFEST,
-    WEIGHTS,
-    export_package,
-    load_package,
-    model_argument,
-    sha256_file,
-)
+from nmt.package import CONFIG, MANIFEST, WEIGHTS, model_argument, sha256_file
 from nmt.plot_attention import plot_attention
 from nmt.search import DecodeOptions, decode_dataset
 from nmt.train import train
@@ -219,7 +212,7 @@ def test_export_refuses_to_overwrite_and_cleans_up(transformer_run: Path, tmp_pa
 def test_nmt_export_command(transformer_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "pkg"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "nmt.package", str(transformer_run), "--out", str(out)]
+    cmd = [sys.executable, "-m", "nmt.export", str(transformer_run), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert f"package {out}" in proc.stdout and (out / WEIGHTS).is_file()
