@@ -19,7 +19,7 @@ N ?= 5
 .PHONY: attention demo-pooling
 .PHONY: average tune-decode
 .PHONY: bench
-.PHONY: export
+.PHONY: export serve
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -50,6 +50,10 @@ translate: install ## Translate stdin (or ARGS="input=FILE output=FILE") with a 
 OUT ?= $(RUN)/package
 export: install ## Write a run's model as a self-contained package: RUN=<run dir> CKPT=<name> OUT=<dir> ARGS="--format ctranslate2 --quantize int8"
 	$(BIN)/nmt-export $(RUN) $(if $(CKPT),--ckpt $(CKPT)) --out $(OUT) $(ARGS)
+
+MODEL ?= $(RUN)/package
+serve: install ## HTTP translation server over a package: MODEL=<package dir> ARGS="engine=ctranslate2 port=8080"
+	$(BIN)/nmt-serve model=$(MODEL) $(ARGS)
 
 average: install ## Average the weights of a run's last N step checkpoints: RUN=<run dir> N=5 (-> checkpoints/averaged.pt)
 	$(BIN)/nmt-average $(RUN) --last $(N) $(ARGS)

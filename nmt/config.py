@@ -218,6 +218,34 @@ class AttentionConfig:
     device: str = "auto"
 
 
+@dataclass
+class ServeConfig:
+    """``nmt-serve``: an HTTP translation server over a model package (see nmt.serve)."""
+
+    model_dir: str | None = None  # the package (`model=DIR` on the command line) ...
+    run: str = "outputs/latest"  # ... or a run / checkpoint, as in nmt-eval
+    ckpt: str | None = None
+    engine: str = "auto"  # auto | torch | ctranslate2 (no PyTorch in the process)
+    host: str = "127.0.0.1"
+    port: int = 8080  # 0: any free port (printed at start)
+    beam: int | None = None  # default search of a request; default: the package's decode.beam
+    length_penalty: float | None = None  # default: the package's decode.length_penalty
+    max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens
+    max_output_len_b: int = 10
+    min_output_len: int = 0
+    max_tokens: int = 8192  # token budget of a decoding batch
+    precision: str = "32"  # torch engine: 32 | bf16 | 16
+    device: str = "auto"
+    threads: int = 0  # threads of one decode; 0: the engine's default
+    max_sentences: int = 64  # per request (413 beyond)
+    max_chars: int = 1000  # per sentence (413 beyond)
+    max_body_bytes: int = 1_048_576  # per request body (413 beyond)
+    max_beam: int = 16  # largest beam a request may ask for
+    batch_wait_ms: float = 5.0  # how long a batch waits for more requests after its first
+    max_batch_sentences: int = 256  # sentences of one shared decode
+    shutdown_timeout: float = 60.0  # seconds given to requests in flight at SIGTERM
+
+
 # The model schemas by architecture name: a model config's ``arch`` selects one (and, through
 # nmt.models.registry, the class that is built). Nothing else can name a model.
 MODEL_SCHEMAS: dict[str, type] = {
@@ -233,6 +261,7 @@ def register_configs() -> None:
     cs.store(name="eval_schema", node=EvalConfig)
     cs.store(name="translate_schema", node=TranslateConfig)
     cs.store(name="attention_schema", node=AttentionConfig)
+    cs.store(name="serve_schema", node=ServeConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="model", name="gru_bahdanau_schema", node=GRUBahdanauConfig)
     cs.store(group="model", name="transformer_schema", node=TransformerConfig)

@@ -249,11 +249,11 @@ class CTranslate2Engine:
         threads: int = 0,
     ) -> None:
         ct2 = require()
-        device_type = getattr(device, "type", str(device))
+        device_type, index = (device.type, device.index) if hasattr(device, "type") else (device, 0)
         self.translator = ct2.Translator(
             str(model_dir),
             device="cuda" if device_type == "cuda" else "cpu",
-            device_index=getattr(device, "index", None) or 0,
+            device_index=index or 0,
             intra_threads=threads,
             inter_threads=1,
         )

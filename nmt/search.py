@@ -43,7 +43,7 @@ from torch import Tensor
 from nmt.config import ConfigError
 from nmt.data.batching import TokenDataset, eval_batches, make_batch
 from nmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
-from nmt.decode_options import DecodeOptions
+from nmt.decode_options import DecodeOptions  # re-exported: callers import it from here
 from nmt.models.base import SAME_SENTENCES, Seq2Seq, select_state
 from nmt.precision import resolve_precision
 from nmt.runtime import autocast
