@@ -19,7 +19,7 @@ N ?= 5
 .PHONY: attention demo-pooling
 .PHONY: average tune-decode
 .PHONY: bench
-.PHONY: export serve
+.PHONY: export serve bench-serve
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -69,6 +69,9 @@ demo-pooling: install ## Attention pooling demo (Nadaraya-Watson kernel regressi
 
 bench: install ## Benchmark training and decoding speed (JSON into outputs/bench/; ARGS="--quick", "--models transformer")
 	$(BIN)/python scripts/bench.py $(ARGS)
+
+bench-serve: install ## Export, engines and server figures (JSON into outputs/bench/): ARGS="--transformer CKPT --transformer-base CKPT --gru CKPT"
+	$(BIN)/python scripts/bench_serve.py $(ARGS)
 
 # JoeyNMT 2.3.0 in its own venv, installed by hand (README: "Speed next to JoeyNMT"); the run
 # writes JoeyNMT's Multi30k text files and sentencepiece model into JOEY_DIR when they are missing
