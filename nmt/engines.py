@@ -92,10 +92,14 @@ def make_ct2_engine(trained: Trained, device: torch.device) -> ct2.CTranslate2En
             f"{trained.path} has no CTranslate2 model (nmt-export RUN --out DIR "
             "--format ctranslate2)"
         )
+    if trained.model is not None:
+        max_positions = model_max_positions(trained.model)
+    else:  # a CTranslate2-only package
+        max_positions = trained.cfg.model.get("max_positions")
     return ct2.CTranslate2Engine(
         folder,
         trained.tokenizers,
-        model_max_positions(trained.model),
+        max_positions,
         device,
         threads=torch.get_num_threads(),
     )
@@ -194,6 +198,12 @@ def make_engine(name: str, trained: Trained, opts: DecodeOptions, device: torch.
     """The engine ``name`` (auto | torch | ctranslate2) for ``trained``."""
     if name not in ENGINES:
         raise ConfigError(f"engine={name!r} is not one of: {', '.join(ENGINES)}")
+    if trained.model is None:  # a CTranslate2-only package
+        if name == "torch":
+            raise ConfigError(
+                f"{trained.path} holds only a CTranslate2 model: use engine=ctranslate2"
+            )
+        return make_ct2_engine(trained, device)
     if name == "torch":
         return TorchEngine(trained.model, device)
     if name == "ctranslate2":

@@ -95,6 +95,12 @@ def load_package(package: str | Path, device: torch.device) -> Trained:
     """
     package = Path(package)
     manifest, cfg, tokenizers = read_package(package)
+    if not manifest.torch_weights:
+        raise CheckpointError(
+            f"{package} holds only a CTranslate2 model (exported with --ctranslate2-only): "
+            "decode it with engine=ctranslate2; engine=torch and nmt-attention need a package "
+            "with the PyTorch weights"
+        )
     model = build_model(cfg, tokenizers)
     load_weights(model, verified_file(package, manifest, WEIGHTS))
     model.to(device).eval()
@@ -104,13 +110,20 @@ def load_package(package: str | Path, device: torch.device) -> Trained:
 def load_for_decoding(cfg: DictConfig, device: torch.device) -> Trained:
     """The model an eval/translate/attention/serve config names: ``model_dir`` (a package), or
     ``run``/``ckpt`` (a checkpoint; a package folder given as ``run`` is read as a package)."""
+    package = None
     if cfg.get("model_dir"):
         if cfg.get("ckpt"):
             raise ConfigError(f"give model={cfg.model_dir} or ckpt={cfg.ckpt}, not both")
-        return load_package(cfg.model_dir, device)
-    if not cfg.get("ckpt") and is_package(cfg.run):
-        return load_package(cfg.run, device)
-    return load_trained(checkpoint_path(cfg.run, cfg.ckpt), device)
+        package = Path(cfg.model_dir)
+    elif not cfg.get("ckpt") and is_package(cfg.run):
+        package = Path(cfg.run)
+    if package is None:
+        return load_trained(checkpoint_path(cfg.run, cfg.ckpt), device)
+    files = read_package(package)
+    if not files.manifest.torch_weights and cfg.get("engine") in ("ctranslate2", "auto"):
+        # a CTranslate2-only package: no PyTorch model, the engine decodes it (model is None)
+        return Trained(None, files.tokenizers, files.cfg, package, int(files.manifest.step))  # type: ignore[arg-type]
+    return load_package(package, device)
 
 
 # ---------------------------------------------------------------------------------- writing
@@ -242,9 +255,13 @@ def export_package(
     quantize: str | None = None,
     licence: str | None = None,
     force: bool = False,
+    ctranslate2_only: bool = False,
 ) -> Path:
     """Write the package of checkpoint ``ckpt`` into the folder ``out`` (created whole, then
-    moved into place, so a failed export leaves nothing under ``out``)."""
+    moved into place, so a failed export leaves nothing under ``out``). ``ctranslate2_only``
+    leaves the PyTorch weights out: the smallest package, decoded by CTranslate2 alone."""
+    if ctranslate2_only and fmt != "ctranslate2":
+        raise ConfigError("--ctranslate2-only needs --format ctranslate2")
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r} is not one of: {', '.join(FORMATS)}")
     if quantize is not None and fmt != "ctranslate2":
@@ -267,9 +284,11 @@ def export_package(
     try:
         config = package_config(trained)
         (tmp / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        from safetensors.torch import save_file
+        if not ctranslate2_only:
+            from safetensors.torch import save_file
 
-        save_file(unique_weights(trained.model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+            weights = unique_weights(trained.model)
+            save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
         toks = trained.tokenizers
         protos = [toks.src.proto] if toks.joint else [toks.src.proto, toks.tgt.proto]
         for name, proto in zip(tokenizer_files(toks.joint), protos, strict=True):
@@ -292,9 +311,15 @@ def export_package(
             "source_sha256": sha256_file(Path(ckpt)),
             "files": files,
             "ctranslate2": ct2,
+            "torch_weights": not ctranslate2_only,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        load_package(tmp, torch.device("cpu"))  # what was written loads through the gate
+        # what was written loads through the gate
+        files = read_package(tmp)
+        for name in files.manifest.files:
+            verified_file(tmp, files.manifest, name)
+        if not ctranslate2_only:
+            load_package(tmp, torch.device("cpu"))
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -324,6 +349,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=QUANTIZATIONS,
         help="CTranslate2 weight type (default float32); --format ctranslate2 only",
     )
+    p.add_argument(
+        "--ctranslate2-only",
+        action="store_true",
+        help="leave out the PyTorch weights (only engine=ctranslate2 decodes the package)",
+    )
     p.add_argument("--data-licence", help="the licence of the training data, for the model card")
     p.add_argument("--force", action="store_true", help="replace an existing package at --out")
     return p.parse_args(argv)
@@ -341,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             quantize=args.quantize,
             licence=args.data_licence,
             force=args.force,
+            ctranslate2_only=args.ctranslate2_only,
         )
     except (ConfigError, DataError, CheckpointError) as e:
         log.error("%s", e)

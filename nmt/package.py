@@ -84,6 +84,7 @@ class Manifest:
     source_sha256: str = ""
     files: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
     ctranslate2: CTranslate2Manifest | None = None
+    torch_weights: bool = True  # False: --ctranslate2-only, no model.safetensors
 
 
 def sha256_file(path: Path) -> str:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from nmt import ct2
+from nmt.checkpoint import CheckpointError
 from nmt.config import ConfigError
 from nmt.data.batching import make_batch
 from nmt.data.prepare import encode_texts, prepare_data
@@ -19,15 +20,20 @@ from nmt.export import export_package, load_package
 from nmt.export import main as export_main
 from nmt.inference import build_model, load_trained
 from nmt.metrics import bleu
-from nmt.package import CT2_DIR
+from nmt.package import CT2_DIR, WEIGHTS
 from nmt.search import DecodeOptions, max_output_lengths
 from nmt.train import train
+from nmt.translate import translate
 
 from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CPU = torch.device("cpu")
+
+
+def folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 # ------------------------------------------------------------- every variant converts exactly
@@ -122,6 +128,9 @@ def trained(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
         q: export_package(ckpt, root / f"pkg-{q}", fmt="ctranslate2", quantize=q)
         for q in ("float32", "int8", "int16")
     }
+    packages["int8-only"] = export_package(
+        ckpt, root / "pkg-int8-only", fmt="ctranslate2", quantize="int8", ctranslate2_only=True
+    )
     src = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()
     ref = Path(f"{corpus}.en").read_text(encoding="utf-8").splitlines()
     model = load_trained(ckpt, CPU)
@@ -207,3 +216,24 @@ def test_engine_auto_measures_once_then_reads_the_cache(
     assert make_engine("auto", trained["model"], opts, CPU).name == "torch"
     with pytest.raises(ConfigError, match="--format ctranslate2"):
         make_engine("ctranslate2", trained["model"], opts, CPU)
+
+
+def test_a_ctranslate2_only_package_decodes_without_pytorch_weights(
+    trained: dict, tmp_path: Path
+) -> None:
+    only, full = trained["packages"]["int8-only"], trained["packages"]["int8"]
+    assert not (only / WEIGHTS).exists() and (full / WEIGHTS).is_file()
+    assert folder_size(only) < 0.5 * folder_size(full)
+    src = tmp_path / "in.de"
+    src.write_text("\n".join(trained["src"][:10]) + "\n", encoding="utf-8")
+    texts = []
+    for package in (only, full):
+        out = tmp_path / f"{package.name}.en"
+        args = [f"model_dir={package}", "engine=ctranslate2", f"input={src}", f"output={out}"]
+        translate(compose_config("translate", args))
+        texts.append(out.read_text(encoding="utf-8"))
+    assert texts[0] == texts[1] and texts[0].count("\n") == 10
+    with pytest.raises(CheckpointError, match="engine=ctranslate2"):
+        translate(compose_config("translate", [f"model_dir={only}", "engine=torch"]))
+    with pytest.raises(CheckpointError, match="only a CTranslate2 model"):
+        load_package(only, CPU)
