@@ -123,9 +123,9 @@ def probe_options(opts: DecodeOptions) -> DecodeOptions:
 
 def measure(
     engines: dict[str, Engine], data: TokenDataset, opts: DecodeOptions, rounds: int = PROBE_ROUNDS
-) -> dict[str, float]:
-    """Sentences/s of each engine on ``data``: one untimed run each, then ``rounds`` timed runs
-    in turns; the median per engine."""
+) -> tuple[dict[str, float], bool]:
+    """Sentences/s of each engine on ``data`` (one untimed run each, then ``rounds`` timed runs
+    in turns; the median per engine) and whether every round found the same engine faster."""
     times: dict[str, list[float]] = {name: [] for name in engines}
     for engine in engines.values():
         engine.hypotheses(data, opts)
@@ -134,7 +134,9 @@ def measure(
             start = time.perf_counter()
             engine.hypotheses(data, opts)
             times[name].append(time.perf_counter() - start)
-    return {name: len(data) / statistics.median(t) for name, t in times.items()}
+    winners = {min(times, key=lambda name: times[name][r]) for r in range(rounds)}
+    speeds = {name: len(data) / statistics.median(t) for name, t in times.items()}
+    return speeds, len(winners) == 1
 
 
 def _cache_key(trained: Trained, opts: DecodeOptions, device: torch.device) -> dict:
@@ -179,9 +181,14 @@ def auto_choice(
         "ctranslate2": make() if make is not None else make_ct2_engine(trained, device),
     }
     data = synthetic_data(trained.tokenizers.src.vocab_size)
-    speeds = measure(engines, data, probe_options(opts))
+    speeds, agree = measure(engines, data, probe_options(opts))
     choice = max(speeds, key=lambda name: speeds[name])
-    if path is not None:
+    if not agree:
+        log.warning(
+            "engine=auto: the timed rounds disagree on the faster engine (the two are close, "
+            "or the machine is busy); not cached, the next run measures again"
+        )
+    elif path is not None:
         entry = {"key": key, "engine": choice, "sentences_per_s": speeds}
         try:
             atomic_write_bytes(path, (json.dumps(entry, indent=2) + "\n").encode())

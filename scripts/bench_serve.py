@@ -199,6 +199,16 @@ def bench_model(
             engines[f"ctranslate2-{q}"] = make_engine(
                 "ctranslate2", load_package(pkg, CPU), base, CPU
             )
+        only = work / f"{label}-ct2-int8-only"
+        if only.exists():
+            shutil.rmtree(only)
+        export_package(Path(ckpt), only, fmt="ctranslate2", quantize="int8", ctranslate2_only=True)
+        result["packages"]["ctranslate2-int8-only"] = {
+            "path": str(only),
+            "bytes": folder_size(only),
+        }
+        fp32 = result["packages"]["torch"]["bytes"]
+        result["int8_only_package_vs_fp32_package"] = round(folder_size(only) / fp32, 3)
     elif trained.cfg.model.arch == "gru_bahdanau":
         engines["torch-int8"] = TorchEngine(quantized_gru(trained), CPU)
     outputs: dict[tuple[str, int], list] = {}

@@ -15,7 +15,8 @@ from nmt.checkpoint import CheckpointError
 from nmt.config import ConfigError
 from nmt.data.batching import make_batch
 from nmt.data.prepare import encode_texts, prepare_data
-from nmt.engines import TorchEngine, auto_choice, make_engine
+from nmt.engines import TorchEngine, auto_choice, make_engine, probe_options, synthetic_data
+from nmt.engines import measure as measure_engines
 from nmt.export import export_package, load_package
 from nmt.export import main as export_main
 from nmt.inference import build_model, load_trained
@@ -198,20 +199,43 @@ def test_engine_auto_measures_once_then_reads_the_cache(
 ) -> None:
     package = load_package(trained["packages"]["float32"], CPU)
     opts = DecodeOptions(beam=2)
-    choice, speeds, cached = auto_choice(package, opts, CPU, tmp_path)
-    assert not cached and choice == max(speeds, key=lambda k: speeds[k])
-    assert set(speeds) == {"torch", "ctranslate2"} and min(speeds.values()) > 0
+    speeds, _ = measure_engines(
+        {
+            "torch": TorchEngine(package.model, CPU),
+            "ct2": make_engine("ctranslate2", package, opts, CPU),
+        },
+        synthetic_data(package.tokenizers.src.vocab_size),
+        probe_options(opts),
+        rounds=1,
+    )
+    assert set(speeds) == {"torch", "ct2"} and min(speeds.values()) > 0  # the real probe runs
+
+    probes = []
+
+    def probe(figures: dict, agree: bool):
+        def fake(*args, **kwargs):
+            probes.append(figures)
+            return figures, agree
+
+        return fake
+
+    monkeypatch.setattr("nmt.engines.measure", probe({"torch": 1.0, "ctranslate2": 2.0}, True))
+    assert auto_choice(package, opts, CPU, tmp_path) == (
+        "ctranslate2",
+        {"torch": 1.0, "ctranslate2": 2.0},
+        False,
+    )
     (entry,) = tmp_path.glob("*.json")
-    assert json.loads(entry.read_text())["engine"] == choice
-
-    def no_probe(*args, **kwargs):
-        raise AssertionError("measured again")
-
-    monkeypatch.setattr("nmt.engines.measure", no_probe)
-    assert auto_choice(package, opts, CPU, tmp_path) == (choice, speeds, True)
-    # another beam size is another measurement
-    with pytest.raises(AssertionError, match="measured again"):
-        auto_choice(package, DecodeOptions(beam=3), CPU, tmp_path)
+    assert json.loads(entry.read_text())["engine"] == "ctranslate2"
+    assert auto_choice(package, opts, CPU, tmp_path)[2] is True and len(probes) == 1  # cached
+    # another beam size is another measurement; rounds that disagree are not cached
+    monkeypatch.setattr("nmt.engines.measure", probe({"torch": 3.0, "ctranslate2": 2.0}, False))
+    for _ in range(2):
+        assert auto_choice(package, DecodeOptions(beam=3), CPU, tmp_path)[:2] == (
+            "torch",
+            {"torch": 3.0, "ctranslate2": 2.0},
+        )
+    assert len(probes) == 3 and len(list(tmp_path.glob("*.json"))) == 1
     # without a CTranslate2 model there is nothing to choose from
     assert make_engine("auto", trained["model"], opts, CPU).name == "torch"
     with pytest.raises(ConfigError, match="--format ctranslate2"):
