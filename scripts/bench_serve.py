@@ -13,10 +13,11 @@ In one run on this machine, for the checkpoints given (each exported to a packag
   the others, with whether they reached the length cap), the beam-5 BLEU difference;
 * what ``engine=auto`` picks for each search (its probe, cached under the work folder);
 * footprint: the size of each package and of its CTranslate2 model;
-* the server (``--serve``, on the ``--transformer`` package): for the torch and ctranslate2
-  engines, resident memory after start and after the load test, time from start to the first
-  answer, then 1, 8 and 32 concurrent clients sending single sentences (bounded by
-  ``--requests`` per level and ``--level-seconds``): throughput, p50/p99 latency, errors, and
+* the server (``--serve``, on the ``--transformer`` model as deployed: the torch engine on the
+  fp32 package, the ctranslate2 engine on the int8 CTranslate2-only package): resident memory
+  after start and after the load test, time from start to the first answer, then 1, 8 and 32
+  concurrent clients sending single sentences (bounded by ``--requests`` per level and
+  ``--level-seconds``): throughput, p50/p99 latency, errors, and
   the throughput against the same engine's offline batched figure; then ``--malformed``
   malformed requests (statuses, and that the server still answers), and a SIGTERM.
 
@@ -51,7 +52,7 @@ from nmt import ct2
 from nmt.data.prepare import EvalSet, encode_texts, load_eval_set, load_test_sets
 from nmt.engines import TorchEngine, auto_choice, make_engine
 from nmt.export import export_package, load_package
-from nmt.inference import Trained
+from nmt.inference import Trained, checkpoint_path
 from nmt.metrics import bleu
 from nmt.package import CT2_DIR
 from nmt.runtime import cpu_model
@@ -69,13 +70,19 @@ def say(msg: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--transformer", help="checkpoint of the default Transformer (cpu_quick)")
-    p.add_argument("--transformer-base", help="checkpoint of model=transformer_base")
-    p.add_argument("--gru", help="checkpoint of the GRU model")
+    p.add_argument("--transformer", help="checkpoint (or run) of the default Transformer")
+    p.add_argument("--transformer-base", help="checkpoint (or run) of model=transformer_base")
+    p.add_argument("--gru", help="checkpoint (or run) of the GRU model")
     p.add_argument("--test", help="SRC:REF files instead of each model's own test split")
     p.add_argument("--sentences", type=int, default=0, help="test sentences (0 = all)")
     p.add_argument("--base-sentences", type=int, default=200, help="for --transformer-base")
     p.add_argument("--fixed-length", type=int, default=20, help="output length, --transformer-base")
+    p.add_argument(
+        "--fixed-length-all",
+        type=int,
+        default=0,
+        help="force this output length for --transformer and --gru too (barely trained weights)",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads of every engine")
     p.add_argument("--rounds", type=int, default=2, help="timed runs per measurement (best kept)")
     p.add_argument("--serve", action=argparse.BooleanOptionalAction, default=True)
@@ -169,6 +176,8 @@ def bench_model(
     label: str, ckpt: str, args: argparse.Namespace, work: Path, fixed: int | None, limit: int
 ) -> dict[str, Any]:
     """Offline figures of one checkpoint (see the module docstring)."""
+    if Path(ckpt).is_dir():  # a run directory: the checkpoint make eval would load
+        ckpt = str(checkpoint_path(ckpt))
     say(f"{label}: exporting {ckpt}")
     trained_pkg = export(ckpt, work, f"{label}-torch", None)
     trained = load_package(trained_pkg, CPU)
@@ -377,6 +386,9 @@ def bench_server(
         sys.executable, "-m", "nmt.serve", f"model={package}", f"engine={engine}", "port=0",
         f"threads={args.threads}",
     ]  # fmt: skip
+    if args.fixed_length_all:  # the same fixed-length outputs as the offline figures
+        n = args.fixed_length_all
+        cmd += ["max_output_len_a=0", f"max_output_len_b={n}", f"min_output_len={n}"]
     start = time.perf_counter()
     proc = subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
@@ -437,9 +449,9 @@ def main(argv: list[str] | None = None) -> int:
         "models": {},
     }
     models = [
-        ("transformer", args.transformer, None, args.sentences),
+        ("transformer", args.transformer, args.fixed_length_all or None, args.sentences),
         ("transformer_base", args.transformer_base, args.fixed_length, args.base_sentences),
-        ("gru", args.gru, None, args.sentences),
+        ("gru", args.gru, args.fixed_length_all or None, args.sentences),
     ]
     for label, ckpt, fixed, limit in models:
         if ckpt:
@@ -452,15 +464,15 @@ def main(argv: list[str] | None = None) -> int:
             "decode": {"beam": decode.beam, "length_penalty": decode.length_penalty}
         }
         runs = result["models"]["transformer"]["runs"]
-        for engine, package in (
-            ("torch", "transformer-torch"),
-            ("ctranslate2", "transformer-ct2-float32"),
-        ):
-            key = f"{'torch' if engine == 'torch' else 'ctranslate2-float32'}.beam{decode.beam}"
-            offline = runs.get(key, {}).get("sentences_per_s")
-            result["server"][engine] = bench_server(
-                work / package, engine, sentences, offline, args
-            )
+        # each engine as it would be deployed: the fp32 package, the int8 CTranslate2-only one
+        servers = (
+            ("torch", "transformer-torch", "torch"),
+            ("ctranslate2", "transformer-ct2-int8-only", "ctranslate2-int8"),
+        )
+        for engine, package, offline_key in servers:
+            offline = runs.get(f"{offline_key}.beam{decode.beam}", {}).get("sentences_per_s")
+            server = bench_server(work / package, engine, sentences, offline, args)
+            result["server"][engine] = {"package": str(work / package), **server}
         torch_rss = result["server"]["torch"]["rss_kib_after_load"]
         ct2_rss = result["server"]["ctranslate2"]["rss_kib_after_load"]
         if torch_rss and ct2_rss:
