@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -178,6 +179,8 @@ def bench_model(
     """Offline figures of one checkpoint (see the module docstring)."""
     if Path(ckpt).is_dir():  # a run directory: the checkpoint make eval would load
         ckpt = str(checkpoint_path(ckpt))
+    with contextlib.suppress(ValueError):  # recorded relative to the working directory
+        ckpt = str(Path(ckpt).resolve().relative_to(Path.cwd().resolve()))
     say(f"{label}: exporting {ckpt}")
     trained_pkg = export(ckpt, work, f"{label}-torch", None)
     trained = load_package(trained_pkg, CPU)
