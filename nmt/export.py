@@ -176,7 +176,6 @@ def model_card(
     m, d = cfg.model, cfg.data
     sizes = ", ".join(f"{k}={v}" for k, v in m.items() if k != "arch")
     params = trained.model.num_parameters()
-    unique = sum(t.numel() for t in unique_weights(trained.model).values())
     if licence is None:
         licence = (
             MULTI30K_LICENCE
@@ -190,7 +189,7 @@ def model_card(
         "## Model",
         "",
         f"- architecture: `{m.arch}` ({sizes})",
-        f"- parameters: {unique:,} stored ({params:,} counting tied matrices once per use)",
+        f"- parameters: {params:,} (a tied matrix counted, and stored, once)",
         f"- training step: {trained.step}; source checkpoint: `{trained.path.name}`",
         f"- vocabulary: sentencepiece {d.spm_model_type}, "
         f"{'one joint model' if trained.tokenizers.joint else 'one model per side'}, "
@@ -221,9 +220,10 @@ def model_card(
     ]
     reports = eval_reports(trained)
     if not reports:
-        lines.append(
-            "Not evaluated before export: `nmt-eval model=<this folder>` scores it (sacreBLEU)."
-        )
+        lines += [
+            "Not evaluated before export: `nmt-eval model=<this folder>` scores it (sacreBLEU).",
+            "",
+        ]
     for report in reports:
         opts = report.get("options", {})
         search = f"beam {opts.get('beam')}, length penalty {opts.get('length_penalty')}"
@@ -245,6 +245,13 @@ def model_card(
         "",
     ]
     return "\n".join(lines)
+
+
+def source_name(ckpt: Path) -> str:
+    """``<run>/checkpoints/<file>`` of a checkpoint in a run, else its file name: the package
+    names where it came from without the paths of the machine that wrote it."""
+    run_dir = checkpoint_run_dir(ckpt)
+    return f"{run_dir.name}/checkpoints/{ckpt.name}" if run_dir is not None else ckpt.name
 
 
 def export_package(
@@ -307,7 +314,7 @@ def export_package(
             "step": trained.step,
             "joint_vocab": toks.joint,
             "parameters": trained.model.num_parameters(),
-            "source_checkpoint": str(Path(ckpt).resolve()),
+            "source_checkpoint": source_name(Path(ckpt)),
             "source_sha256": sha256_file(Path(ckpt)),
             "files": files,
             "ctranslate2": ct2,

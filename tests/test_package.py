@@ -102,6 +102,8 @@ def test_commands_accept_model_dir_with_the_checkpoint_results(
     package = export_package(ckpt, tmp_path / "pkg")
     card = (package / "README.md").read_text()
     assert "licence of the data" in card and "nmt-train" in card and "transformer" in card
+    manifest = json.loads((package / MANIFEST).read_text())
+    assert manifest["source_checkpoint"] == "run/checkpoints/best.pt"  # no local paths
     # the run's decode section travels with the package: beam 3 here
     assert yaml.safe_load((package / CONFIG).read_text())["decode"]["beam"] == 3
     test = f"test=[{corpus}.de:{corpus}.en]"
