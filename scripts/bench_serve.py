@@ -84,6 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="force this output length for --transformer and --gru too (barely trained weights)",
     )
+    p.add_argument(
+        "--fixed-length-gru",
+        type=int,
+        default=0,
+        help="force this output length for --gru only (default: --fixed-length-all)",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads of every engine")
     p.add_argument("--rounds", type=int, default=2, help="timed runs per measurement (best kept)")
     p.add_argument("--serve", action=argparse.BooleanOptionalAction, default=True)
@@ -454,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     models = [
         ("transformer", args.transformer, args.fixed_length_all or None, args.sentences),
         ("transformer_base", args.transformer_base, args.fixed_length, args.base_sentences),
-        ("gru", args.gru, args.fixed_length_all or None, args.sentences),
+        ("gru", args.gru, args.fixed_length_gru or args.fixed_length_all or None, args.sentences),
     ]
     for label, ckpt, fixed, limit in models:
         if ckpt:
