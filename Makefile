@@ -19,6 +19,7 @@ N ?= 5
 .PHONY: attention demo-pooling
 .PHONY: average tune-decode
 .PHONY: bench bench-data bench-soak
+.PHONY: export serve bench-serve
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -49,6 +50,14 @@ eval: install ## Score a run's checkpoint on its test set(s): RUN=<run dir> CKPT
 translate: install ## Translate stdin (or ARGS="input=FILE output=FILE") with a run's best checkpoint
 	$(BIN)/nmt-translate run=$(RUN) $(if $(CKPT),ckpt=$(CKPT)) $(ARGS)
 
+OUT ?= $(RUN)/package
+export: install ## Write a run's model as a self-contained package: RUN=<run dir> CKPT=<name> OUT=<dir> ARGS="--format ctranslate2 --quantize int8"
+	$(BIN)/nmt-export $(RUN) $(if $(CKPT),--ckpt $(CKPT)) --out $(OUT) $(ARGS)
+
+MODEL ?= $(RUN)/package
+serve: install ## HTTP translation server over a package: MODEL=<package dir> ARGS="engine=ctranslate2 port=8080"
+	$(BIN)/nmt-serve model=$(MODEL) $(ARGS)
+
 average: install ## Average the weights of a run's last N step checkpoints: RUN=<run dir> N=5 (-> checkpoints/averaged.pt)
 	$(BIN)/nmt-average $(RUN) --last $(N) $(ARGS)
 
@@ -69,6 +78,9 @@ bench-data: install ## Scale benchmark of the data path at 29k-2.9M pairs: prepa
 
 bench-soak: install ## Resident memory over a 30-minute cpu_quick run, sampled every 5 s (JSON into outputs/bench/; ARGS="--minutes 10 --early 2")
 	$(BIN)/python scripts/bench_soak.py $(ARGS)
+
+bench-serve: install ## Export, engines and server figures (JSON into outputs/bench/): ARGS="--transformer CKPT --transformer-base CKPT --gru CKPT"
+	$(BIN)/python scripts/bench_serve.py $(ARGS)
 
 # JoeyNMT 2.3.0 in its own venv, installed by hand (README: "Speed next to JoeyNMT"); the run
 # writes JoeyNMT's Multi30k text files and sentencepiece model into JOEY_DIR when they are missing

@@ -27,14 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from nmt.gate import CheckpointError  # defined without PyTorch, for the gate
+
 MAGIC = b"NMTCKPT1"
 _TRAILER = struct.Struct("<8sQ32s")
 TEMP_SUFFIX = ".tmp"
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, truncated, corrupted or not loadable safely."""
 
 
 # --------------------------------------------------------------------------- writing

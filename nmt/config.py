@@ -17,33 +17,11 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from nmt.cli import CONFIG_DIR, config_dir  # noqa: F401 (re-exported)
+
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the key."""
-
-
-def _shipped_config_dir() -> Path:
-    """``nmt/configs`` of an installed package (the build copies ``configs/`` there), else the
-    checkout's ``configs/`` beside the package (an editable install or a source tree)."""
-    package = Path(__file__).resolve().parent
-    installed = package / "configs"
-    if (installed / "train.yaml").is_file():
-        return installed
-    return package.parent / "configs"
-
-
-CONFIG_DIR = str(_shipped_config_dir())
-
-
-def config_dir() -> str:
-    """The Hydra config directory: $NMT_CONFIG_DIR, ./configs, else the configs shipped with nmt."""
-    env = os.environ.get("NMT_CONFIG_DIR")
-    if env:
-        return str(Path(env).resolve())
-    local = Path.cwd() / "configs"
-    if (local / "train.yaml").is_file():
-        return str(local)
-    return CONFIG_DIR
 
 
 @dataclass
@@ -207,6 +185,9 @@ class EvalConfig:
     # a file, or a name in <run>/checkpoints (best, last, averaged, step_400);
     # default: the run's decode.checkpoint, else best
     ckpt: str | None = None
+    # a model package (nmt-export) instead of run/ckpt; `model=DIR` on the command line
+    model_dir: str | None = None
+    engine: str = "auto"  # auto | torch | ctranslate2 (a package exported with it)
     beam: int | None = None  # 1 = greedy search; default: the run's decode.beam
     # GNMT alpha for beam search: ((5 + len) / 6) ** alpha; 0 = none; default: the run's
     length_penalty: float | None = None
@@ -229,6 +210,8 @@ class EvalConfig:
 class TranslateConfig:
     run: str = "outputs/latest"
     ckpt: str | None = None  # as in nmt-eval
+    model_dir: str | None = None  # a model package, as in nmt-eval (`model=DIR`)
+    engine: str = "auto"  # auto | torch | ctranslate2, as in nmt-eval
     input: str | None = None  # default: stdin (an interactive prompt when it is a terminal)
     output: str | None = None  # default: stdout
     beam: int | None = None  # 1 = greedy search; default: the run's decode.beam
@@ -249,6 +232,7 @@ class AttentionConfig:
 
     run: str = "outputs/latest"
     ckpt: str | None = None  # default: <run>/checkpoints/best.pt (else last.pt)
+    model_dir: str | None = None  # a model package, as in nmt-eval (`model=DIR`)
     sentence: str | None = None  # one source sentence ...
     input: str | None = None  # ... or a file with one source sentence per line
     # references for the sentence BLEU shown by format=html: one with sentence=, or a file
@@ -266,6 +250,34 @@ class AttentionConfig:
     device: str = "auto"
 
 
+@dataclass
+class ServeConfig:
+    """``nmt-serve``: an HTTP translation server over a model package (see nmt.serve)."""
+
+    model_dir: str | None = None  # the package (`model=DIR` on the command line) ...
+    run: str = "outputs/latest"  # ... or a run / checkpoint, as in nmt-eval
+    ckpt: str | None = None
+    engine: str = "auto"  # auto | torch | ctranslate2 (no PyTorch in the process)
+    host: str = "127.0.0.1"
+    port: int = 8080  # 0: any free port (printed at start)
+    beam: int | None = None  # default search of a request; default: the package's decode.beam
+    length_penalty: float | None = None  # default: the package's decode.length_penalty
+    max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens
+    max_output_len_b: int = 10
+    min_output_len: int = 0
+    max_tokens: int = 8192  # token budget of a decoding batch
+    precision: str = "32"  # torch engine: 32 | bf16 | 16
+    device: str = "auto"
+    threads: int = 0  # threads of one decode; 0: the engine's default
+    max_sentences: int = 64  # per request (413 beyond)
+    max_chars: int = 1000  # per sentence (413 beyond)
+    max_body_bytes: int = 1_048_576  # per request body (413 beyond)
+    max_beam: int = 16  # largest beam a request may ask for
+    batch_wait_ms: float = 5.0  # how long a batch waits for more requests after its first
+    max_batch_sentences: int = 256  # sentences of one shared decode
+    shutdown_timeout: float = 60.0  # seconds given to requests in flight at SIGTERM
+
+
 # The model schemas by architecture name: a model config's ``arch`` selects one (and, through
 # nmt.models.registry, the class that is built). Nothing else can name a model.
 MODEL_SCHEMAS: dict[str, type] = {
@@ -281,6 +293,7 @@ def register_configs() -> None:
     cs.store(name="eval_schema", node=EvalConfig)
     cs.store(name="translate_schema", node=TranslateConfig)
     cs.store(name="attention_schema", node=AttentionConfig)
+    cs.store(name="serve_schema", node=ServeConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="model", name="gru_bahdanau_schema", node=GRUBahdanauConfig)
     cs.store(group="model", name="transformer_schema", node=TransformerConfig)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -26,10 +27,13 @@ from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import DataError, read_lines, strip_lines
 from nmt.data.prepare import EvalSet, encode_texts, load_test_sets
 from nmt.data.tokenizer import TokenizerPair
-from nmt.inference import checkpoint_path, checkpoint_run_dir, decode_defaults, load_trained
+from nmt.engines import make_engine, translate_texts
+from nmt.export import load_for_decoding
+from nmt.inference import checkpoint_run_dir, decode_defaults
 from nmt.metrics import all_scores, check_bootstrap
+from nmt.package import is_package, model_argument
 from nmt.runtime import config_dir, pick_device, resolve_run_dir, setup_logging
-from nmt.search import DecodeOptions, translate_dataset
+from nmt.search import DecodeOptions
 
 log = logging.getLogger("nmt.eval")
 register_configs()
@@ -51,16 +55,21 @@ def file_test_set(spec: str, tokenizers: TokenizerPair) -> EvalSet:
 
 
 def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
-    """``out`` if given, else ``eval/`` in the checkpoint's run (or in ``run``)."""
+    """``out`` if given, else ``eval/`` in the checkpoint's run (or in ``run``); for a model
+    package (which may be read-only, and is handed on as it is) ``outputs/eval/<package>``."""
     if cfg.out:
         return Path(cfg.out)
+    if is_package(ckpt):
+        return Path("outputs") / "eval" / ckpt.resolve().name
     return (checkpoint_run_dir(ckpt) or resolve_run_dir(cfg.run)) / "eval"
 
 
-def options_tag(ckpt: Path, opts: DecodeOptions) -> str:
-    """File-name tag of a checkpoint and search: ``best.beam1``, ``averaged.beam5.lp0.6``."""
+def options_tag(ckpt: Path, opts: DecodeOptions, engine: str = "torch") -> str:
+    """File-name tag of a checkpoint and search: ``best.beam1``, ``averaged.beam5.lp0.6``;
+    another engine than torch adds its name (``package.beam1.ctranslate2``)."""
     tag = f"{ckpt.stem}.beam{opts.beam}"
-    return f"{tag}.lp{opts.length_penalty:g}" if opts.beam > 1 else tag
+    tag = f"{tag}.lp{opts.length_penalty:g}" if opts.beam > 1 else tag
+    return tag if engine == "torch" else f"{tag}.{engine}"
 
 
 def unique_names(sets: list[EvalSet]) -> None:
@@ -76,9 +85,10 @@ def evaluate(cfg: DictConfig) -> dict:
     """Decode and score every test set; returns the report also written as JSON."""
     check_bootstrap(cfg.bootstrap, cfg.bootstrap_seed, "bootstrap", "bootstrap_seed")
     device = pick_device(cfg.device)
-    path = checkpoint_path(cfg.run, cfg.ckpt)
-    trained = load_trained(path, device)
+    trained = load_for_decoding(cfg, device)
+    path = trained.path
     opts = DecodeOptions.from_config(cfg, decode_defaults(trained))
+    engine = make_engine(cfg.engine, trained, opts, device)
     out_dir = output_dir(cfg, path)
     if cfg.test:
         sets = [file_test_set(spec, trained.tokenizers) for spec in cfg.test]
@@ -88,7 +98,8 @@ def evaluate(cfg: DictConfig) -> dict:
     for ds in sets:
         if len(ds) == 0:
             raise DataError(f"test set {ds.name} has no sentences")
-    print(f"checkpoint {path} (step {trained.step})")
+    print(f"{'package' if is_package(path) else 'checkpoint'} {path} (step {trained.step})")
+    print(f"engine: {engine.name}")
     print("decoding: " + " ".join(f"{k}={v}" for k, v in asdict(opts).items()))
     if cfg.bootstrap:
         print(
@@ -98,13 +109,14 @@ def evaluate(cfg: DictConfig) -> dict:
     report: dict = {
         "checkpoint": str(path),
         "step": trained.step,
+        "engine": engine.name,
         "options": asdict(opts),
         "sets": {},
     }
-    tag = options_tag(path, opts)
+    tag = options_tag(path, opts, engine.name)
     for ds in sets:
         start = time.perf_counter()
-        hyps = translate_dataset(trained.model, ds.data, trained.tokenizers.tgt, opts, device)
+        hyps = translate_texts(engine, ds.data, trained, opts)
         seconds = time.perf_counter() - start
         scores = all_scores(hyps, ds.ref_text, cfg.bootstrap, cfg.bootstrap_seed)
         hyp_file = out_dir / f"{ds.name}.{tag}.hyp"
@@ -136,6 +148,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    sys.argv[1:] = model_argument(sys.argv[1:])
     _main()
 
 

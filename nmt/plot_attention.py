@@ -35,7 +35,9 @@ from nmt.data.batching import make_batch
 from nmt.data.corpus import DataError, read_lines
 from nmt.data.prepare import encode_texts
 from nmt.explorer import document, explore_sentences, model_info, write_html
-from nmt.inference import Trained, checkpoint_path, load_trained
+from nmt.export import load_for_decoding
+from nmt.inference import Trained
+from nmt.package import is_package, model_argument
 from nmt.runtime import config_dir, pick_device, resolve_run_dir, setup_logging
 from nmt.visualize import attend, save_png, sentence_views, view_title
 
@@ -96,7 +98,7 @@ def check_request(cfg: DictConfig) -> None:
     """Refuse a wrong ``format`` or a missing run before any model is loaded."""
     if cfg.format not in FORMATS:
         raise ConfigError(f"format={cfg.format!r} is not one of: {', '.join(FORMATS)}")
-    if not cfg.ckpt and not resolve_run_dir(cfg.run).is_dir():
+    if not cfg.ckpt and not cfg.get("model_dir") and not resolve_run_dir(cfg.run).is_dir():
         raise ConfigError(
             f"run={cfg.run}: no such run directory (train a model first, or give ckpt=FILE)"
         )
@@ -106,6 +108,8 @@ def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
     """``out``, or ``attention/`` in the run directory the checkpoint belongs to."""
     if cfg.out:
         return Path(cfg.out)
+    if is_package(ckpt):  # a package is handed on as it is: nothing is written into it
+        return Path("outputs") / "attention" / ckpt.resolve().name
     ckpt = ckpt.resolve()
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
     return run_dir / "attention"
@@ -164,9 +168,8 @@ def plot_attention(cfg: DictConfig) -> list[Path]:
     sentences, references = read_inputs(cfg)
     check_request(cfg)
     device = pick_device(cfg.device)
-    path = checkpoint_path(cfg.run, cfg.ckpt)
-    trained = load_trained(path, device)
-    out = output_dir(cfg, path)
+    trained = load_for_decoding(cfg, device)
+    out = output_dir(cfg, trained.path)
     if cfg.format == "html":
         return [write_explorer(trained, sentences, references, cfg, out, device)]
     written = plot_sentences(trained, sentences, cfg, out, device)
@@ -201,7 +204,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    sys.argv[1:] = quote_free_text(sys.argv[1:])
+    sys.argv[1:] = quote_free_text(model_argument(sys.argv[1:]))
     _main()
 
 

@@ -7,7 +7,6 @@ import logging
 import os
 import platform
 import random
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nmt.config import CONFIG_DIR, ConfigError, config_dir  # noqa: F401 (re-exported)
+from nmt.cli import CONFIG_DIR, config_dir, setup_logging  # noqa: F401 (re-exported)
+from nmt.config import ConfigError
 
 log = logging.getLogger("nmt")
 
@@ -56,31 +56,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def setup_logging(log_file: Path | None = None, rank: int = 0) -> None:
-    """Console logging for rank 0 (warnings only elsewhere) and an appending log file."""
-    root = logging.getLogger()
-    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    fmt = logging.Formatter("[%(asctime)s %(levelname)s %(name)s] %(message)s", "%H:%M:%S")
-    for h in list(root.handlers):  # e.g. Hydra's multirun console handler: ours replaces it
-        if type(h) is logging.StreamHandler and not getattr(h, "_nmt", False):
-            root.removeHandler(h)
-    if not any(getattr(h, "_nmt", False) for h in root.handlers):
-        console = logging.StreamHandler(sys.stderr)
-        console.setFormatter(fmt)
-        console._nmt = True  # type: ignore[attr-defined]
-        root.addHandler(console)
-    if log_file is not None and rank == 0:
-        for h in list(root.handlers):
-            if getattr(h, "_nmt_file", False):
-                root.removeHandler(h)
-                h.close()
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        fh = logging.FileHandler(log_file, mode="a", encoding="utf-8")
-        fh.setFormatter(fmt)
-        fh._nmt_file = True  # type: ignore[attr-defined]
-        root.addHandler(fh)
 
 
 class _Held(logging.Handler):

@@ -25,25 +25,38 @@ from nmt.checkpoint import CheckpointError, atomic_write_bytes
 from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import DataError, read_lines
 from nmt.data.prepare import encode_texts
-from nmt.inference import Trained, checkpoint_path, decode_defaults, load_trained
+from nmt.engines import Engine, TorchEngine, make_engine
+from nmt.export import load_for_decoding
+from nmt.inference import Trained, decode_defaults
+from nmt.package import model_argument
 from nmt.runtime import config_dir, pick_device, setup_logging
-from nmt.search import DecodeOptions, translate_dataset_nbest
+from nmt.search import DecodeOptions
 
 log = logging.getLogger("nmt.translate")
 register_configs()
 
 
 def translate_lines(
-    trained: Trained, lines: list[str], opts: DecodeOptions, device: torch.device, n_best: int = 1
+    trained: Trained,
+    lines: list[str],
+    opts: DecodeOptions,
+    device: torch.device,
+    n_best: int = 1,
+    engine: Engine | None = None,
 ) -> list[list[tuple[str, float]]]:
     """Up to ``n_best`` (translation, score) pairs per input line, best first, in input order.
 
-    Lines are stripped; an empty line gives ``[("", 0.0)]`` and is not decoded.
+    Lines are stripped; an empty line gives ``[("", 0.0)]`` and is not decoded. ``engine``
+    defaults to our search on ``trained.model``.
     """
+    if n_best > opts.beam:
+        raise ConfigError(f"n_best={n_best} needs beam >= {n_best} (beam={opts.beam})")
     src = [line.strip() for line in lines]
     data = encode_texts(trained.tokenizers, src, [""] * len(src))
     tgt = trained.tokenizers.tgt
-    return translate_dataset_nbest(trained.model, data, tgt, opts, device, n_best)
+    engine = engine or TorchEngine(trained.model, device)
+    hyps = engine.hypotheses(data, opts)
+    return [[(tgt.decode(t), s) for t, s in h.nbest[:n_best]] for h in hyps]
 
 
 def format_lines(results: list[list[tuple[str, float]]], n_best: int) -> str:
@@ -55,7 +68,9 @@ def format_lines(results: list[list[tuple[str, float]]], n_best: int) -> str:
     )
 
 
-def interactive(trained: Trained, opts: DecodeOptions, device: torch.device, n_best: int) -> None:
+def interactive(
+    trained: Trained, opts: DecodeOptions, device: torch.device, n_best: int, engine: Engine
+) -> None:
     """Translate each line typed at the prompt until end of input."""
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
     while True:
@@ -64,7 +79,7 @@ def interactive(trained: Trained, opts: DecodeOptions, device: torch.device, n_b
         except EOFError:
             print(file=sys.stderr)
             return
-        results = translate_lines(trained, [line], opts, device, n_best)
+        results = translate_lines(trained, [line], opts, device, n_best, engine)
         print(format_lines(results, n_best), end="", flush=True)
 
 
@@ -81,14 +96,15 @@ def read_input(cfg: DictConfig) -> list[str]:
 def translate(cfg: DictConfig) -> None:
     """Run one ``nmt-translate`` command."""
     device = pick_device(cfg.device)
-    trained = load_trained(checkpoint_path(cfg.run, cfg.ckpt), device)
+    trained = load_for_decoding(cfg, device)
     opts = DecodeOptions.from_config(cfg, decode_defaults(trained))
     if cfg.n_best < 1 or cfg.n_best > opts.beam:
         raise ConfigError(f"n_best={cfg.n_best} must be between 1 and beam={opts.beam}")
+    engine = make_engine(cfg.engine, trained, opts, device)
     if cfg.input is None and sys.stdin.isatty():
-        interactive(trained, opts, device, cfg.n_best)
+        interactive(trained, opts, device, cfg.n_best, engine)
         return
-    results = translate_lines(trained, read_input(cfg), opts, device, cfg.n_best)
+    results = translate_lines(trained, read_input(cfg), opts, device, cfg.n_best, engine)
     text = format_lines(results, cfg.n_best)
     if cfg.output:
         atomic_write_bytes(Path(cfg.output), text.encode("utf-8"))
@@ -109,6 +125,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    sys.argv[1:] = model_argument(sys.argv[1:])
     _main()
 
 

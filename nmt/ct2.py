@@ -1,0 +1,354 @@
+"""CTranslate2: converting the Transformer, and decoding with it (``engine=ctranslate2``).
+
+The converter fills CTranslate2's ``TransformerSpec`` from our modules, weight by weight:
+embeddings (scaled by sqrt(d_model), as ours), the position table written out whole (sinusoidal
+or learned, so CTranslate2 never computes its own), each layer's fused query/key/value (self-
+attention) or query and fused key/value (cross-attention) projections, the layer norms (epsilon
+1e-5, PyTorch's) and the bias-free output projection. Every Transformer variant of
+:class:`~nmt.config.TransformerConfig` converts: pre- and post-norm, tied or untied embeddings,
+one joint or two vocabularies, sinusoidal or learned positions. The GRU model cannot: CTranslate2
+has no recurrent sequence-to-sequence models.
+
+Decoding options map as follows (:class:`CTranslate2Engine`):
+
+* ``beam`` -> ``beam_size``; ``min_output_len`` -> ``min_decoding_length``;
+* the output cap ``max_output_len_a * source_length + max_output_len_b`` is per sentence here
+  and per call in CTranslate2 (``max_decoding_length``): greedy search decodes all sentences
+  with the largest cap and decodes again, with their own cap, the few whose output ran past it;
+  beam search decodes the sentences of each cap together. At the cap our search
+  closes a hypothesis with EOS and adds that EOS's log-probability to its score; CTranslate2
+  stops without it, so scores of capped outputs differ by that term (tokens do not);
+* ``length_penalty``: CTranslate2 divides by ``length ** alpha``, we by the GNMT
+  ``((5 + length) / 6) ** alpha``; no alpha maps one onto the other. CTranslate2's beam stops
+  once ``beam * patience`` hypotheses have finished and returns the best ``beam`` of them under
+  its penalty; we ask for those with their scores (``return_end_token``, so that the length
+  counts EOS as ours does), undo its penalty and rank them with ours, so the scores and their
+  order are exactly ours. What can differ is the pool: our search goes on while an alive
+  hypothesis could still beat the best finished one. With patience 1 CTranslate2 missed our
+  output on 10 of 120 sentences of a small trained model, with patience 2 (``BEAM_PATIENCE``,
+  used whenever alpha > 0) on none. With ``length_penalty=0`` both return the hypothesis with
+  the best summed log-probability, and CTranslate2 stops as exactly as ours (patience 1).
+* sources longer than the position table are cut as ours are (:func:`nmt.search.clip_sources`);
+  ``max_tokens`` becomes ``max_batch_size`` with ``batch_type="tokens"`` (source tokens only);
+  ``precision`` has no equivalent: the weight type is the package's (``--quantize``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+from nmt.config import ConfigError
+from nmt.data.tokenizer import EOS_ID, TokenizerPair
+from nmt.decode_options import DecodeOptions
+
+if TYPE_CHECKING:  # the converter reads PyTorch modules; decoding needs no PyTorch
+    import torch
+
+    from nmt.data.batching import TokenDataset
+    from nmt.models.attention import MultiHeadAttention
+    from nmt.models.transformer import Transformer
+
+log = logging.getLogger("nmt.ct2")
+
+# CTranslate2's beam stops at beam * patience finished hypotheses: 2 gave our outputs on every
+# sentence of a small trained model where 1 missed 10 of 120 (BLEU 91.7 instead of 95.2)
+BEAM_PATIENCE = 2.0
+VERSION = "4.8.5"  # the CTranslate2 release the converter was written and tested against
+MISSING_EXTRA = (
+    "CTranslate2 is not installed: it comes with the optional extra, "
+    "pip install 'nmt[export]' (ctranslate2=={version})"
+)
+
+
+def require() -> Any:
+    """The ``ctranslate2`` module, or a ConfigError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ConfigError(MISSING_EXTRA.format(version=VERSION)) from None
+    return ctranslate2
+
+
+def available() -> bool:
+    try:
+        require()
+    except ConfigError:
+        return False
+    return True
+
+
+def version() -> str:
+    return str(require().__version__)
+
+
+def check_exportable(cfg: DictConfig) -> None:
+    """ConfigError unless the model of ``cfg`` can be converted."""
+    if cfg.model.arch != "transformer":
+        raise ConfigError(
+            f"--format ctranslate2: model.arch={cfg.model.arch!r} cannot be exported: "
+            "CTranslate2 has no recurrent sequence-to-sequence models (only the Transformer "
+            "converts; the GRU package decodes with engine=torch)"
+        )
+
+
+# ----------------------------------------------------------------------------------- convert
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().float().cpu().numpy().copy()
+
+
+def _linear(spec: Any, layer: torch.nn.Linear) -> None:
+    spec.weight = _np(layer.weight)
+    if layer.bias is not None:
+        spec.bias = _np(layer.bias)
+
+
+def _fused(spec: Any, layers: list[torch.nn.Linear]) -> None:
+    """One linear spec holding several projections stacked along the output dimension."""
+    spec.weight = np.concatenate([_np(layer.weight) for layer in layers])
+    if all(layer.bias is not None for layer in layers):
+        spec.bias = np.concatenate([_np(layer.bias) for layer in layers])  # type: ignore[arg-type]
+
+
+def _norm(spec: Any, norm: torch.nn.LayerNorm) -> None:
+    spec.gamma = _np(norm.weight)
+    spec.beta = _np(norm.bias)
+
+
+def _self_attention(spec: Any, attn: MultiHeadAttention, norm: torch.nn.LayerNorm) -> None:
+    _fused(spec.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
+    _linear(spec.linear[1], attn.out_proj)
+    _norm(spec.layer_norm, norm)
+
+
+def _cross_attention(spec: Any, attn: MultiHeadAttention, norm: torch.nn.LayerNorm) -> None:
+    _linear(spec.linear[0], attn.q_proj)
+    _fused(spec.linear[1], [attn.k_proj, attn.v_proj])
+    _linear(spec.linear[2], attn.out_proj)
+    _norm(spec.layer_norm, norm)
+
+
+def _ffn(spec: Any, layer: Any, norm: torch.nn.LayerNorm) -> None:
+    _linear(spec.linear_0, layer.linear1)
+    _linear(spec.linear_1, layer.linear2)
+    _norm(spec.layer_norm, norm)
+
+
+def _positions(model: Transformer, which: str) -> np.ndarray:
+    from nmt.models.transformer import sinusoidal_positions
+
+    pos = getattr(model, which)
+    if pos.learned is not None:
+        return _np(pos.learned.weight)  # (P, D)
+    return _np(sinusoidal_positions(pos.max_positions, model.d_model))  # (P, D)
+
+
+def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:
+    """A filled ``ctranslate2.specs.TransformerSpec`` of ``model``."""
+    require()
+    from ctranslate2.specs import transformer_spec as ts
+
+    norm_first = model.encoder_layers[0].norm_first
+    spec = ts.TransformerSpec.from_config(
+        (len(model.encoder_layers), len(model.decoder_layers)),
+        model.heads,
+        pre_norm=norm_first,
+        alignment_layer=-1,  # the last decoder layer's cross-attention ...
+        alignment_heads=0,  # ... averaged over all heads, as decode_step returns it
+    )
+    spec.config.layer_norm_epsilon = model.encoder_layers[0].norm1.eps
+    enc, dec = spec.encoder, spec.decoder
+    enc.embeddings[0].weight = _np(model.src_embed.weight)
+    enc.scale_embeddings = True  # sqrt(d_model), as Transformer._embed
+    enc.position_encodings.encodings = _positions(model, "src_pos")
+    if norm_first:
+        _norm(enc.layer_norm, model.enc_norm)
+    for layer_spec, layer in zip(enc.layer, model.encoder_layers, strict=True):
+        _self_attention(layer_spec.self_attention, layer.self_attn, layer.norm1)
+        _ffn(layer_spec.ffn, layer, layer.norm2)
+    dec.embeddings.weight = _np(model.tgt_embed.weight)
+    dec.scale_embeddings = True
+    dec.position_encodings.encodings = _positions(model, "tgt_pos")
+    if norm_first:
+        _norm(dec.layer_norm, model.dec_norm)
+    for layer_spec, layer in zip(dec.layer, model.decoder_layers, strict=True):
+        _self_attention(layer_spec.self_attention, layer.self_attn, layer.norm1)
+        _cross_attention(layer_spec.attention, layer.cross_attn, layer.norm2)
+        _ffn(layer_spec.ffn, layer, layer.norm3)
+    dec.projection.weight = _np(model.out_proj.weight)
+    if model.out_proj.bias is not None:
+        dec.projection.bias = _np(model.out_proj.bias)
+    spec.register_source_vocabulary(vocabulary(tokenizers, "src"))
+    spec.register_target_vocabulary(vocabulary(tokenizers, "tgt"))
+    return spec
+
+
+def vocabulary(tokenizers: TokenizerPair, side: str) -> list[str]:
+    """The pieces of a tokenizer in id order: CTranslate2's ids are then ours."""
+    tok = tokenizers.src if side == "src" else tokenizers.tgt
+    return tok.pieces(range(tok.vocab_size))
+
+
+def convert(model: Any, tokenizers: TokenizerPair, out: Path, quantization: str) -> None:
+    """Write the CTranslate2 model of ``model`` into the folder ``out`` (created here)."""
+    from nmt.models.transformer import Transformer
+
+    if not isinstance(model, Transformer):
+        raise ConfigError(f"{type(model).__name__} cannot be exported to CTranslate2")
+    spec = transformer_spec(model, tokenizers)
+    spec.validate()
+    spec.optimize(quantization=None if quantization == "float32" else quantization)
+    out.mkdir(parents=True)
+    spec.save(str(out))
+
+
+# ------------------------------------------------------------------------------------ decode
+
+
+@dataclass
+class Decoded:
+    """One sentence's output, shaped like :class:`nmt.search.Hypothesis` (without PyTorch)."""
+
+    tokens: list[int]  # without BOS and EOS
+    score: float = 0.0
+    attention: np.ndarray | None = None  # (len(tokens) + 1, S), the EOS step included
+    nbest: list[tuple[list[int], float]] = field(default_factory=list)  # best first
+
+
+def output_caps(src_lens: np.ndarray, a: float, b: int) -> np.ndarray:
+    """:func:`nmt.search.max_output_lengths` in numpy: the same float32 arithmetic, so the
+    same caps. src_lens counts EOS."""
+    lens = np.asarray(src_lens, dtype=np.float32)
+    return np.maximum((lens * np.float32(a) + np.float32(b)).astype(np.int64), 1)
+
+
+def gnmt_penalty(length: int, alpha: float) -> float:
+    """:func:`nmt.search.length_penalty` of one length (EOS counted)."""
+    return 1.0 if alpha == 0 else float(((5.0 + length) / 6.0) ** alpha)
+
+
+class CTranslate2Engine:
+    """Decoding with a package's CTranslate2 model (see the module docstring for the mapping)."""
+
+    name = "ctranslate2"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        tokenizers: TokenizerPair,
+        max_positions: int | None,
+        device: Any = "cpu",
+        threads: int = 0,
+    ) -> None:
+        ct2 = require()
+        device_type, index = (device.type, device.index) if hasattr(device, "type") else (device, 0)
+        self.translator = ct2.Translator(
+            str(model_dir),
+            device="cuda" if device_type == "cuda" else "cpu",
+            device_index=index or 0,
+            intra_threads=threads,
+            inter_threads=1,
+        )
+        self.src_pieces = vocabulary(tokenizers, "src")
+        tgt = vocabulary(tokenizers, "tgt")
+        self.tgt_ids = {piece: i for i, piece in enumerate(tgt)}
+        self.eos_piece = tgt[EOS_ID]
+        self.max_positions = max_positions
+
+    def _source(self, ids: list[int]) -> list[str]:
+        """Source pieces with EOS appended, cut to the position table as ours are."""
+        ids = list(ids) + [EOS_ID]
+        if self.max_positions is not None and len(ids) > self.max_positions:
+            ids = ids[: self.max_positions - 1] + [EOS_ID]
+        return [self.src_pieces[t] for t in ids]
+
+    def _ids(self, pieces: list[str]) -> list[int]:
+        """Token ids of an output, without its EOS."""
+        ended = bool(pieces) and pieces[-1] == self.eos_piece
+        return [self.tgt_ids[p] for p in (pieces[:-1] if ended else pieces)]
+
+    def _translate(
+        self, sources: list[list[str]], opts: DecodeOptions, cap: int, keep_attention: bool
+    ) -> list[Any]:
+        greedy = opts.beam == 1
+        return self.translator.translate_batch(
+            sources,
+            max_batch_size=opts.max_tokens,
+            batch_type="tokens",
+            beam_size=opts.beam,
+            num_hypotheses=opts.beam,
+            # greedy: raw summed log-probabilities; beam: CTranslate2's length ** alpha,
+            # undone and replaced by ours in _decoded (alpha = 0 keeps its exact stop)
+            length_penalty=0.0 if greedy else opts.length_penalty,
+            patience=1.0 if greedy or opts.length_penalty == 0 else BEAM_PATIENCE,
+            return_end_token=True,
+            max_input_length=0,
+            max_decoding_length=cap,
+            min_decoding_length=min(opts.min_len, cap),
+            return_scores=True,
+            return_attention=keep_attention,
+        )
+
+    def _decoded(self, result: Any, opts: DecodeOptions, src_len: int, keep: bool) -> Decoded:
+        alpha = opts.length_penalty if opts.beam > 1 else 0.0
+        nbest = []
+        for k, pieces in enumerate(result.hypotheses):
+            score = float(result.scores[k])
+            if alpha != 0:
+                raw = score * max(len(pieces), 1) ** alpha  # CTranslate2 divided by this
+                score = raw / gnmt_penalty(len(pieces), alpha)
+            nbest.append((self._ids(pieces), score, k))
+        nbest.sort(key=lambda x: -x[1])
+        attention = None
+        if keep and result.attention:
+            rows = np.asarray(result.attention[nbest[0][2]], dtype=np.float32)
+            attention = rows[: len(nbest[0][0]) + 1, :src_len]
+        return Decoded(nbest[0][0], nbest[0][1], attention, [(t, s) for t, s, _ in nbest])
+
+    def decode_ids(
+        self, sources: list[list[int]], opts: DecodeOptions, keep_attention: bool = False
+    ) -> list[Decoded]:
+        """Outputs for source token ids (without EOS), in order; an empty source gives an
+        empty output (score 0) without being decoded."""
+        out: list[Decoded | None] = [None] * len(sources)
+        rows = [i for i, ids in enumerate(sources) if len(ids) > 0]
+        for i, ids in enumerate(sources):
+            if len(ids) == 0:
+                out[i] = Decoded([], 0.0, None, [([], 0.0)])
+        pieces = [self._source(sources[i]) for i in rows]
+        lens = np.asarray([len(p) for p in pieces], dtype=np.int64)
+        caps = output_caps(lens, opts.max_len_a, opts.max_len_b)
+        if self.max_positions is not None:
+            caps = np.minimum(caps, self.max_positions - 1)
+        caps_list = caps.tolist()
+        groups: dict[int, list[int]] = defaultdict(list)  # cap -> positions in rows
+        if opts.beam == 1 and rows:  # one call up to the largest cap; outputs past their own redone
+            results = self._translate(pieces, opts, max(caps_list), keep_attention)
+            for j, result in enumerate(results):
+                if len(self._ids(result.hypotheses[0])) > caps_list[j]:
+                    groups[caps_list[j]].append(j)
+                else:
+                    out[rows[j]] = self._decoded(result, opts, int(lens[j]), keep_attention)
+        elif rows:
+            for j, cap in enumerate(caps_list):
+                groups[cap].append(j)
+        for cap, members in groups.items():
+            results = self._translate([pieces[j] for j in members], opts, cap, keep_attention)
+            for j, result in zip(members, results, strict=True):
+                out[rows[j]] = self._decoded(result, opts, int(lens[j]), keep_attention)
+        return [d for d in out if d is not None]
+
+    def hypotheses(
+        self, data: TokenDataset, opts: DecodeOptions, limit: int = 0, keep_attention: bool = False
+    ) -> list[Decoded]:
+        """Outputs for (the first ``limit`` sentences of) ``data``, in order."""
+        n = len(data) if limit <= 0 else min(limit, len(data))
+        return self.decode_ids([data.src(i).tolist() for i in range(n)], opts, keep_attention)

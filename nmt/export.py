@@ -1,0 +1,392 @@
+"""Writing model packages (``nmt-export`` / ``make export``) and loading their PyTorch model.
+
+The layout and the torch-free reading of a package are in :mod:`nmt.package`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from nmt.checkpoint import CheckpointError, atomic_write_bytes
+from nmt.config import ConfigError, to_container
+from nmt.data.corpus import DataError
+from nmt.inference import (
+    Trained,
+    build_model,
+    checkpoint_path,
+    checkpoint_run_dir,
+    decode_defaults,
+    load_trained,
+)
+from nmt.models.base import Seq2Seq
+from nmt.package import (
+    CARD,
+    CONFIG,
+    CT2_DIR,
+    FORMAT,
+    FORMATS,
+    MANIFEST,
+    MULTI30K_LICENCE,
+    QUANTIZATIONS,
+    WEIGHTS,
+    is_package,
+    read_package,
+    sha256_file,
+    tokenizer_files,
+    verified_file,
+)
+from nmt.runtime import resolve_run_dir, setup_logging
+
+log = logging.getLogger("nmt.export")
+
+
+# ----------------------------------------------------------------------------------- weights
+
+
+def unique_weights(model: Seq2Seq) -> dict[str, torch.Tensor]:
+    """The model's state dict with each shared (tied) tensor once, under its first name."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in model.state_dict().items():
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        out[name] = tensor.detach().contiguous().cpu()
+    return out
+
+
+def load_weights(model: Seq2Seq, path: Path) -> None:
+    """Load a package's safetensors file into ``model``: exactly the tensors it expects."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        weights = load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file: {e}") from None
+    expected = set(unique_weights(model))
+    for name in sorted(set(weights) - expected):
+        raise CheckpointError(f"{path}: unexpected tensor {name!r} for this model")
+    for name in sorted(expected - set(weights)):
+        raise CheckpointError(f"{path}: tensor {name!r} is missing")
+    try:
+        model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: {str(e).splitlines()[0]}") from None
+
+
+def load_package(package: str | Path, device: torch.device) -> Trained:
+    """The model, tokenizers and checked config of a package, ready to decode on ``device``.
+
+    ``Trained.path`` is the package folder; its decoding defaults are the ``decode`` section of
+    its config.yaml.
+    """
+    package = Path(package)
+    manifest, cfg, tokenizers = read_package(package)
+    if not manifest.torch_weights:
+        raise CheckpointError(
+            f"{package} holds only a CTranslate2 model (exported with --ctranslate2-only): "
+            "decode it with engine=ctranslate2; engine=torch and nmt-attention need a package "
+            "with the PyTorch weights"
+        )
+    model = build_model(cfg, tokenizers)
+    load_weights(model, verified_file(package, manifest, WEIGHTS))
+    model.to(device).eval()
+    return Trained(model, tokenizers, cfg, package, int(manifest.step))
+
+
+def load_for_decoding(cfg: DictConfig, device: torch.device) -> Trained:
+    """The model an eval/translate/attention/serve config names: ``model_dir`` (a package), or
+    ``run``/``ckpt`` (a checkpoint; a package folder given as ``run`` is read as a package)."""
+    package = None
+    if cfg.get("model_dir"):
+        if cfg.get("ckpt"):
+            raise ConfigError(f"give model={cfg.model_dir} or ckpt={cfg.ckpt}, not both")
+        package = Path(cfg.model_dir)
+    elif not cfg.get("ckpt") and is_package(cfg.run):
+        package = Path(cfg.run)
+    if package is None:
+        return load_trained(checkpoint_path(cfg.run, cfg.ckpt), device)
+    files = read_package(package)
+    if not files.manifest.torch_weights and cfg.get("engine") in ("ctranslate2", "auto"):
+        # a CTranslate2-only package: no PyTorch model, the engine decodes it (model is None)
+        return Trained(None, files.tokenizers, files.cfg, package, int(files.manifest.step))  # type: ignore[arg-type]
+    return load_package(package, device)
+
+
+# ---------------------------------------------------------------------------------- writing
+
+
+def package_config(trained: Trained) -> dict[str, Any]:
+    """The run's config as plain data, with ``decode`` set to how the run is meant to be
+    decoded (its config.yaml over the checkpoint's)."""
+    raw = to_container(trained.cfg)
+    decode = decode_defaults(trained)
+    if decode is not None:
+        raw["decode"] = OmegaConf.to_container(decode, resolve=True)
+    return raw
+
+
+def eval_reports(trained: Trained) -> list[dict[str, Any]]:
+    """The ``nmt-eval`` score files of the checkpoint's run that scored this checkpoint."""
+    run_dir = checkpoint_run_dir(trained.path)
+    if run_dir is None or not (run_dir / "eval").is_dir():
+        return []
+    reports = []
+    for path in sorted((run_dir / "eval").glob("scores.*.json")):
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        same = Path(str(report.get("checkpoint", ""))).resolve() == trained.path.resolve()
+        if same and report.get("step") == trained.step:
+            reports.append(report)
+    return reports
+
+
+def training_command(trained: Trained) -> str:
+    run_dir = checkpoint_run_dir(trained.path)
+    summary = run_dir / "summary.json" if run_dir is not None else None
+    if summary is not None and summary.is_file():
+        try:
+            overrides = json.loads(summary.read_text(encoding="utf-8")).get("overrides", [])
+            return " ".join(["nmt-train", *map(str, overrides)])
+        except (OSError, json.JSONDecodeError):
+            pass
+    return "not recorded (the run has no summary.json); config.yaml holds the whole config"
+
+
+def model_card(
+    trained: Trained, decode: dict[str, Any], licence: str | None, ct2: dict | None
+) -> str:
+    """The package's README.md."""
+    cfg = trained.cfg
+    m, d = cfg.model, cfg.data
+    sizes = ", ".join(f"{k}={v}" for k, v in m.items() if k != "arch")
+    params = trained.model.num_parameters()
+    if licence is None:
+        licence = (
+            MULTI30K_LICENCE
+            if d.corpus == "multi30k"
+            else "not recorded: the model was trained on the user's own corpus "
+            "(nmt-export --data-licence states it)"
+        )
+    lines = [
+        f"# {m.arch} {d.src_lang}->{d.tgt_lang} (nmt model package)",
+        "",
+        "## Model",
+        "",
+        f"- architecture: `{m.arch}` ({sizes})",
+        f"- parameters: {params:,} (a tied matrix counted, and stored, once)",
+        f"- training step: {trained.step}; source checkpoint: `{trained.path.name}`",
+        f"- vocabulary: sentencepiece {d.spm_model_type}, "
+        f"{'one joint model' if trained.tokenizers.joint else 'one model per side'}, "
+        f"{trained.tokenizers.src.vocab_size} / {trained.tokenizers.tgt.vocab_size} pieces",
+        f"- decoding defaults: beam {decode['beam']}, length penalty {decode['length_penalty']}",
+    ]
+    if ct2 is not None:
+        lines.append(
+            f"- CTranslate2 model in `ctranslate2/`: {ct2['quantization']} weights, "
+            f"written by CTranslate2 {ct2['version']}"
+        )
+    lines += [
+        "",
+        "## Data",
+        "",
+        f"- corpus: {d.corpus} ({d.src_lang}->{d.tgt_lang}), train `{d.train}`, "
+        f"valid `{d.valid}`, test {', '.join(f'`{t}`' for t in d.test)}",
+        f"- licence of the data: {licence}",
+        "",
+        "## Training command",
+        "",
+        "```",
+        training_command(trained),
+        "```",
+        "",
+        "## Scores",
+        "",
+    ]
+    reports = eval_reports(trained)
+    if not reports:
+        lines += [
+            "Not evaluated before export: `nmt-eval model=<this folder>` scores it (sacreBLEU).",
+            "",
+        ]
+    for report in reports:
+        opts = report.get("options", {})
+        search = f"beam {opts.get('beam')}, length penalty {opts.get('length_penalty')}"
+        for name, entry in report.get("sets", {}).items():
+            lines.append(f"{name} ({entry.get('sentences')} sentences, {search}):")
+            lines.append("")
+            for metric, s in entry.get("scores", {}).items():
+                score = s.get("score", float("nan"))
+                lines.append(f"- {metric} {score:.2f} `{s.get('signature')}`")
+            lines.append("")
+    lines += [
+        "## Use",
+        "",
+        "```",
+        "nmt-translate model=<this folder> input=FILE output=FILE",
+        "nmt-eval model=<this folder> 'test=[src.txt:ref.txt]'",
+        "nmt-serve model=<this folder> port=8080",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def source_name(ckpt: Path) -> str:
+    """``<run>/checkpoints/<file>`` of a checkpoint in a run, else its file name: the package
+    names where it came from without the paths of the machine that wrote it."""
+    run_dir = checkpoint_run_dir(ckpt)
+    return f"{run_dir.name}/checkpoints/{ckpt.name}" if run_dir is not None else ckpt.name
+
+
+def export_package(
+    ckpt: Path,
+    out: Path,
+    *,
+    fmt: str = "torch",
+    quantize: str | None = None,
+    licence: str | None = None,
+    force: bool = False,
+    ctranslate2_only: bool = False,
+) -> Path:
+    """Write the package of checkpoint ``ckpt`` into the folder ``out`` (created whole, then
+    moved into place, so a failed export leaves nothing under ``out``). ``ctranslate2_only``
+    leaves the PyTorch weights out: the smallest package, decoded by CTranslate2 alone."""
+    if ctranslate2_only and fmt != "ctranslate2":
+        raise ConfigError("--ctranslate2-only needs --format ctranslate2")
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r} is not one of: {', '.join(FORMATS)}")
+    if quantize is not None and fmt != "ctranslate2":
+        raise ConfigError("--quantize applies to --format ctranslate2 only")
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ConfigError(f"--quantize {quantize!r} is not one of: {', '.join(QUANTIZATIONS)}")
+    out = Path(out)
+    if out.exists() and not (force and is_package(out)):
+        why = "use --force to replace it" if is_package(out) else "and is not a package"
+        raise ConfigError(f"--out {out} already exists ({why})")
+    trained = load_trained(Path(ckpt), torch.device("cpu"))
+    ct2 = None
+    if fmt == "ctranslate2":
+        from nmt import ct2 as ct2_module
+
+        ct2_module.check_exportable(trained.cfg)
+        ct2 = {"quantization": quantize or "float32", "version": ct2_module.version()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        config = package_config(trained)
+        (tmp / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        if not ctranslate2_only:
+            from safetensors.torch import save_file
+
+            weights = unique_weights(trained.model)
+            save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        toks = trained.tokenizers
+        protos = [toks.src.proto] if toks.joint else [toks.src.proto, toks.tgt.proto]
+        for name, proto in zip(tokenizer_files(toks.joint), protos, strict=True):
+            atomic_write_bytes(tmp / name, proto)
+        if ct2 is not None:
+            from nmt import ct2 as ct2_module
+
+            ct2_module.convert(trained.model, toks, tmp / CT2_DIR, ct2["quantization"])
+        card = model_card(trained, config["decode"], licence, ct2)
+        (tmp / CARD).write_text(card, encoding="utf-8")
+        written = [p for p in sorted(tmp.rglob("*")) if p.is_file()]
+        files = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in written}
+        manifest = {
+            "format": FORMAT,
+            "arch": trained.cfg.model.arch,
+            "step": trained.step,
+            "joint_vocab": toks.joint,
+            "parameters": trained.model.num_parameters(),
+            "source_checkpoint": source_name(Path(ckpt)),
+            "source_sha256": sha256_file(Path(ckpt)),
+            "files": files,
+            "ctranslate2": ct2,
+            "torch_weights": not ctranslate2_only,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        # what was written loads through the gate
+        files = read_package(tmp)
+        for name in files.manifest.files:
+            verified_file(tmp, files.manifest, name)
+        if not ctranslate2_only:
+            load_package(tmp, torch.device("cpu"))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# ---------------------------------------------------------------------------------- command
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="nmt-export",
+        description="Write a trained model as a self-contained package (safetensors weights, "
+        "config, sentencepiece models, model card; optionally a CTranslate2 model).",
+    )
+    p.add_argument("run", nargs="?", default="outputs/latest", help="run directory")
+    p.add_argument(
+        "--ckpt", help="checkpoint file or name (best, last, averaged); default: as nmt-eval"
+    )
+    p.add_argument("--out", required=True, help="the package folder to write")
+    p.add_argument("--format", default="torch", choices=FORMATS, dest="fmt")
+    p.add_argument(
+        "--quantize",
+        choices=QUANTIZATIONS,
+        help="CTranslate2 weight type (default float32); --format ctranslate2 only",
+    )
+    p.add_argument(
+        "--ctranslate2-only",
+        action="store_true",
+        help="leave out the PyTorch weights (only engine=ctranslate2 decodes the package)",
+    )
+    p.add_argument("--data-licence", help="the licence of the training data, for the model card")
+    p.add_argument("--force", action="store_true", help="replace an existing package at --out")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    args = parse_args(argv)
+    try:
+        ckpt = checkpoint_path(resolve_run_dir(args.run), args.ckpt)
+        out = export_package(
+            ckpt,
+            Path(args.out),
+            fmt=args.fmt,
+            quantize=args.quantize,
+            licence=args.data_licence,
+            force=args.force,
+            ctranslate2_only=args.ctranslate2_only,
+        )
+    except (ConfigError, DataError, CheckpointError) as e:
+        log.error("%s", e)
+        return 2
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"package {out} ({size / 2**20:.1f} MiB) from {ckpt}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

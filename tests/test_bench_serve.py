@@ -1,0 +1,66 @@
+"""A smoke run of ``make bench-serve`` on tiny checkpoints: every part runs and its JSON holds
+the figures the README quotes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nmt.train import train
+
+from .helpers import REPO, TINY_TRANSFORMER, compose_config, tiny_run_overrides
+
+
+@pytest.fixture(scope="module")
+def runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bench_serve")
+    steps = ("trainer.max_steps=6", "trainer.val_every=6", "trainer.device=cpu")
+    out = {}
+    overrides = tiny_run_overrides(corpus, root, *steps)  # one data root: one tokenizer
+    train(compose_config("train", overrides), root / "t")
+    out["transformer"] = root / "t" / "checkpoints" / "best.pt"
+    gru = [o for o in overrides if o not in TINY_TRANSFORMER]
+    gru += ["model=gru_bahdanau", "model.emb_dim=32", "model.hidden_dim=32", "model.attn_dim=32"]
+    train(compose_config("train", gru), root / "g")
+    out["gru"] = root / "g" / "checkpoints" / "best.pt"
+    return out
+
+
+def test_bench_serve_quick_run(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    cmd = [
+        sys.executable, "scripts/bench_serve.py", "--quick", "--threads", "1",
+        "--transformer", str(runs["transformer"]), "--transformer-base", str(runs["transformer"]),
+        "--gru", str(runs["gru"]), "--sentences", "12", "--base-sentences", "6",
+        "--fixed-length", "5", "--levels", "1,4", "--requests", "12", "--malformed", "18",
+        "--work", str(tmp_path / "work"), "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    transformer = result["models"]["transformer"]
+    assert set(transformer["runs"]) == {
+        f"{engine}.beam{beam}"
+        for engine in ("torch", "ctranslate2-float32", "ctranslate2-int8")
+        for beam in (1, 5)
+    }
+    assert transformer["parity"]["greedy_identical_share"] >= 0.99
+    assert {r["tgt_tokens"] for r in result["models"]["transformer_base"]["runs"].values()} == {
+        6 * 6  # fixed length: 5 tokens and EOS for every sentence, whichever engine
+    }
+    assert set(result["models"]["gru"]["runs"]) == {
+        "torch.beam1", "torch-int8.beam1", "torch.beam5", "torch-int8.beam5"
+    }  # fmt: skip
+    for engine in ("torch", "ctranslate2"):
+        server = result["server"][engine]
+        assert [level["errors"] for level in server["levels"]] == [0, 0]
+        assert [level["answered"] for level in server["levels"]] == [12, 12]
+        assert server["malformed"]["all_4xx"] and server["malformed"]["then_serves"]
+        assert server["exit_code_after_sigterm"] == 0
+    assert result["server"]["ctranslate2_rss_vs_torch"] < 1

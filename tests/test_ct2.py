@@ -1,0 +1,263 @@
+"""The CTranslate2 export and engine: the converted model computes our model's probabilities,
+decodes a small trained model as our search does, and its quantized forms stay close."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt import ct2
+from nmt.checkpoint import CheckpointError
+from nmt.config import ConfigError
+from nmt.data.batching import make_batch
+from nmt.data.prepare import encode_texts, prepare_data
+from nmt.engines import TorchEngine, auto_choice, make_engine, probe_options, synthetic_data
+from nmt.engines import measure as measure_engines
+from nmt.export import export_package, load_package
+from nmt.export import main as export_main
+from nmt.inference import build_model, load_trained
+from nmt.metrics import bleu
+from nmt.package import CT2_DIR, WEIGHTS
+from nmt.search import DecodeOptions, max_output_lengths
+from nmt.train import train
+from nmt.translate import translate
+
+from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CPU = torch.device("cpu")
+
+
+def folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# ------------------------------------------------------------- every variant converts exactly
+
+
+VARIANTS = {
+    "pre-norm, tied, joint, sinusoidal": [],
+    "post-norm": ["model.norm_first=false"],
+    "untied, two vocabularies": ["model.tie_embeddings=false", "data.joint_vocab=false"],
+    "learned positions": ["model.learned_positions=true", "model.max_positions=128"],
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_converted_model_gives_our_log_probabilities(
+    variant: str, corpus: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = tmp_path_factory.mktemp("variant")
+    overrides = [*corpus_overrides(corpus, root), *TINY_TRANSFORMER, *VARIANTS[variant]]
+    cfg = compose_config("train", [*overrides, "model.dropout=0", "model.attn_dropout=0"])
+    tokenizers = prepare_data(cfg.data).tokenizers
+    torch.manual_seed(0)
+    model = build_model(cfg, tokenizers).eval()
+    if cfg.model.learned_positions:  # random position vectors: a wrong table would show
+        torch.nn.init.normal_(model.tgt_pos.learned.weight, 0.0, 1.0)
+        torch.nn.init.normal_(model.src_pos.learned.weight, 0.0, 1.0)
+    for p in (p for name, p in model.named_parameters() if "norm" in name):
+        torch.nn.init.uniform_(p, 0.5, 1.5)  # layer norms that are not the identity
+    ct2.convert(model, tokenizers, root / "ct2", "float32")
+    translator = ct2.require().Translator(str(root / "ct2"), intra_threads=1)
+
+    lines = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[:8]
+    refs = Path(f"{corpus}.en").read_text(encoding="utf-8").splitlines()[:8]
+    data = encode_texts(tokenizers, lines, refs)
+    batch = make_batch(data, list(range(8)))
+    with torch.inference_mode():
+        logp = model(batch.src, batch.src_lens, batch.tgt_in).log_softmax(-1)  # (B, T, V)
+    src_vocab, tgt_vocab = ct2.vocabulary(tokenizers, "src"), ct2.vocabulary(tokenizers, "tgt")
+    sources = [[src_vocab[t] for t in data.src(i).tolist()] + ["</s>"] for i in range(8)]
+    targets = [[tgt_vocab[t] for t in data.tgt(i).tolist()] for i in range(8)]
+    results = translator.score_batch(sources, targets)
+    for i, result in enumerate(results):
+        gold = batch.tgt_out[i, : len(targets[i]) + 1]  # the target and EOS
+        ours = logp[i, torch.arange(len(gold)), gold]
+        theirs = torch.tensor(result.log_probs)
+        assert torch.allclose(ours, theirs, atol=2e-4), (variant, i, (ours - theirs).abs().max())
+
+
+def test_the_gru_cannot_be_exported(tmp_path: Path) -> None:
+    cfg = compose_config("train", ["model=gru_bahdanau"])
+    with pytest.raises(ConfigError, match="no recurrent"):
+        ct2.check_exportable(cfg)
+
+
+def test_a_missing_extra_is_a_message_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, trained: dict, tmp_path: Path, caplog
+) -> None:
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
+    with pytest.raises(ConfigError, match=r"pip install 'nmt\[export\]'"):
+        ct2.require()
+    args = [str(trained["run"]), "--out", str(tmp_path / "p"), "--format", "ctranslate2"]
+    assert export_main(args) == 2
+    assert "pip install 'nmt[export]'" in caplog.text
+    assert not (tmp_path / "p").exists()
+
+
+# ------------------------------------------------------------------ a small trained model
+
+
+@pytest.fixture(scope="module")
+def trained(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A tiny Transformer trained on 120 pairs until it translates them passably, and its
+    packages: CTranslate2 in float32 and int8."""
+    root = tmp_path_factory.mktemp("trained")
+    overrides = tiny_run_overrides(
+        corpus,
+        root,
+        "trainer.device=cpu",
+        "trainer.max_steps=300",
+        "trainer.val_every=300",
+        "trainer.label_smoothing=0",
+        "model.dropout=0",
+        "model.attn_dropout=0",
+        "optim.lr=3e-3",
+        "optim.warmup_steps=30",
+        "data.max_tokens=1200",
+    )
+    run = root / "run"
+    train(compose_config("train", overrides), run)
+    ckpt = run / "checkpoints" / "best.pt"
+    packages = {
+        q: export_package(ckpt, root / f"pkg-{q}", fmt="ctranslate2", quantize=q)
+        for q in ("float32", "int8", "int16")
+    }
+    packages["int8-only"] = export_package(
+        ckpt, root / "pkg-int8-only", fmt="ctranslate2", quantize="int8", ctranslate2_only=True
+    )
+    src = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()
+    ref = Path(f"{corpus}.en").read_text(encoding="utf-8").splitlines()
+    model = load_trained(ckpt, CPU)
+    return {"run": run, "packages": packages, "model": model, "src": src, "ref": ref}
+
+
+def decode_both(trained: dict, quantization: str, opts: DecodeOptions) -> tuple[list, list, list]:
+    """Our hypotheses, CTranslate2's and the caps of each sentence."""
+    package = load_package(trained["packages"][quantization], CPU)
+    data = encode_texts(package.tokenizers, trained["src"], trained["ref"])
+    ours = TorchEngine(trained["model"].model, CPU).hypotheses(data, opts)
+    theirs = make_engine("ctranslate2", package, opts, CPU).hypotheses(data, opts)
+    caps = max_output_lengths(torch.from_numpy(data.src_lens + 1), 1.2, 10).tolist()
+    return ours, theirs, caps
+
+
+def test_greedy_tokens_equal_ours(trained: dict) -> None:
+    ours, theirs, caps = decode_both(trained, "float32", DecodeOptions(beam=1))
+    assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+    uncapped = [(a, b) for a, b, c in zip(ours, theirs, caps, strict=True) if len(a.tokens) < c]
+    assert len(uncapped) > 0.8 * len(ours)  # the model stops by itself: scores are comparable
+    assert max(abs(a.score - b.score) for a, b in uncapped) < 1e-3
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_beam_scores_close_to_ours(trained: dict, alpha: float) -> None:
+    ours, theirs, caps = decode_both(
+        trained, "float32", DecodeOptions(beam=5, length_penalty=alpha)
+    )
+    same = [(a, b) for a, b in zip(ours, theirs, strict=True) if a.tokens == b.tokens]
+    assert len(same) >= 0.95 * len(ours)  # all 120 when this was written (BEAM_PATIENCE)
+    for a, b, cap in zip(ours, theirs, caps, strict=True):
+        if max(len(a.tokens), len(b.tokens)) >= cap:
+            continue  # at the cap our search adds EOS's log-probability, CTranslate2 does not
+        # our search goes on while a hypothesis could still win, so it never ends worse
+        assert a.score >= b.score - 1e-3
+        if a.tokens == b.tokens:
+            assert abs(a.score - b.score) < 1e-3
+        assert len(b.nbest) == 5 and b.nbest == sorted(b.nbest, key=lambda x: -x[1])
+
+
+# BLEU bounds of the quantized models on the 120 training pairs of a 64-wide model (measured:
+# int8 -1.3 greedy and +0.1 beam 5, int16 +0.3 and 0.0); narrow models lose the most to int8
+BLEU_BOUND = {"int8": 2.0, "int16": 0.5}
+
+
+def test_quantized_models_stay_within_their_bleu_bound(trained: dict) -> None:
+    sizes = {q: (p / CT2_DIR / "model.bin").stat().st_size for q, p in trained["packages"].items()}
+    model = trained["model"].model
+    tables = 2 * model.tgt_pos.max_positions * model.d_model * 4  # position tables stay fp32
+    assert sizes["int8"] - tables < 0.3 * (sizes["float32"] - tables)
+    assert sizes["int16"] - tables < 0.55 * (sizes["float32"] - tables)
+    tgt = trained["model"].tokenizers.tgt
+    for quantization, bound in BLEU_BOUND.items():
+        for beam in (1, 5):
+            ours, theirs, _ = decode_both(trained, quantization, DecodeOptions(beam=beam))
+            ours_bleu = bleu([tgt.decode(h.tokens) for h in ours], trained["ref"]).score
+            their_bleu = bleu([tgt.decode(h.tokens) for h in theirs], trained["ref"]).score
+            assert ours_bleu > 50  # a model that translates its training pairs
+            assert abs(their_bleu - ours_bleu) < bound, (quantization, beam, ours_bleu, their_bleu)
+
+
+def test_engine_auto_measures_once_then_reads_the_cache(
+    trained: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = load_package(trained["packages"]["float32"], CPU)
+    opts = DecodeOptions(beam=2)
+    speeds, _ = measure_engines(
+        {
+            "torch": TorchEngine(package.model, CPU),
+            "ct2": make_engine("ctranslate2", package, opts, CPU),
+        },
+        synthetic_data(package.tokenizers.src.vocab_size),
+        probe_options(opts),
+        rounds=1,
+    )
+    assert set(speeds) == {"torch", "ct2"} and min(speeds.values()) > 0  # the real probe runs
+
+    probes = []
+
+    def probe(figures: dict, agree: bool):
+        def fake(*args, **kwargs):
+            probes.append(figures)
+            return figures, agree
+
+        return fake
+
+    monkeypatch.setattr("nmt.engines.measure", probe({"torch": 1.0, "ctranslate2": 2.0}, True))
+    assert auto_choice(package, opts, CPU, tmp_path) == (
+        "ctranslate2",
+        {"torch": 1.0, "ctranslate2": 2.0},
+        False,
+    )
+    (entry,) = tmp_path.glob("*.json")
+    assert json.loads(entry.read_text())["engine"] == "ctranslate2"
+    assert auto_choice(package, opts, CPU, tmp_path)[2] is True and len(probes) == 1  # cached
+    # another beam size is another measurement; rounds that disagree are not cached
+    monkeypatch.setattr("nmt.engines.measure", probe({"torch": 3.0, "ctranslate2": 2.0}, False))
+    for _ in range(2):
+        assert auto_choice(package, DecodeOptions(beam=3), CPU, tmp_path)[:2] == (
+            "torch",
+            {"torch": 3.0, "ctranslate2": 2.0},
+        )
+    assert len(probes) == 3 and len(list(tmp_path.glob("*.json"))) == 1
+    # without a CTranslate2 model there is nothing to choose from
+    assert make_engine("auto", trained["model"], opts, CPU).name == "torch"
+    with pytest.raises(ConfigError, match="--format ctranslate2"):
+        make_engine("ctranslate2", trained["model"], opts, CPU)
+
+
+def test_a_ctranslate2_only_package_decodes_without_pytorch_weights(
+    trained: dict, tmp_path: Path
+) -> None:
+    only, full = trained["packages"]["int8-only"], trained["packages"]["int8"]
+    assert not (only / WEIGHTS).exists() and (full / WEIGHTS).is_file()
+    assert folder_size(only) < 0.5 * folder_size(full)
+    src = tmp_path / "in.de"
+    src.write_text("\n".join(trained["src"][:10]) + "\n", encoding="utf-8")
+    texts = []
+    for package in (only, full):
+        out = tmp_path / f"{package.name}.en"
+        args = [f"model_dir={package}", "engine=ctranslate2", f"input={src}", f"output={out}"]
+        translate(compose_config("translate", args))
+        texts.append(out.read_text(encoding="utf-8"))
+    assert texts[0] == texts[1] and texts[0].count("\n") == 10
+    with pytest.raises(CheckpointError, match="engine=ctranslate2"):
+        translate(compose_config("translate", [f"model_dir={only}", "engine=torch"]))
+    with pytest.raises(CheckpointError, match="only a CTranslate2 model"):
+        load_package(only, CPU)

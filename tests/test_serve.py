@@ -1,0 +1,259 @@
+"""``nmt-serve``: real requests, batching of concurrent ones (shown by counters), a 4xx with a
+message for each kind of malformed request, and a graceful stop on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from aiohttp.test_utils import TestClient, TestServer
+
+from nmt.export import export_package, load_package
+from nmt.search import DecodeOptions
+from nmt.serve import load_backend, make_app
+from nmt.train import train
+from nmt.translate import translate_lines
+
+from .helpers import REPO, compose_config, tiny_run_overrides
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SENTENCES = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest."]
+
+
+@pytest.fixture(scope="module")
+def package(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A package of a briefly trained tiny Transformer, with its CTranslate2 model."""
+    root = tmp_path_factory.mktemp("serve")
+    overrides = tiny_run_overrides(
+        corpus, root, "trainer.max_steps=6", "trainer.val_every=6", "trainer.device=cpu"
+    )
+    train(compose_config("train", overrides), root / "run")
+    ckpt = root / "run" / "checkpoints" / "best.pt"
+    return export_package(ckpt, root / "pkg", fmt="ctranslate2")
+
+
+def serve_config(package: Path, *extra: str):
+    return compose_config("serve", [f"model_dir={package}", "device=cpu", "threads=1", *extra])
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, tries: int = 2000) -> None:
+    """Wait for a condition (polled every 10 ms, at most ``tries`` times)."""
+    for _ in range(tries):
+        if await check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+def run_app(app: Any, scenario: Callable[[TestClient], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with TestClient(TestServer(app)) as client:
+            await scenario(client)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("engine", ["torch", "ctranslate2"])
+def test_a_real_request_is_translated_as_nmt_translate_does(package: Path, engine: str) -> None:
+    backend = load_backend(serve_config(package, f"engine={engine}"))
+    assert backend.engine == engine
+    trained = load_package(package, torch.device("cpu"))
+    expected = translate_lines(trained, SENTENCES, DecodeOptions(beam=2), torch.device("cpu"), 2)
+
+    async def scenario(client: TestClient) -> None:
+        response = await client.post(
+            "/translate", json={"text": SENTENCES, "beam": 2, "n_best": 2, "attention": True}
+        )
+        assert response.status == 200, await response.text()
+        body = await response.json()
+        assert body["translations"] == [r[0][0] for r in expected]
+        assert [[h["text"] for h in n] for n in body["n_best"]] == [
+            [t for t, _ in r] for r in expected
+        ]
+        for att in body["attention"]:
+            assert att["source"][-1] == "</s>"
+            assert len(att["weights"]) == len(att["target"])  # one row per output token
+            for row in att["weights"]:
+                assert len(row) == len(att["source"]) and abs(sum(row) - 1) < 1e-3
+        health = await (await client.get("/health")).json()
+        assert health["engine"] == engine and health["requests"] == 1
+
+    run_app(make_app(backend, serve_config(package)), scenario)
+
+
+def test_concurrent_requests_share_one_decode(package: Path) -> None:
+    """While the model decodes a first request, three more arrive: they make one batch."""
+    cfg = serve_config(package, "engine=torch")
+    backend = load_backend(cfg)
+    decode, calls, release = backend.decode, [], threading.Event()
+
+    def held_decode(sources: list[list[int]], opts: DecodeOptions, attention: bool) -> list:
+        calls.append(len(sources))
+        if len(calls) == 1:
+            release.wait(60)  # the first decode lasts until the others are queued
+        return decode(sources, opts, attention)
+
+    app = make_app(replace(backend, decode=held_decode), cfg)
+
+    async def health(client: TestClient) -> dict:
+        return await (await client.get("/health")).json()
+
+    async def scenario(client: TestClient) -> None:
+        first = asyncio.ensure_future(client.post("/translate", json={"text": SENTENCES[:1]}))
+
+        async def decoding() -> bool:
+            return len(calls) == 1
+
+        await until(decoding, "the first request is being decoded")
+        others = [
+            asyncio.ensure_future(client.post("/translate", json={"text": SENTENCES[i : i + 2]}))
+            for i in range(3)
+        ]
+
+        async def queued() -> bool:
+            return (await health(client))["queued"] == 3
+
+        await until(queued, "three requests wait")
+        release.set()
+        responses = [await r for r in (first, *others)]
+        bodies = [await r.json() for r in responses]
+        assert [r.status for r in responses] == [200] * 4
+        assert [len(b["translations"]) for b in bodies] == [1, 2, 2, 1]
+        state = await health(client)
+        assert calls == [1, 5] and state["batches"] == 2 and state["sentences"] == 6
+        # each request got its own sentences back
+        alone = await (await client.post("/translate", json={"text": SENTENCES[1:3]})).json()
+        assert bodies[2]["translations"] == alone["translations"]
+
+    run_app(app, scenario)
+
+
+def malformed_requests(limit: int) -> list[tuple[str, bytes, int, str]]:
+    """(kind, body, expected status, words of the message)."""
+    big = json.dumps({"text": ["x" * 50] * 200}).encode()
+    return [
+        ("bad json", b'{"text": [', 400, "not valid JSON"),
+        ("invalid utf-8", b'{"text": ["\xff\xfe"]}', 400, "not valid UTF-8"),
+        ("not an object", b'["Ein Hund."]', 400, "JSON object"),
+        ("text missing", b'{"beam": 2}', 400, "'text' is missing"),
+        ("text not a list", b'{"text": "Ein Hund."}', 400, "list of strings"),
+        ("numbers", b'{"text": [1, 2]}', 400, "list of strings"),
+        ("empty list", b'{"text": []}', 400, "empty"),
+        ("unknown key", b'{"text": ["a"], "exec": "rm"}', 400, "unknown key"),
+        ("beam string", b'{"text": ["a"], "beam": "5"}', 400, "'beam' must be an integer"),
+        ("beam zero", b'{"text": ["a"], "beam": 0}', 400, "between 1"),
+        ("beam huge", b'{"text": ["a"], "beam": 1000}', 400, "between 1"),
+        ("n_best > beam", b'{"text": ["a"], "beam": 2, "n_best": 3}', 400, "'n_best'=3"),
+        ("penalty", b'{"text": ["a"], "length_penalty": "x"}', 400, "length_penalty"),
+        ("attention", b'{"text": ["a"], "attention": 1}', 400, "true or false"),
+        ("too many", json.dumps({"text": ["a"] * 65}).encode(), 413, "at most 64"),
+        ("too long", json.dumps({"text": ["a" * 1001]}).encode(), 413, "at most 1000"),
+        ("huge body", big, 413, f"at most {limit}"),
+    ]
+
+
+def test_each_malformed_request_gets_a_4xx_with_a_message(package: Path) -> None:
+    cfg = serve_config(package, "engine=torch", "max_body_bytes=4000")
+    app = make_app(load_backend(cfg), cfg)
+    cases = malformed_requests(4000)
+
+    async def chunks(data: bytes):  # a body without Content-Length: only reading finds its size
+        for start in range(0, len(data), 1000):
+            yield data[start : start + 1000]
+
+    async def scenario(client: TestClient) -> None:
+        for kind, body, status, words in cases:
+            response = await client.post("/translate", data=body)
+            assert response.status == status, (kind, await response.text())
+            assert words in (await response.json())["error"], kind
+        response = await client.post("/translate", data=chunks(cases[-1][1]))
+        assert response.status == 413 and "larger than 4000" in (await response.json())["error"]
+        assert (await client.get("/translate")).status == 405
+        assert (await client.get("/nothing")).status == 404
+        good = await client.post("/translate", json={"text": ["Ein Hund."]})
+        assert good.status == 200  # still serving
+        state = await (await client.get("/health")).json()
+        assert state["rejected"] == len(cases) + 1 and state["requests"] == 1
+
+    run_app(app, scenario)
+
+
+# ------------------------------------------------------------------------- the process
+
+
+def start_server(package: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "nmt.serve", f"model={package}", "port=0", "threads=1", *extra]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    line = proc.stdout.readline()
+    assert "nmt-serve:" in line, line + proc.stderr.read()
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def get(port: int, path: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=60) as r:
+        return json.loads(r.read())
+
+
+def post(port: int, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/translate", data=json.dumps(body).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=120) as r:
+        return r.status, json.loads(r.read())
+
+
+def test_sigterm_finishes_the_request_in_flight(package: Path) -> None:
+    proc, port = start_server(package, "engine=torch")
+    try:
+        long = " ".join(SENTENCES * 8)  # a barely trained model writes up to the length cap
+        result: dict[str, Any] = {}
+        worker = threading.Thread(
+            target=lambda: result.update(answer=post(port, {"text": [long] * 64, "beam": 5}))
+        )
+        worker.start()
+        for _ in range(6000):
+            if get(port, "/health")["in_flight"] == 1:
+                break
+        else:
+            raise AssertionError("the request never arrived")
+        proc.send_signal(signal.SIGTERM)
+        worker.join(120)
+        status, body = result["answer"]
+        assert status == 200 and len(body["translations"]) == 64
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "shutting down, 1 request(s) in flight" in out and "stopped after 1" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_ctranslate2_server_runs_without_pytorch(package: Path) -> None:
+    proc, port = start_server(package, "engine=ctranslate2")
+    try:
+        health = get(port, "/health")
+        assert health["engine"] == "ctranslate2" and health["pytorch_loaded"] is False
+        status, body = post(port, {"text": SENTENCES})
+        assert status == 200 and len(body["translations"]) == 3
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
