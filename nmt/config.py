@@ -9,9 +9,7 @@ which raises :class:`ConfigError` naming the offending key.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
