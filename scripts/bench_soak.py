@@ -33,6 +33,7 @@ from nmt.procmem import kill_tree, rss
 
 REPO = Path(__file__).resolve().parents[1]
 # the trainer's line when its loop ends (before the final averaging and evaluation)
+STEP = re.compile(r"\] step \d+: loss")
 VALIDATION = re.compile(r"validation at step \d+: .*\(([\d.]+)s\)")
 TRAIN_END = re.compile(r"best validation BLEU [\d.]+ at step \d+|at step \d+ \(no validation yet\)")
 
@@ -56,6 +57,23 @@ def window(samples: list[tuple[float, int]], start: float, end: float) -> dict[s
     }
 
 
+def training_samples(
+    samples: list[tuple[float, int]],
+    validations: list[tuple[float, float]],
+    steps: list[float],
+    end: float,
+    interval: float,
+) -> list[tuple[float, int]]:
+    """The samples taken while the run trained: before the end of training, and outside each
+    validation, counted from one sample interval before it starts until the next update is
+    logged (the checkpoint written after a validation belongs to it), or the end."""
+    gaps = []
+    for start, stop in validations:
+        resume = next((t for t in steps if t > stop), end)
+        gaps.append((start - 2 * interval, resume))
+    return [(t, v) for t, v in samples if t < end and not any(a <= t <= b for a, b in gaps)]
+
+
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="bench-soak-"))
     overrides = [
@@ -67,6 +85,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     samples: list[tuple[float, int]] = []
     train_end: list[float] = []
     validations: list[tuple[float, float]] = []  # (start, end) seconds since the start
+    steps: list[float] = []  # when each "step N:" line was read
     tail: list[str] = []
     start = time.monotonic()
     proc = subprocess.Popen(
@@ -84,6 +103,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             tail.append(line)
             del tail[:-40]
             now = time.monotonic() - start
+            if STEP.search(line):
+                steps.append(now)
             if m := VALIDATION.search(line):
                 validations.append((now - float(m.group(1)), now))
             if not train_end and TRAIN_END.search(line):
@@ -105,11 +126,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     if proc.returncode != 0:
         raise SystemExit(f"training failed (exit {proc.returncode}):\n{''.join(tail)}")
     end = train_end[0] if train_end else samples[-1][0]
-    training = [
-        (t, v)
-        for t, v in samples
-        if t < end and not any(a - 2 * args.interval <= t <= b + 1 for a, b in validations)
-    ]
+    training = training_samples(samples, validations, steps, end, args.interval)
     early = window(training, args.early * 60 - 30, args.early * 60 + 30)
     last = training[-1][0] if training else end
     late = window(training, last - 60, last + 1)
@@ -131,6 +148,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         "seconds_training": end,
         "samples": samples,
         "validations": validations,
+        "step_lines": steps,
         "early": early,
         "end": late,
         "peak_rss": max(v for _, v in samples),
@@ -147,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set",
         action="append",
-        default=["experiment=cpu_quick"],
-        help="a config override (repeatable; default experiment=cpu_quick)",
+        default=["experiment=cpu_quick", "trainer.log_every=10"],
+        help="a config override (repeatable), after experiment=cpu_quick trainer.log_every=10",
     )
     parser.add_argument("--run-dir", default=None, help="the run's directory (default: a temp)")
     parser.add_argument("--out", default=None, help="the JSON file (default: outputs/bench/...)")
