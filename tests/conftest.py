@@ -144,9 +144,13 @@ def chromium_executable() -> str:
     pytest.fail(f"no Chromium found on PATH ({', '.join(CHROMIUM_NAMES)}); {CHROMIUM_HELP}", False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Headless Chromium driven by Playwright (never Playwright's own browser downloads)."""
+    """Headless Chromium driven by Playwright (never Playwright's own browser downloads).
+
+    One per test module: Playwright's sync API keeps an asyncio event loop running in the
+    main thread while it is open, and tests that run their own loop (nmt-serve's) must not
+    meet it."""
     executable = chromium_executable()
     try:
         from playwright.sync_api import sync_playwright
