@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nmt.data.corpus import fsync_dir
 from nmt.gate import CheckpointError  # defined without PyTorch, for the gate
 
 MAGIC = b"NMTCKPT1"
@@ -56,21 +57,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (best effort: not every system allows it)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 def remove_temporaries(directory: Path) -> list[Path]:

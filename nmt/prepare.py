@@ -24,20 +24,12 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from nmt.cli import setup_logging
 from nmt.config import ConfigError, config_dir, register_configs, validate
 from nmt.data.binarize import ensure_prepared
 from nmt.data.corpus import DataError
 
 log = logging.getLogger("nmt.prepare")
-
-
-def _setup_logging() -> None:
-    fmt = logging.Formatter("[%(asctime)s %(levelname)s %(name)s] %(message)s", "%H:%M:%S")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(fmt)
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for nmt-train")
     args = parser.parse_args(argv)
-    _setup_logging()
+    setup_logging()
     register_configs()
     try:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):

@@ -41,6 +41,12 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def load_average() -> list[float]:
+    """The machine's 1, 5 and 15-minute load averages, rounded: benchmarks record them, as
+    figures from a shared machine mean little without them."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and every process below it. The tree is stopped (SIGSTOP) top-down
     first, so that no process reparents its children or starts new ones in between: a

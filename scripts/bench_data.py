@@ -52,7 +52,7 @@ from typing import Any
 
 from nmt.data.corpus import fetch_multi30k, read_parallel
 from nmt.data.synthetic import count_pairs, write_numbered_copies
-from nmt.procmem import TreeSampler, cmdline, kill_tree, rss, wait_with_rusage
+from nmt.procmem import TreeSampler, cmdline, kill_tree, load_average, rss, wait_with_rusage
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "nmt-bench-data/1"
@@ -68,10 +68,6 @@ TARGETS = {
 
 def say(msg: str) -> None:
     print(f"[bench-data] {msg}", file=sys.stderr, flush=True)
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 # ------------------------------------------------------------------------------ running
@@ -231,7 +227,7 @@ def bench_size(pairs: int, args: argparse.Namespace, base: Path, valid: Path) ->
     result: dict[str, Any] = {"pairs": pairs, "text_bytes": text_bytes}
 
     say(f"{pairs:,} pairs: first preparation")
-    before = load()
+    before = load_average()
     prep = watch([sys.executable, "-m", "nmt.prepare", *data], env)
     if prep.returncode != 0:
         raise SystemExit(f"nmt-prepare failed:\n{prep.tail}")
@@ -247,7 +243,7 @@ def bench_size(pairs: int, args: argparse.Namespace, base: Path, valid: Path) ->
         "kept_pairs": manifest["pairs"],
         "cache_bytes": sum(p.stat().st_size for p in cache.iterdir()),
         "load_before": before,
-        "load_after": load(),
+        "load_after": load_average(),
     }
 
     train = [
@@ -257,7 +253,7 @@ def bench_size(pairs: int, args: argparse.Namespace, base: Path, valid: Path) ->
         f"outputs={work / 'outputs'}",
     ]  # fmt: skip
     say(f"{pairs:,} pairs: a training run on the prepared data, to its first update")
-    before = load()
+    before = load_average()
     run = watch(
         [sys.executable, "-m", "nmt.train", *train, f"hydra.run.dir={work / 'outputs' / 'one'}"],
         env,
@@ -274,12 +270,12 @@ def bench_size(pairs: int, args: argparse.Namespace, base: Path, valid: Path) ->
         "ready_seconds": run.marks.get("ready"),
         "peak_rss_bytes": run.main_peak_rss,
         "load_before": before,
-        "load_after": load(),
+        "load_after": load_average(),
     }
 
     if args.ddp_steps:
         say(f"{pairs:,} pairs: 2 DDP ranks (gloo) to update {args.ddp_steps}")
-        before = load()
+        before = load_average()
 
         def is_rank(pid: int) -> bool:
             line = cmdline(pid)
@@ -324,7 +320,7 @@ def bench_size(pairs: int, args: argparse.Namespace, base: Path, valid: Path) ->
             "peak_rss_sum_bytes": ddp.tree_rss,
             "seconds": ddp.seconds,
             "load_before": before,
-            "load_after": load(),
+            "load_after": load_average(),
         }
     if not args.keep_caches:
         shutil.rmtree(root, ignore_errors=True)
@@ -471,14 +467,14 @@ def main(argv: list[str] | None = None) -> int:
             "host": platform.node(),
             "cpus": len(os.sched_getaffinity(0)),
             "python": platform.python_version(),
-            "load_start": load(),
+            "load_start": load_average(),
         },
         "targets": TARGETS,
         "sizes": [],
     }
     for pairs in args.sizes:
         result["sizes"].append(bench_size(pairs, args, base, valid))
-    result["machine"]["load_end"] = load()
+    result["machine"]["load_end"] = load_average()
     out = (
         Path(args.out)
         if args.out

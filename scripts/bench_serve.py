@@ -56,6 +56,7 @@ from nmt.export import export_package, load_package
 from nmt.inference import Trained, checkpoint_path
 from nmt.metrics import bleu
 from nmt.package import CT2_DIR
+from nmt.procmem import load_average
 from nmt.runtime import cpu_model
 from nmt.search import DecodeOptions, max_output_lengths
 
@@ -114,7 +115,7 @@ def machine() -> dict[str, Any]:
     return {
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "load_average_start": load_average(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "ctranslate2": ct2.version() if ct2.available() else None,
@@ -486,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         ct2_rss = result["server"]["ctranslate2"]["rss_kib_after_load"]
         if torch_rss and ct2_rss:
             result["server"]["ctranslate2_rss_vs_torch"] = round(ct2_rss / torch_rss, 3)
-    result["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["machine"]["load_average_end"] = load_average()
     out = Path(args.out or f"outputs/bench/bench-serve-{datetime.now():%Y-%m-%d-%H%M%S}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

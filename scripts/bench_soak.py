@@ -29,17 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nmt.procmem import kill_tree, rss
+from nmt.procmem import kill_tree, load_average, rss
 
 REPO = Path(__file__).resolve().parents[1]
 # the trainer's line when its loop ends (before the final averaging and evaluation)
 STEP = re.compile(r"\] step \d+: loss")
 VALIDATION = re.compile(r"validation at step \d+: .*\(([\d.]+)s\)")
 TRAIN_END = re.compile(r"best validation BLEU [\d.]+ at step \d+|at step \d+ \(no validation yet\)")
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def window(samples: list[tuple[float, int]], start: float, end: float) -> dict[str, Any] | None:
@@ -175,11 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {
             "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(),
-            "load_start": load(),
+            "load_start": load_average(),
         },
         **soak(args),
     }
-    result["machine"]["load_end"] = load()
+    result["machine"]["load_end"] = load_average()
     out = Path(
         args.out
         or REPO / "outputs" / "bench" / f"bench-soak-{time.strftime('%Y-%m-%d_%H-%M-%S')}.json"

@@ -55,6 +55,7 @@ from nmt.data.corpus import (
     atomic_write_bytes,
     clean_pairs,
     fetch_multi30k,
+    fsync_dir,
     iter_parallel_blocks,
     resolve_pair,
     sha256_file,
@@ -693,14 +694,6 @@ def _save_tokenizers(tmp: Path, tokenizers: TokenizerPair) -> dict:
     return entry
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _build(
     final: Path,
     spec: Spec,
@@ -757,7 +750,7 @@ def _build(
         atomic_write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         tic = time.perf_counter()
         open_prepared(tmp, full=True, key=final.name)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -766,7 +759,7 @@ def _build(
             log.info("%s was prepared meanwhile by another process; using it", final)
             shutil.rmtree(tmp, ignore_errors=True)
             return
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         log.info(
             "prepared %d training pairs in %.1fs (%d encoding process%s, verified in %.1fs) -> %s",
             manifest["pairs"], time.perf_counter() - start, workers, "es" if workers > 1 else "",

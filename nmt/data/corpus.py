@@ -429,6 +429,20 @@ def clean_pairs(src: Sequence[str], tgt: Sequence[str]) -> tuple[list[str], list
     return kept_src, kept_tgt, stats
 
 
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (best effort: not every system allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename (never half-written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
