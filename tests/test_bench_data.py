@@ -1,7 +1,9 @@
-"""The data scale benchmark (scripts/bench_data.py) and the process-tree memory it reads."""
+"""The data scale and memory soak benchmarks (scripts/bench_data.py, bench_soak.py) and the
+process-tree memory they read."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -100,3 +102,26 @@ def test_bench_data_smoke_run(multi30k: Path, tmp_path: Path) -> None:
         assert r["ddp"]["pss_sum_bytes"] > 100 << 20  # two ranks with torch loaded
     assert "2,000" in proc.stdout and "4,000" in proc.stdout
     assert not list((tmp_path / "work").glob("root_*"))  # caches removed after each size
+
+
+def _bench_soak():
+    spec = importlib.util.spec_from_file_location("bench_soak", REPO / "scripts" / "bench_soak.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_soak_windows_count_only_samples_taken_while_training() -> None:
+    soak = _bench_soak()
+    samples = [(float(t), 1000 + t) for t in range(0, 300, 5)]  # (seconds, RSS)
+    steps = [float(t) for t in range(10, 240, 20)]  # an update logged every 20 s
+    # a validation from 100 to 130 s (then its checkpoint until the update at 150 s), and a
+    # last one from 230 to 245 s with no update after it; training ends at 250 s
+    kept = soak.training_samples(samples, [(100.0, 130.0), (230.0, 245.0)], steps, 250.0, 5.0)
+    times = [t for t, _ in kept]
+    assert 85.0 in times and 155.0 in times and 215.0 in times
+    assert not [t for t in times if 90.0 <= t <= 150.0]  # one interval before, until the update
+    assert not [t for t in times if t >= 220.0]  # the last validation runs to the end
+    window = soak.window(kept, 60.0, 120.0)
+    assert window["samples"] == 6 and window["median"] == 1000 + 72.5  # 60..85 s only
+    assert soak.window(kept, 400.0, 460.0) is None
