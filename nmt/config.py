@@ -132,9 +132,7 @@ class TrainerConfig:
     clip_grad_norm: float = 1.0  # 0 disables clipping
     log_every: int = 50
     val_every: int = 500
-    val_sentences: int = 0  # 0 = the whole validation split
-    max_output_len_a: float = 1.2  # decoding cap: a * source_length + b
-    max_output_len_b: int = 10
+    val_sentences: int = 0  # 0 = the whole validation split (decoded with decode's output caps)
     patience: int = 10  # validations without BLEU improvement before stopping; 0 = off
     attention_sentences: int = 4  # validation sentences drawn in TensorBoard; 0 = none
     attention_layers: str = "last"  # self-attention layers drawn: last | all | none | 0,2
@@ -153,10 +151,38 @@ class TrainerConfig:
 
 @dataclass
 class DecodeConfig:
-    """How a run is meant to be decoded: the defaults of its `make eval` and `make translate`."""
+    """The decoding options, declared here once.
 
-    beam: int = 1  # 1 = greedy search
-    length_penalty: float = 1.0  # GNMT alpha for beam search; 0 = none
+    Every command that decodes (``nmt-eval``, ``nmt-translate``, ``nmt-attention``,
+    ``nmt-serve``) extends this schema, so ``nmt-eval beam=5`` sets a field on the command line,
+    and so does a training run's ``decode`` section (:class:`RunDecodeConfig`). The search reads
+    them as :class:`nmt.decode_options.DecodeOptions`, built from a command's fields and its
+    run's section; ``beam`` and ``length_penalty`` left unset (null) come from the run.
+    """
+
+    beam: int | None = None  # 1 = greedy search; null: the run's decode.beam, else 1
+    # GNMT alpha for beam search: ((5 + len) / 6) ** alpha; 0 = none; null: the run's, else 1
+    length_penalty: float | None = None
+    max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens (EOS excluded)
+    max_output_len_b: int = 10
+    min_output_len: int = 0  # no EOS before this many tokens (equal-length timing runs)
+    max_tokens: int = 8192  # token budget of a decoding batch
+    precision: str = "32"  # 32 | bf16 | 16 | auto (see nmt.precision): autocast for decoding
+
+
+@dataclass
+class RunDecodeConfig(DecodeConfig):
+    """How a run is meant to be decoded (the ``decode`` section of a training config).
+
+    Its ``beam`` and ``length_penalty`` are the defaults of the run's ``nmt-eval``,
+    ``nmt-translate`` and ``nmt-serve``; validation decodes greedily with its output caps
+    (``max_output_len_a/b``; runs before these moved here had them as trainer.max_output_len_a/b,
+    which nmt.gate reads into them), in batches of ``data.eval_max_tokens`` and in the precision
+    of :func:`nmt.precision.validation_decode_precision`. ``min_output_len``, ``max_tokens``
+    and ``precision`` are set per command; a run's section holds them only as part of the
+    shared schema and nothing reads them from it.
+    """
+
     # best | last | averaged (trainer.average_last writes averaged.pt) | auto: averaged if its
     # validation BLEU beat the best single checkpoint's, else best
     checkpoint: str = "best"
@@ -168,7 +194,7 @@ class TrainConfig:
     model: Any = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    decode: RunDecodeConfig = field(default_factory=RunDecodeConfig)
     outputs: str = "outputs"  # parent of run directories and of the `latest` link
 
 
@@ -178,7 +204,9 @@ BOOTSTRAP_SEED = 12345
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(DecodeConfig):
+    """``nmt-eval``: decode and score test sets; the decoding fields are :class:`DecodeConfig`'s."""
+
     run: str = "outputs/latest"
     # a file, or a name in <run>/checkpoints (best, last, averaged, step_400);
     # default: the run's decode.checkpoint, else best
@@ -186,14 +214,6 @@ class EvalConfig:
     # a model package (nmt-export) instead of run/ckpt; `model=DIR` on the command line
     model_dir: str | None = None
     engine: str = "auto"  # auto | torch | ctranslate2 (a package exported with it)
-    beam: int | None = None  # 1 = greedy search; default: the run's decode.beam
-    # GNMT alpha for beam search: ((5 + len) / 6) ** alpha; 0 = none; default: the run's
-    length_penalty: float | None = None
-    max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens
-    max_output_len_b: int = 10
-    min_output_len: int = 0  # no EOS before this many tokens (equal-length timing runs)
-    max_tokens: int = 8192  # token budget of a decoding batch
-    precision: str = "32"  # 32 | bf16 | 16: autocast dtype for decoding
     # extra test sets: "src_file:ref_file" pairs; default: the run's own test split(s)
     test: list[str] = field(default_factory=list)
     device: str = "auto"
@@ -205,28 +225,26 @@ class EvalConfig:
 
 
 @dataclass
-class TranslateConfig:
+class TranslateConfig(DecodeConfig):
+    """``nmt-translate``; the decoding fields are :class:`DecodeConfig`'s."""
+
     run: str = "outputs/latest"
     ckpt: str | None = None  # as in nmt-eval
     model_dir: str | None = None  # a model package, as in nmt-eval (`model=DIR`)
     engine: str = "auto"  # auto | torch | ctranslate2, as in nmt-eval
     input: str | None = None  # default: stdin (an interactive prompt when it is a terminal)
     output: str | None = None  # default: stdout
-    beam: int | None = None  # 1 = greedy search; default: the run's decode.beam
-    length_penalty: float | None = None  # default: the run's decode.length_penalty
-    max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens
-    max_output_len_b: int = 10
-    min_output_len: int = 0  # no EOS before this many tokens (equal-length timing runs)
-    max_tokens: int = 8192  # token budget of a decoding batch
-    precision: str = "32"  # 32 | bf16 | 16: autocast dtype for decoding
     n_best: int = 1  # > 1: print "index<TAB>score<TAB>translation" for the n best (<= beam)
     device: str = "auto"
 
 
 @dataclass
-class AttentionConfig:
+class AttentionConfig(DecodeConfig):
     """``nmt-attention``: a trained model's attention on given sentences, as heatmap PNGs or
-    as one interactive HTML page (``format=html``)."""
+    as one interactive HTML page (``format=html``).
+
+    The sentences are decoded greedily (the drawings follow one hypothesis): of the decoding
+    fields, ``beam`` may only be 1 and ``length_penalty`` plays no part."""
 
     run: str = "outputs/latest"
     ckpt: str | None = None  # default: <run>/checkpoints/best.pt (else last.pt)
@@ -242,15 +260,15 @@ class AttentionConfig:
     out: str | None = None  # default: <run dir>/attention
     layers: Any = "last"  # self-attention layers drawn: last | all | none | 2 | [0, 2]
     max_sentences: int = 100  # from the input file
-    max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens
-    max_output_len_b: int = 10
     dpi: int = 120
     device: str = "auto"
 
 
 @dataclass
-class ServeConfig:
-    """``nmt-serve``: an HTTP translation server over a model package (see nmt.serve)."""
+class ServeConfig(DecodeConfig):
+    """``nmt-serve``: an HTTP translation server over a model package (see nmt.serve). The
+    decoding fields (:class:`DecodeConfig`) are a request's defaults; ``precision`` applies to
+    the torch engine only."""
 
     model_dir: str | None = None  # the package (`model=DIR` on the command line) ...
     run: str = "outputs/latest"  # ... or a run / checkpoint, as in nmt-eval
@@ -258,13 +276,6 @@ class ServeConfig:
     engine: str = "auto"  # auto | torch | ctranslate2 (no PyTorch in the process)
     host: str = "127.0.0.1"
     port: int = 8080  # 0: any free port (printed at start)
-    beam: int | None = None  # default search of a request; default: the package's decode.beam
-    length_penalty: float | None = None  # default: the package's decode.length_penalty
-    max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens
-    max_output_len_b: int = 10
-    min_output_len: int = 0
-    max_tokens: int = 8192  # token budget of a decoding batch
-    precision: str = "32"  # torch engine: 32 | bf16 | 16
     device: str = "auto"
     threads: int = 0  # threads of one decode; 0: the engine's default
     max_sentences: int = 64  # per request (413 beyond)
@@ -428,12 +439,24 @@ def validate(cfg: DictConfig) -> None:
             "step checkpoints on disk"
         )
     dec = cfg.decode
-    _positive("decode.beam", dec.beam)
-    _positive("decode.length_penalty", dec.length_penalty, allow_zero=True)
+    check_decode(dec, "decode.")
     _choice("decode.checkpoint", dec.checkpoint, ("best", "last", "averaged", "auto"))
     if dec.checkpoint == "averaged" and t.average_last == 0:
         raise ConfigError("decode.checkpoint=averaged needs trainer.average_last > 0")
     validate_model(cfg.model)
+
+
+def check_decode(d: Any, prefix: str = "") -> None:
+    """Check the decoding fields of ``d`` (a :class:`DecodeConfig` or a runtime
+    ``DecodeOptions``); raise ConfigError naming the first bad one (``prefix`` + its name)."""
+    if d.beam is not None:
+        _positive(f"{prefix}beam", d.beam)
+    if d.length_penalty is not None and not d.length_penalty >= 0:
+        raise ConfigError(f"{prefix}length_penalty={d.length_penalty} must be >= 0")
+    for key in ("max_output_len_a", "max_output_len_b", "min_output_len"):
+        _positive(f"{prefix}{key}", getattr(d, key), allow_zero=True)
+    _positive(f"{prefix}max_tokens", d.max_tokens)
+    _choice(f"{prefix}precision", str(d.precision), ("auto", "32", "bf16", "16"))
 
 
 def validate_model(m: DictConfig) -> None:

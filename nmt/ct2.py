@@ -12,7 +12,8 @@ has no recurrent sequence-to-sequence models.
 Decoding options map as follows (:class:`CTranslate2Engine`):
 
 * ``beam`` -> ``beam_size``; ``min_output_len`` -> ``min_decoding_length``;
-* the output cap ``max_output_len_a * source_length + max_output_len_b`` is per sentence here
+* the output cap (:meth:`~nmt.decode_options.DecodeOptions.caps`, the same as our search's) is
+  per sentence here
   and per call in CTranslate2 (``max_decoding_length``): greedy search decodes all sentences
   with the largest cap and decodes again, with their own cap, the few whose output ran past it;
   beam search decodes the sentences of each cap together. At the cap our search
@@ -223,13 +224,6 @@ class Decoded:
     nbest: list[tuple[list[int], float]] = field(default_factory=list)  # best first
 
 
-def output_caps(src_lens: np.ndarray, a: float, b: int) -> np.ndarray:
-    """:func:`nmt.search.max_output_lengths` in numpy: the same float32 arithmetic, so the
-    same caps. src_lens counts EOS."""
-    lens = np.asarray(src_lens, dtype=np.float32)
-    return np.maximum((lens * np.float32(a) + np.float32(b)).astype(np.int64), 1)
-
-
 def gnmt_penalty(length: int, alpha: float) -> float:
     """:func:`nmt.search.length_penalty` of one length (EOS counted)."""
     return 1.0 if alpha == 0 else float(((5.0 + length) / 6.0) ** alpha)
@@ -292,7 +286,7 @@ class CTranslate2Engine:
             return_end_token=True,
             max_input_length=0,
             max_decoding_length=cap,
-            min_decoding_length=min(opts.min_len, cap),
+            min_decoding_length=min(opts.min_output_len, cap),
             return_scores=True,
             return_attention=keep_attention,
         )
@@ -325,10 +319,7 @@ class CTranslate2Engine:
                 out[i] = Decoded([], 0.0, None, [([], 0.0)])
         pieces = [self._source(sources[i]) for i in rows]
         lens = np.asarray([len(p) for p in pieces], dtype=np.int64)
-        caps = output_caps(lens, opts.max_len_a, opts.max_len_b)
-        if self.max_positions is not None:
-            caps = np.minimum(caps, self.max_positions - 1)
-        caps_list = caps.tolist()
+        caps_list = opts.caps(lens, self.max_positions).tolist()  # as our search's caps
         groups: dict[int, list[int]] = defaultdict(list)  # cap -> positions in rows
         if opts.beam == 1 and rows:  # one call up to the largest cap; outputs past their own redone
             results = self._translate(pieces, opts, max(caps_list), keep_attention)

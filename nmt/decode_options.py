@@ -1,68 +1,71 @@
-"""The options of a decoding run (search, caps, batching, precision), without PyTorch.
+"""The options of one decoding run, resolved, and the output caps they give (no PyTorch).
 
-:class:`DecodeOptions` is read by our search (:mod:`nmt.search`, which re-exports it) and by the
-CTranslate2 engine (:mod:`nmt.ct2`), which maps them onto CTranslate2's options.
+The options are declared once, in :class:`nmt.config.DecodeConfig`; :class:`DecodeOptions` is
+that dataclass with every field set, as our search (:mod:`nmt.search`), the CTranslate2 engine
+(:mod:`nmt.ct2`), the server and the trainer's validation read it. :meth:`DecodeOptions.caps`
+is the one place that turns source lengths into output caps.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
-from nmt.config import ConfigError
+import numpy as np
+
+from nmt.config import DecodeConfig, check_decode
+
+# what beam and length_penalty are when neither the command nor the run sets them
+GREEDY, DEFAULT_ALPHA = 1, 1.0
 
 
 @dataclass
-class DecodeOptions:
-    beam: int = 1
-    length_penalty: float = 1.0  # GNMT alpha (beam search only; 0 = none)
-    max_len_a: float = 1.2  # output cap: a * source_length + b
-    max_len_b: int = 10
-    min_len: int = 0  # no EOS before this many tokens (unless the cap comes first)
-    max_tokens: int = 8192  # token budget of a decoding batch
-    precision: str = "32"  # 32 | bf16 | 16 | auto (bf16 on CUDA with it, else 32)
+class DecodeOptions(DecodeConfig):
+    """:class:`~nmt.config.DecodeConfig`'s fields with ``beam`` and ``length_penalty`` set (an
+    unset one becomes greedy search and alpha 1); checked when built."""
+
+    def __post_init__(self) -> None:
+        if self.beam is None:
+            self.beam = GREEDY
+        if self.length_penalty is None:
+            self.length_penalty = DEFAULT_ALPHA
+        self.beam, self.length_penalty = int(self.beam), float(self.length_penalty)
+        self.precision = str(self.precision)
+        check_decode(self)
 
     @classmethod
     def from_config(cls, cfg: Any, run_decode: Any = None) -> DecodeOptions:
-        """The checked options of an eval or translate config (EvalConfig, TranslateConfig).
+        """The options of a command's config (any :class:`DecodeConfig`, e.g. EvalConfig).
 
         ``beam`` and ``length_penalty`` left unset (None) come from ``run_decode``, the
         training run's ``decode`` section, else greedy search with alpha 1.
         """
+        values = {f.name: getattr(cfg, f.name) for f in fields(DecodeConfig)}
+        for key in ("beam", "length_penalty"):
+            if values[key] is None and run_decode is not None:
+                values[key] = run_decode.get(key)
+        return cls(**values)
 
-        def pick(key: str, fallback: Any) -> Any:
-            if cfg[key] is not None:
-                return cfg[key]
-            if run_decode is not None and run_decode.get(key) is not None:
-                return run_decode[key]
-            return fallback
+    @classmethod
+    def of_run(cls, run_decode: Any) -> DecodeOptions:
+        """How a run decodes when a command sets nothing: its ``decode`` section's beam and
+        length penalty (None: greedy search, alpha 1) with the commands' defaults."""
+        return cls.from_config(DecodeConfig(), run_decode)
 
-        opts = cls(
-            beam=int(pick("beam", 1)),
-            length_penalty=float(pick("length_penalty", 1.0)),
-            max_len_a=cfg.max_output_len_a,
-            max_len_b=cfg.max_output_len_b,
-            min_len=cfg.min_output_len,
-            max_tokens=cfg.max_tokens,
-            precision=str(cfg.precision),
-        )
-        opts.validate()
-        return opts
+    def caps(
+        self, src_lens: Sequence[int] | np.ndarray, max_positions: int | None = None
+    ) -> np.ndarray:
+        """Output caps per sentence: ``max_output_len_a * source_length + max_output_len_b``
+        tokens (EOS excluded), at least 1, and with ``max_positions`` (a model's position
+        table) at most ``max_positions - 1``, as positions 0..cap are fed to the decoder.
 
-    def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the first invalid option."""
-        if self.beam < 1:
-            raise ConfigError(f"beam={self.beam} must be >= 1")
-        if not self.length_penalty >= 0:
-            raise ConfigError(f"length_penalty={self.length_penalty} must be >= 0")
-        if self.max_len_a < 0 or self.max_len_b < 0:
-            raise ConfigError(
-                f"max_output_len_a={self.max_len_a} and max_output_len_b={self.max_len_b} "
-                "must be >= 0"
-            )
-        if self.min_len < 0:
-            raise ConfigError(f"min_output_len={self.min_len} must be >= 0")
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens={self.max_tokens} must be >= 1")
-        if str(self.precision) not in ("auto", "32", "bf16", "16"):
-            raise ConfigError(f"precision={self.precision!r} is not one of: auto, 32, bf16, 16")
+        src_lens: (N,) source lengths as the caller counts them. The arithmetic is float32,
+        whichever engine asks, so every engine gets the same caps. Returns (N,) int64.
+        """
+        lens = np.asarray(src_lens, dtype=np.float32)  # (N,)
+        a, b = np.float32(self.max_output_len_a), np.float32(self.max_output_len_b)
+        caps = np.maximum((lens * a + b).astype(np.int64), 1)  # (N,)
+        if max_positions is not None:
+            caps = np.minimum(caps, max_positions - 1)
+        return caps

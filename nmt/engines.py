@@ -31,7 +31,7 @@ from nmt.data.corpus import atomic_write_bytes
 from nmt.inference import Trained
 from nmt.package import CT2_DIR, is_package, read_manifest, verified_file
 from nmt.precision import machine_key
-from nmt.search import DecodeOptions, Hypothesis, decode_dataset, model_max_positions
+from nmt.search import DecodeOptions, Hypothesis, decode_dataset
 
 log = logging.getLogger("nmt.engines")
 
@@ -93,7 +93,7 @@ def make_ct2_engine(trained: Trained, device: torch.device) -> ct2.CTranslate2En
             "--format ctranslate2)"
         )
     if trained.model is not None:
-        max_positions = model_max_positions(trained.model)
+        max_positions = trained.model.max_positions
     else:  # a CTranslate2-only package
         max_positions = trained.cfg.model.get("max_positions")
     return ct2.CTranslate2Engine(
@@ -117,8 +117,9 @@ def synthetic_data(vocab_size: int, seed: int = 0) -> TokenDataset:
 
 def probe_options(opts: DecodeOptions) -> DecodeOptions:
     """``opts`` decoding exactly PROBE_OUTPUT tokens per sentence: equal work for both."""
-    cap_a, cap_b = 0.0, PROBE_OUTPUT
-    return replace(opts, max_len_a=cap_a, max_len_b=cap_b, min_len=PROBE_OUTPUT)
+    return replace(
+        opts, max_output_len_a=0.0, max_output_len_b=PROBE_OUTPUT, min_output_len=PROBE_OUTPUT
+    )
 
 
 def measure(

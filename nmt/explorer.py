@@ -37,6 +37,7 @@ from nmt.data.batching import make_batch
 from nmt.data.prepare import EvalSet, encode_texts
 from nmt.data.tokenizer import BOS_ID, EOS_ID, TokenizerPair
 from nmt.models.base import Seq2Seq
+from nmt.search import DecodeOptions
 from nmt.visualize import SentenceAttention, attend
 
 log = logging.getLogger("nmt.explorer")
@@ -115,10 +116,10 @@ def explore_sentences(
     sources: Sequence[str],
     references: Sequence[str | None] | None,
     device: torch.device,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
+    opts: DecodeOptions | None = None,
 ) -> list[dict[str, Any]]:
-    """Greedy-decode ``sources`` and return one :func:`sentence_record` per sentence."""
+    """Greedy-decode ``sources`` (output caps from ``opts``, see :func:`nmt.visualize.attend`)
+    and return one :func:`sentence_record` per sentence."""
     refs = list(references) if references is not None else [None] * len(sources)
     if len(refs) != len(sources):
         raise ValueError(f"{len(sources)} sentences but {len(refs)} references")
@@ -127,7 +128,7 @@ def explore_sentences(
     for start in range(0, len(sources), BATCH_SENTENCES):
         index = list(range(start, min(start + BATCH_SENTENCES, len(sources))))
         batch = make_batch(data, index).to(device)
-        decoded = attend(model, batch.src, batch.src_lens, max_len_a, max_len_b)
+        decoded = attend(model, batch.src, batch.src_lens, opts)
         for k, sent in zip(index, decoded, strict=True):
             records.append(sentence_record(sent, tokenizers, sources[k], refs[k]))
     return records
@@ -240,8 +241,7 @@ class TrainingExplorer:
         n_sentences: int,
         note: str = "",
         *,
-        max_len_a: float,
-        max_len_b: int,
+        opts: DecodeOptions,
     ) -> Path:
         """Decode the first ``n_sentences`` of ``evalset`` and rewrite the page (nothing to
         write for an empty validation set)."""
@@ -249,7 +249,7 @@ class TrainingExplorer:
         if n <= 0:
             return self.html_path
         sources, refs = evalset.src_text[:n], evalset.ref_text[:n]
-        records = explore_sentences(model, tokenizers, sources, refs, device, max_len_a, max_len_b)
+        records = explore_sentences(model, tokenizers, sources, refs, device, opts)
         self.steps = [s for s in self.steps if s["step"] != step]
         self.steps.append({"step": step, "note": note, "sentences": records})
         self.steps.sort(key=lambda s: s["step"])

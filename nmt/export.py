@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from nmt.checkpoint import CheckpointError, atomic_write_bytes
 from nmt.config import ConfigError, to_container
 from nmt.data.corpus import DataError
+from nmt.decode_options import DecodeOptions
 from nmt.inference import (
     Trained,
     build_model,
@@ -175,6 +176,7 @@ def model_card(
     cfg = trained.cfg
     m, d = cfg.model, cfg.data
     sizes = ", ".join(f"{k}={v}" for k, v in m.items() if k != "arch")
+    opts = DecodeOptions.of_run(decode)
     params = trained.model.num_parameters()
     if licence is None:
         licence = (
@@ -194,7 +196,7 @@ def model_card(
         f"- vocabulary: sentencepiece {d.spm_model_type}, "
         f"{'one joint model' if trained.tokenizers.joint else 'one model per side'}, "
         f"{trained.tokenizers.src.vocab_size} / {trained.tokenizers.tgt.vocab_size} pieces",
-        f"- decoding defaults: beam {decode['beam']}, length penalty {decode['length_penalty']}",
+        f"- decoding defaults: beam {opts.beam}, length penalty {opts.length_penalty}",
     ]
     if ct2 is not None:
         lines.append(

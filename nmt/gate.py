@@ -4,7 +4,8 @@
 model package's ``config.yaml`` into the typed schema. An unknown key, a value of the wrong
 type, an impossible value, a ``${...}`` interpolation or a model ``arch`` that is not one of the
 registered models is a :class:`CheckpointError` naming the file and the key; no value in a file
-is ever imported, instantiated or evaluated. :mod:`nmt.inference` re-exports these names; this
+is ever imported, instantiated or evaluated. Keys that have moved since a file was written
+(:data:`MOVED_KEYS`) are read at their new place. :mod:`nmt.inference` re-exports these names; this
 module imports neither PyTorch nor the models, so a CTranslate2 server can use the same gate.
 """
 
@@ -54,6 +55,35 @@ def _model_arch(model: Any, source: str) -> str:
     return arch
 
 
+# Keys that moved: a config written before the move holds the old key, read as the new one.
+MOVED_KEYS = {
+    ("trainer", "max_output_len_a"): ("decode", "max_output_len_a"),
+    ("trainer", "max_output_len_b"): ("decode", "max_output_len_b"),
+}
+
+
+def _moved_keys(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """``raw`` with every key of :data:`MOVED_KEYS` at its new place (sections copied, never
+    changed in place); a file holding both, with different values, is refused."""
+    for (old_section, key), (new_section, new_key) in MOVED_KEYS.items():
+        old = raw.get(old_section)
+        if not isinstance(old, Mapping) or key not in old:
+            continue
+        new = raw.get(new_section)
+        new = dict(new) if isinstance(new, Mapping) else {}
+        value = old[key]
+        if new_key in new and new[new_key] != value:
+            raise CheckpointError(
+                f"{source}: config keys '{old_section}.{key}'={value!r} and "
+                f"'{new_section}.{new_key}'={new[new_key]!r} disagree; '{old_section}.{key}' "
+                f"is the old name of '{new_section}.{new_key}': keep only that one"
+            )
+        new[new_key] = value
+        raw[old_section] = {k: v for k, v in old.items() if k != key}
+        raw[new_section] = new
+    return raw
+
+
 def _refuse_interpolations(node: Any, source: str, key: str) -> None:
     """Stored configs are written resolved: a ``${...}`` in one is refused, not resolved."""
     if isinstance(node, Mapping):
@@ -80,7 +110,7 @@ def checked_train_config(raw: Any, source: str | Path) -> DictConfig:
     if not isinstance(raw, Mapping):
         raise CheckpointError(f"{source}: the config is not a mapping")
     _refuse_interpolations(raw, source, "")
-    raw = dict(raw)
+    raw = _moved_keys(dict(raw), source)
     arch = _model_arch(raw.get("model"), source)
     raw["model"] = {k: v for k, v in raw["model"].items() if k != "_target_"} | {"arch": arch}
     schema = OmegaConf.structured(TrainConfig)

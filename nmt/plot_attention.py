@@ -39,6 +39,7 @@ from nmt.export import load_for_decoding
 from nmt.inference import Trained
 from nmt.package import is_package, model_argument
 from nmt.runtime import config_dir, pick_device, resolve_run_dir, setup_logging
+from nmt.search import DecodeOptions
 from nmt.visualize import attend, save_png, sentence_views, view_title
 
 log = logging.getLogger("nmt.plot_attention")
@@ -94,14 +95,19 @@ def read_inputs(cfg: DictConfig) -> tuple[list[str], list[str] | None]:
     return sentences, None if refs is None else [refs[i] for i in kept]
 
 
-def check_request(cfg: DictConfig) -> None:
-    """Refuse a wrong ``format`` or a missing run before any model is loaded."""
+def check_request(cfg: DictConfig) -> DecodeOptions:
+    """Refuse a wrong ``format``, a bad decoding option or a missing run before any model is
+    loaded; returns the decoding options (greedy: a run's beam is not taken)."""
+    opts = DecodeOptions.from_config(cfg)
+    if opts.beam != 1:
+        raise ConfigError(f"beam={opts.beam}: the attention drawn is greedy search's (beam=1)")
     if cfg.format not in FORMATS:
         raise ConfigError(f"format={cfg.format!r} is not one of: {', '.join(FORMATS)}")
     if not cfg.ckpt and not cfg.get("model_dir") and not resolve_run_dir(cfg.run).is_dir():
         raise ConfigError(
             f"run={cfg.run}: no such run directory (train a model first, or give ckpt=FILE)"
         )
+    return opts
 
 
 def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
@@ -116,7 +122,12 @@ def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
 
 
 def plot_sentences(
-    trained: Trained, sentences: list[str], cfg: DictConfig, out: Path, device: torch.device
+    trained: Trained,
+    sentences: list[str],
+    cfg: DictConfig,
+    opts: DecodeOptions,
+    out: Path,
+    device: torch.device,
 ) -> list[Path]:
     """Write every view of every sentence as PNG, and the translations; returns the PNGs."""
     tokenizers = trained.tokenizers
@@ -125,9 +136,7 @@ def plot_sentences(
     for start in range(0, len(sentences), BATCH_SENTENCES):
         index = list(range(start, min(start + BATCH_SENTENCES, len(sentences))))
         batch = make_batch(data, index).to(device)
-        decoded = attend(
-            trained.model, batch.src, batch.src_lens, cfg.max_output_len_a, cfg.max_output_len_b
-        )
+        decoded = attend(trained.model, batch.src, batch.src_lens, opts)
         for k, sent in zip(index, decoded, strict=True):
             folder = out / f"sent{k:03d}"
             for view in sentence_views(sent, tokenizers, cfg.layers):
@@ -145,14 +154,14 @@ def write_explorer(
     sentences: list[str],
     references: list[str] | None,
     cfg: DictConfig,
+    opts: DecodeOptions,
     out: Path,
     device: torch.device,
 ) -> Path:
     """Write ``<out>/explorer.html`` for the sentences (see :mod:`nmt.explorer`)."""
     records = explore_sentences(
-        trained.model, trained.tokenizers, sentences, references, device,
-        cfg.max_output_len_a, cfg.max_output_len_b,
-    )  # fmt: skip
+        trained.model, trained.tokenizers, sentences, references, device, opts
+    )
     for k, record in enumerate(records):
         log.info("sent%03d: %s -> %s", k, record["source"], record["hypothesis"])
     steps = [{"step": trained.step, "note": "", "sentences": records}]
@@ -166,13 +175,13 @@ def plot_attention(cfg: DictConfig) -> list[Path]:
     """Load the run's checkpoint and draw the configured sentences; returns the files written
     (the PNGs, or with ``format=html`` the explorer page)."""
     sentences, references = read_inputs(cfg)
-    check_request(cfg)
+    opts = check_request(cfg)
     device = pick_device(cfg.device)
     trained = load_for_decoding(cfg, device)
     out = output_dir(cfg, trained.path)
     if cfg.format == "html":
-        return [write_explorer(trained, sentences, references, cfg, out, device)]
-    written = plot_sentences(trained, sentences, cfg, out, device)
+        return [write_explorer(trained, sentences, references, cfg, opts, out, device)]
+    written = plot_sentences(trained, sentences, cfg, opts, out, device)
     log.info("wrote %d heatmaps for %d sentence(s) to %s", len(written), len(sentences), out)
     return written
 

@@ -12,7 +12,9 @@
 * decoding passes no probe and gets fp32 on a CPU: a training-batch probe says little about
   incremental decoding (one target position per step), a decoding probe would delay every
   ``eval`` and ``translate``, and fp32 keeps a checkpoint's translations, and so its scores,
-  the same whichever CPU decodes them.
+  the same whichever CPU decodes them;
+* the validation decode during training asks for fp32 when training is fp32 and for ``auto``
+  (decoding's rule above) otherwise: :func:`validation_decode_precision`.
 
 The measured choice is cached per machine, torch version and model/batch shape in a small
 JSON file (``<data.root>/cache/precision/``), so later runs start without probing.
@@ -301,3 +303,11 @@ def resolve_precision(precision: str, device: torch.device, probe: SpeedProbe | 
     if device.type != "cpu" or probe is None or not native_bf16(device):
         return "32"
     return measured_choice(probe)
+
+
+def validation_decode_precision(training: str) -> str:
+    """The precision the validation decode asks for: fp32 when training is fp32, else ``auto``
+    (decoding's rule: bf16 on a GPU that has it, fp32 on a CPU), so that validation BLEU is the
+    greedy BLEU ``nmt-eval`` gives the checkpoint. On a CPU, bf16 incremental decoding would also
+    make a new shape at every decoding step for oneDNN to build kernels for."""
+    return "32" if training == "32" else "auto"

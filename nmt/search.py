@@ -2,9 +2,9 @@
 
 Both searches work with any :class:`~nmt.models.base.Seq2Seq` through its incremental interface
 (``encode`` once, then ``decode_step``). Sentences that are finished leave the batch (their
-rows are dropped from the decoder state with ``select_state``), so no compute is spent on them,
-and every decision is taken per sentence, so a sentence's output does not depend on its batch
-mates or on the batch size.
+rows are dropped with :meth:`~nmt.models.base.DecoderState.select`), so no compute is spent on
+them, and every decision is taken per sentence, so a sentence's output does not depend on its
+batch mates or on the batch size.
 
 Beam search
 -----------
@@ -17,7 +17,8 @@ extensions of the alive hypotheses, ranked by their summed log-probability:
   Wu et al. 2016) and ``n`` counts the output tokens including EOS; the pool keeps the
   ``beam`` best;
 * the ``beam`` best candidates not ending in EOS stay alive;
-* at a sentence's length cap (``max_len_a * source_length + max_len_b`` tokens, EOS excluded)
+* at a sentence's length cap (:meth:`DecodeOptions.caps`: ``max_output_len_a * source_length
+  + max_output_len_b`` tokens, EOS excluded)
   every alive hypothesis is closed with EOS (its log-probability is added, as in greedy search).
 
 Stopping rule: a sentence is finished when its pool holds ``beam`` hypotheses and no alive
@@ -44,7 +45,7 @@ from nmt.config import ConfigError
 from nmt.data.batching import TokenDataset, eval_batches, make_batch
 from nmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from nmt.decode_options import DecodeOptions  # re-exported: callers import it from here
-from nmt.models.base import SAME_SENTENCES, Seq2Seq, select_state
+from nmt.models.base import Seq2Seq
 from nmt.precision import resolve_precision
 from nmt.runtime import autocast
 
@@ -61,9 +62,13 @@ class Hypothesis:
     nbest: list[tuple[list[int], float]] = field(default_factory=list)  # best first
 
 
-def max_output_lengths(src_lens: Tensor, a: float, b: int) -> Tensor:
-    """Decoding cap per sentence: a * source_length + b tokens (EOS excluded)."""
-    return (src_lens.float() * a + b).long().clamp(min=1)  # (B,)
+def max_output_lengths(model: Seq2Seq, src_lens: Tensor, opts: DecodeOptions) -> Tensor:
+    """Decoding caps of a batch (:meth:`DecodeOptions.caps`, within the model's positions).
+
+    src_lens: (B,) source lengths, EOS included. Returns (B,) on the device of ``src_lens``.
+    """
+    caps = opts.caps(src_lens.cpu().numpy(), model.max_positions)  # (B,)
+    return torch.from_numpy(caps).to(src_lens.device)
 
 
 def length_penalty(length: Tensor, alpha: float) -> Tensor:
@@ -124,7 +129,7 @@ def greedy_search(
             if keep.numel() == 0:
                 break
             alive = alive.index_select(0, keep)
-            state = select_state(state, keep, keep)
+            state = state.select(keep, sentences=keep)
             best = best.index_select(0, keep)
         prev = best
     out_list, len_list, score_list = out.tolist(), lengths.tolist(), scores.tolist()
@@ -326,7 +331,7 @@ def beam_search(
         beaten = _cannot_improve(best_alive, pool.scores[alive, 0], step + 1, caps[alive], alpha)
         done = at_cap | (best_alive == NEG_INF) | (full & beaten)  # (A,)
         rows = torch.arange(n_alive, device=device)[:, None] * k + parent  # (A, K) state rows
-        sentences: Tensor | str = SAME_SENTENCES  # per-sentence state is left as it is
+        sentences: Tensor | None = None  # per-sentence state is left as it is
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)  # (A',)
             if keep.numel() == 0:
@@ -335,7 +340,8 @@ def beam_search(
             token, rows = token[keep], rows[keep]
             history = history[keep] if history is not None else None
             sentences = keep
-        state = select_state(state, rows.reshape(-1), sentences)  # (A' * K) rows
+        # K hypotheses per sentence from here on: the model attends with its grouped path
+        state = state.select(rows.reshape(-1), sentences, group=beam)  # (A' * K) rows
         prev = token.reshape(-1)  # (A' * K,)
     return pool.hypotheses(src_lens)
 
@@ -357,14 +363,6 @@ def _gather_beams(x: Tensor, parent: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------- datasets
 
 
-def model_max_positions(model: Seq2Seq) -> int | None:
-    """The longest sequence a model can encode or decode (a position table's size), or None."""
-    limit = getattr(model, "max_positions", None)
-    if limit is None:
-        limit = getattr(getattr(model, "tgt_pos", None), "max_positions", None)
-    return int(limit) if limit is not None else None
-
-
 def clip_sources(src: Tensor, src_lens: Tensor, limit: int) -> tuple[Tensor, Tensor]:
     """Sources of (B, S) longer than ``limit`` tokens (EOS included) cut to ``limit``.
 
@@ -380,8 +378,7 @@ def clip_sources(src: Tensor, src_lens: Tensor, limit: int) -> tuple[Tensor, Ten
 
 def decode_batches(src_lens: np.ndarray, opts: DecodeOptions) -> list[list[int]]:
     """Token-budget batches for decoding, costed by source length and output cap."""
-    caps = (np.asarray(src_lens) * opts.max_len_a + opts.max_len_b).astype(np.int64)  # (N,)
-    return eval_batches(src_lens, opts.max_tokens, caps)
+    return eval_batches(src_lens, opts.max_tokens, opts.caps(src_lens))
 
 
 def search(
@@ -396,20 +393,19 @@ def search(
     src: (B, S); src_lens: (B,). Sources too long for the model's position table are cut, and
     output caps are kept within it.
     """
-    caps = max_output_lengths(src_lens, opts.max_len_a, opts.max_len_b)  # (B,)
-    limit = model_max_positions(model)
-    if limit is not None:
-        if src.size(1) > limit:
-            log.warning("sources longer than %d tokens are cut to the model's limit", limit)
-            src, src_lens = clip_sources(src, src_lens, limit)
-        caps = caps.clamp(max=limit - 1)  # positions 0..cap are fed to the decoder
+    caps = max_output_lengths(model, src_lens, opts)  # (B,)
+    limit = model.max_positions
+    if limit is not None and src.size(1) > limit:
+        log.warning("sources longer than %d tokens are cut to the model's limit", limit)
+        src, src_lens = clip_sources(src, src_lens, limit)
     if opts.beam == 1:
         return greedy_search(
-            model, src, src_lens, caps, BOS_ID, EOS_ID, keep_attention, min_len=opts.min_len
-        )
+            model, src, src_lens, caps, BOS_ID, EOS_ID, keep_attention,
+            min_len=opts.min_output_len,
+        )  # fmt: skip
     return beam_search(
         model, src, src_lens, caps, BOS_ID, EOS_ID, opts.beam, opts.length_penalty,
-        keep_attention, min_len=opts.min_len,
+        keep_attention, min_len=opts.min_output_len,
     )  # fmt: skip
 
 

@@ -44,7 +44,12 @@ from nmt.inference import build_model, checkpoint_path, load_checked_checkpoint
 from nmt.metrics import bleu, chrf
 from nmt.models.base import Seq2Seq
 from nmt.optim import build_optimizer, build_scheduler
-from nmt.precision import SpeedProbe, probe_model, resolve_precision
+from nmt.precision import (
+    SpeedProbe,
+    probe_model,
+    resolve_precision,
+    validation_decode_precision,
+)
 from nmt.runtime import (
     DistInfo,
     autocast,
@@ -176,29 +181,27 @@ def evaluate_loss(model: Seq2Seq, ds: EvalSet, cfg: DictConfig, device: torch.de
     return total / max(tokens, 1)
 
 
-def validation_decode_precision(training: str) -> str:
-    """The precision of the validation decode: fp32 when training is fp32, else decoding's own
-    rule (``auto``: bf16 on a GPU that has it, fp32 on a CPU), so that validation BLEU is the
-    greedy BLEU ``nmt-eval`` gives the checkpoint. On a CPU, bf16 incremental decoding would also
-    make a new shape at every decoding step for oneDNN to build kernels for."""
-    return "32" if training == "32" else "auto"
+def validation_options(cfg: DictConfig) -> DecodeOptions:
+    """How validation decodes: greedy search with the run's output caps (``decode``), in
+    batches of ``data.eval_max_tokens``, in :func:`validation_decode_precision`."""
+    return DecodeOptions(
+        beam=1,
+        max_output_len_a=cfg.decode.max_output_len_a,
+        max_output_len_b=cfg.decode.max_output_len_b,
+        max_tokens=cfg.data.eval_max_tokens,
+        precision=validation_decode_precision(str(cfg.trainer.precision)),
+    )
 
 
 def validate_model(
     model: Seq2Seq, data: PreparedData, cfg: DictConfig, device: torch.device
 ) -> dict[str, float]:
     """Validation loss, perplexity, and greedy BLEU / chrF on the validation split."""
-    t = cfg.trainer
     start = time.perf_counter()
     val_loss = evaluate_loss(model, data.valid, cfg, device)
-    opts = DecodeOptions(
-        max_len_a=t.max_output_len_a,
-        max_len_b=t.max_output_len_b,
-        max_tokens=cfg.data.eval_max_tokens,
-        precision=validation_decode_precision(str(t.precision)),
-    )
+    opts = validation_options(cfg)
     hyps = translate_dataset(
-        model, data.valid.data, data.tokenizers.tgt, opts, device, t.val_sentences
+        model, data.valid.data, data.tokenizers.tgt, opts, device, cfg.trainer.val_sentences
     )
     refs = data.valid.ref_text[: len(hyps)]
     return {
@@ -578,14 +581,14 @@ class Trainer:
                 log_validation_views(
                     self.writer, self.model, self.data.valid, self.data.tokenizers, s.step,
                     self.device, self.t.attention_sentences, self.t.attention_layers,
-                    max_len_a=self.t.max_output_len_a, max_len_b=self.t.max_output_len_b,
+                    opts=validation_options(self.cfg),
                 )  # fmt: skip
             self.writer.flush()
         if self.explorer is not None:
             self.explorer.add(
                 s.step, self.model, self.data.valid, self.data.tokenizers, self.device,
                 self.t.attention_sentences, f"validation BLEU {metrics['bleu']:.2f}",
-                max_len_a=self.t.max_output_len_a, max_len_b=self.t.max_output_len_b,
+                opts=validation_options(self.cfg),
             )  # fmt: skip
         self.save(is_best=improved)
         return self.t.patience > 0 and s.bad_validations >= self.t.patience

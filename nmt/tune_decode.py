@@ -71,9 +71,7 @@ class Setting:
 
     def options(self) -> DecodeOptions:
         alpha = 1.0 if self.length_penalty is None else self.length_penalty
-        opts = DecodeOptions(beam=self.beam, length_penalty=alpha)
-        opts.validate()
-        return opts
+        return DecodeOptions(beam=self.beam, length_penalty=alpha)  # checked when built
 
     def label(self) -> str:
         return "greedy" if self.beam == 1 else f"beam {self.beam} alpha {self.length_penalty:g}"

@@ -48,7 +48,7 @@ from nmt.data.batching import make_batch
 from nmt.data.prepare import EvalSet
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 from nmt.models.base import Seq2Seq
-from nmt.search import Hypothesis, greedy_search, max_output_lengths
+from nmt.search import DecodeOptions, Hypothesis, greedy_search, max_output_lengths
 
 FONT = "DejaVu Sans"  # has the glyphs of Latin, Czech, German, French and the U+2581 marker
 CMAP = "viridis"
@@ -94,18 +94,23 @@ def attend(
     model: Seq2Seq,
     src: Tensor,
     src_lens: Tensor,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
+    opts: DecodeOptions | None = None,
 ) -> list[SentenceAttention]:
     """Greedy-decode ``src`` (B, S) and collect every attention map of the hypotheses.
 
-    src_lens: (B,) with EOS counted. The model runs in eval mode and gets its mode back.
+    src_lens: (B,) with EOS counted. ``opts`` (default: ``DecodeOptions()``) gives the output
+    caps and ``min_output_len``; the search is greedy whatever its ``beam`` (the views follow
+    one hypothesis) and runs in the caller's precision. The model runs in eval mode and gets
+    its mode back.
     """
+    opts = opts or DecodeOptions()
     was_training = model.training
     model.eval()
     try:
-        caps = max_output_lengths(src_lens, max_len_a, max_len_b)  # (B,)
-        hyps = greedy_search(model, src, src_lens, caps, BOS_ID, EOS_ID, keep_attention=True)
+        caps = max_output_lengths(model, src_lens, opts)  # (B,)
+        hyps = greedy_search(
+            model, src, src_lens, caps, BOS_ID, EOS_ID, True, min_len=opts.min_output_len
+        )
         tgt_in = teacher_input(hyps, src.device)  # (B, T)
         _, attn = model.forward_with_attention(src, src_lens, tgt_in)
     finally:
@@ -380,8 +385,7 @@ def log_validation_views(
     n_sentences: int = 4,
     layers: LayerSpec = "last",
     *,
-    max_len_a: float,
-    max_len_b: int,
+    opts: DecodeOptions,
 ) -> dict[str, float]:
     """Log attention heatmaps, sample translations and attention entropies of the first
     ``n_sentences`` validation sentences; returns the entropy scalars (tag -> value).
@@ -390,14 +394,14 @@ def log_validation_views(
     ``attention/<view>/sent<k>`` images (views: see the module docstring; ``layers`` picks
     the self-attention layers), ``samples/sent<k>`` text (torch files it under
     ``samples/sent<k>/text_summary``), ``attention/entropy/<kind>_layer<i>`` scalars for every
-    layer of every kind. Outputs are capped at ``max_len_a * source_length + max_len_b``
-    tokens, as in validation. The model is put in eval mode and gets its mode back.
+    layer of every kind. The sentences are decoded with ``opts``, validation's options. The
+    model is put in eval mode and gets its mode back.
     """
     n = min(n_sentences, len(evalset))
     if n <= 0:
         return {}
     batch = make_batch(evalset.data, list(range(n))).to(device)
-    sentences = attend(model, batch.src, batch.src_lens, max_len_a, max_len_b)
+    sentences = attend(model, batch.src, batch.src_lens, opts)
     for k, sent in enumerate(sentences):
         for view in sentence_views(sent, tokenizers, layers):
             image = render_rgb(view, view_title(view, step, k))  # (H, W, 3)

@@ -42,8 +42,9 @@ class ScoredAttention(nn.Module):
 
     Subclasses define :meth:`project_keys`, run once per source sentence, and :meth:`score`,
     run once per decoder step against the projected keys. Several consecutive query rows may
-    share one sentence's keys (the beams of a sentence): with B sentences and G * B queries,
-    every group of G queries attends to its sentence, and the keys are never copied.
+    share one sentence's keys (the beams of a sentence): with B sentences, ``group`` = G and
+    G * B queries, every group of G queries attends to its sentence, and the keys are never
+    copied.
     """
 
     def project_keys(self, keys: Tensor) -> Tensor:
@@ -56,15 +57,17 @@ class ScoredAttention(nn.Module):
         raise NotImplementedError
 
     def forward(
-        self, query: Tensor, projected_keys: Tensor, values: Tensor, mask: Tensor
+        self, query: Tensor, projected_keys: Tensor, values: Tensor, mask: Tensor, group: int = 1
     ) -> tuple[Tensor, Tensor]:
         """Query (G * B, Dq), projected keys (B, S, *), values (B, S, Dv), mask (B, S) True =
-        real or None; G consecutive queries per sentence (G = 1 normally).
+        real or None; ``group`` = G consecutive queries per sentence (1 but in beam search).
 
         Returns the context (G * B, Dv) and the attention weights (G * B, S).
         """
         b = projected_keys.size(0)
-        grouped = query.view(b, -1, query.size(-1))  # (B, G, Dq)
+        if query.size(0) != group * b:
+            raise ValueError(f"{query.size(0)} queries are not {group} per sentence of {b}")
+        grouped = query.view(b, group, query.size(-1))  # (B, G, Dq)
         mask = mask[:, None] if mask is not None else None  # (B, 1, S)
         weights = masked_softmax(self.score(grouped, projected_keys), mask)  # (B, G, S)
         context = torch.bmm(weights, values)  # (B, G, Dv)
@@ -239,14 +242,24 @@ class MultiHeadAttention(nn.Module):
         return dropped @ v, weights  # (B, H, Tq, dk), (B, H, Tq, Tk)
 
     def _grouped(
-        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None, need_weights: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Tensor | None,
+        need_weights: bool,
+        group: int,
     ) -> tuple[Tensor, Tensor | None]:
         """One query per row (G * B, H, 1, dk) against B sentences' keys/values (B, H, S, dk):
-        the G queries of a sentence attend as G positions of one row, with no copy of k/v."""
+        the G = ``group`` queries of a sentence attend as G positions of one row, with no copy
+        of k/v."""
         b, heads, dk = k.size(0), self.heads, self.d_head
-        if q.size(2) != 1 or q.size(0) % b:
-            raise ValueError(f"grouped attention needs one query per row, got {tuple(q.shape)}")
-        grouped = q.view(b, -1, heads, dk).transpose(1, 2)  # (B, H, G, dk)
+        if q.size(2) != 1 or q.size(0) != group * b:
+            raise ValueError(
+                f"grouped attention needs {group} single-position queries per sentence of {b}, "
+                f"got {tuple(q.shape)}"
+            )
+        grouped = q.view(b, group, heads, dk).transpose(1, 2)  # (B, H, G, dk)
         mask = attention_mask(key_padding_mask, False, grouped.size(2), k.size(2), q.device)
         weights = None
         if need_weights:
@@ -266,6 +279,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         need_weights: bool = False,
         cache: dict[str, Tensor] | None = None,
+        group: int = 1,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` (B, Tq, D) to ``key``/``value`` (B, Tk, D); value defaults to key.
 
@@ -276,12 +290,17 @@ class MultiHeadAttention(nn.Module):
         cache: incremental decoding, updated in place. Self-attention: {"k", "v"} of shape
             (B, H, t, dk) (t may be 0); the new positions' keys/values are appended.
             Cross-attention: pass ``key=None`` and the dict from :meth:`project_kv`.
+        group: G > 1 when the query rows are G hypotheses per sentence of keys/values that hold
+            one row per sentence (beam search): ``query`` (G * B, 1, D) then attends with the
+            grouped-query path, and the mask and weights follow the keys' and queries' rows.
         Returns the output (B, Tq, D) and the weights or None.
         """
         q = self._split(self.q_proj(query))  # (B, H, Tq, dk)
         k, v = self._keys_values(key, value, cache)  # (B, H, Tk, dk) each
-        if k.size(0) != q.size(0):  # G beams per sentence share its cached keys/values
-            return self._grouped(q, k, v, key_padding_mask, need_weights)
+        if group > 1:  # G beams per sentence share its cached keys/values
+            return self._grouped(q, k, v, key_padding_mask, need_weights, group)
+        if k.size(0) != q.size(0):
+            raise ValueError(f"{q.size(0)} query rows but {k.size(0)} key rows (group={group})")
         tq, tk = q.size(2), k.size(2)
         if not need_weights and causal and key_padding_mask is None and tq == tk:
             out = F.scaled_dot_product_attention(

@@ -5,38 +5,37 @@ A model is used in two ways:
 * teacher forcing (training, validation loss): ``forward(src, src_lens, tgt_in)`` returns
   logits for every target position at once;
 * incremental decoding (greedy and beam search): ``encode(src, src_lens)`` runs the encoder
-  once and returns the initial :data:`DecoderState`, one row per sentence; each
+  once and returns the initial :class:`DecoderState`, one hypothesis row per sentence; each
   ``decode_step(tokens, state)`` takes the previous token of every hypothesis row (BOS at the
   first step) and returns the next-token logits, the new state and this step's attention over
-  the source. Between steps the search changes the rows with :func:`select_state`: beam search
-  turns each sentence's row into ``beam`` rows after the first step and reorders them after
-  every step; both searches drop the rows of finished sentences. The state holds what the model
-  needs (the GRU's hidden states; the Transformer's self-attention key/value caches and step;
-  the encoder memory or its projections and the source mask).
+  the source. Between steps the search changes the rows with :meth:`DecoderState.select`: beam
+  search turns each sentence's row into ``beam`` rows after the first step and reorders them
+  after every step; both searches drop the rows of finished sentences.
 
-A :data:`DecoderState` is a nested structure (dicts, lists, tuples) of tensors whose first
-dimension is the batch (hypothesis) dimension, plus non-tensor leaves (ints such as the current
-step) that apply to every row. What is the same for every hypothesis of a sentence (the encoder
-memory, its attention keys, the source mask) lives under the key ``"shared"`` with one row per
-sentence; the hypotheses of a sentence are consecutive rows, so a model finds the group size as
-hypothesis rows // sentence rows. :func:`select_state` reorders, repeats or filters the rows,
-which is all beam search needs (reorder beams after a step, drop finished sentences); beams
-reordered within their sentences leave the shared part untouched, so it is never copied.
+A :class:`DecoderState` keeps apart what belongs to each hypothesis (``rows``: the GRU's hidden
+states, the Transformer's self-attention key/value caches) and what is the same for every
+hypothesis of a sentence (``sentences``: the encoder memory, its attention keys, the source
+mask), which is stored once per sentence and never copied for the beams. The hypotheses of a
+sentence are consecutive rows and ``group`` says how many there are, so a model never has to
+infer it from tensor sizes: with ``group > 1`` it attends with the grouped-query path, each
+sentence's ``group`` queries against its one copy of the per-sentence tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-DecoderState = Any  # nested dict/list/tuple of batch-first tensors and plain scalars
+# a tensor, or a dict / list / tuple of them (nested), the batch dimension first
+Tensors = Any
 
 
-def map_state(state: DecoderState, fn: Callable[[Tensor], Tensor]) -> DecoderState:
-    """Apply ``fn`` to every tensor in a nested state; other leaves are kept as they are."""
+def map_state(state: Tensors, fn: Callable[[Tensor], Tensor]) -> Tensors:
+    """Apply ``fn`` to every tensor in a nested structure; other leaves are kept as they are."""
     if isinstance(state, Tensor):
         return fn(state)
     if isinstance(state, dict):
@@ -48,47 +47,55 @@ def map_state(state: DecoderState, fn: Callable[[Tensor], Tensor]) -> DecoderSta
     return state
 
 
-SAME_SENTENCES = "same"  # select_state: the new rows are beams of the same sentences, in order
-
-
-def _rows(state: DecoderState) -> int | None:
-    """The number of hypothesis rows: the first dimension of the first per-row tensor."""
+def _first_dim(tensors: Tensors) -> int | None:
+    """The first dimension of the first tensor in a nested structure (None if it has none)."""
     found: list[int] = []
-
-    def note(t: Tensor) -> Tensor:
-        found.append(t.size(0))
-        return t
-
-    map_state({k: v for k, v in state.items() if k != "shared"}, note)
+    map_state(tensors, lambda t: found.append(t.size(0)) or t)
     return found[0] if found else None
 
 
-def select_state(
-    state: DecoderState, index: Tensor, sentences: Tensor | str | None = None
-) -> DecoderState:
-    """Rows ``index`` (LongTensor (N,)) of every per-row tensor: reorder, repeat or filter.
+@dataclass
+class DecoderState:
+    """What a model carries from one decoding step to the next.
 
-    The shared (per-sentence) part follows ``sentences``: a LongTensor of the sentences kept,
-    in order, when the new rows are the beams of those sentences, grouped; ``SAME_SENTENCES``
-    when they are beams of the same sentences as before; None for any other selection, which
-    gives every new row its own copy of its sentence's shared tensors.
+    rows: per-hypothesis tensors, (N, ...) each, N = group * B rows, a sentence's hypotheses
+        consecutive; a model gives back new ones at every step (the old state stays valid).
+    sentences: per-sentence tensors, (B, ...) each, read by all hypotheses of a sentence.
+    step: the position of the next target token, the same for every row.
+    group: hypotheses per sentence (1 after ``encode`` and in greedy search; the beam size in
+        beam search after its first step).
     """
-    if not isinstance(state, dict) or "shared" not in state:
-        return map_state(state, lambda t: t.index_select(0, index))
-    shared = state["shared"]
-    if sentences is None:
-        n_sentences = _rows(shared)
-        group = (_rows(state) or n_sentences or 1) // max(n_sentences or 1, 1)
-        sentences = torch.div(index, group, rounding_mode="floor")  # (N,) sentence of each row
-    out = {k: map_state(v, lambda t: t.index_select(0, index)) for k, v in state.items()
-           if k != "shared"}  # fmt: skip
-    if isinstance(sentences, str):
-        if sentences != SAME_SENTENCES:
-            raise ValueError(f"sentences={sentences!r}: expected a tensor, None or SAME_SENTENCES")
-        out["shared"] = shared
-    else:
-        out["shared"] = map_state(shared, lambda t: t.index_select(0, sentences))
-    return out
+
+    rows: dict[str, Tensors]
+    sentences: dict[str, Tensors] = field(default_factory=dict)
+    step: int = 0
+    group: int = 1
+
+    def next(self, rows: dict[str, Tensors]) -> DecoderState:
+        """The state after one step: new per-row tensors, the same sentences, step + 1."""
+        return replace(self, rows=rows, step=self.step + 1)
+
+    def select(
+        self, index: Tensor, sentences: Tensor | None = None, group: int | None = None
+    ) -> DecoderState:
+        """Rows ``index`` (LongTensor (N',)) of every per-row tensor: reorder, repeat or filter.
+
+        sentences: the per-sentence rows kept, in order (LongTensor (B',)), when sentences are
+            dropped or repeated; None keeps them as they are (not copied).
+        group: hypotheses per sentence of the new rows (default: as before); the new rows must
+            be ``group`` consecutive hypotheses of each kept sentence.
+        """
+        group = self.group if group is None else group
+        kept = self.sentences
+        if sentences is not None:
+            kept = map_state(self.sentences, lambda t: t.index_select(0, sentences))
+        n_sentences = _first_dim(kept)
+        if n_sentences is not None and index.numel() != group * n_sentences:
+            raise ValueError(
+                f"{index.numel()} hypothesis rows are not {group} per sentence of {n_sentences}"
+            )
+        rows = map_state(self.rows, lambda t: t.index_select(0, index))
+        return replace(self, rows=rows, sentences=kept, group=group)
 
 
 def lengths_to_mask(lens: Tensor, max_len: int | None = None) -> Tensor:
@@ -105,6 +112,12 @@ class Seq2Seq(nn.Module):
     """
 
     pad_id: int
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence (source, or target with BOS) the model can encode or decode,
+        e.g. the size of a position table; None when there is no such limit."""
+        return None
 
     def encode(self, src: Tensor, src_lens: Tensor) -> DecoderState:
         """Encode the source once; returns the initial decoder state (B rows)."""

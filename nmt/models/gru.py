@@ -11,17 +11,15 @@ Decoder step t (one code path for teacher forcing and incremental decoding):
 * logits_t = W_out dropout(W_pre [s_t; c_t; E y_{t-1}] + b_pre) + b_out, a linear pre-output
   layer of size emb_dim (no tanh/maxout), so W_out can be tied to the target embedding.
 
-Decoding state (see :mod:`nmt.models.base`), for B sentences with G consecutive hypothesis
-rows each (N = G * B; G = 1 after ``encode`` and in greedy search, the beam size in beam
-search after its first step)::
+Decoding state (a :class:`~nmt.models.base.DecoderState`), for B sentences with
+G = ``state.group`` consecutive hypothesis rows each (N = G * B)::
 
-    {"hidden": [(N, H) per decoder layer],   # s_{t-1} of every hypothesis
-     "shared": {                             # one row per sentence, read by all its rows
-         "memory": (B, S, C),                # encoder outputs h, the attention values
-         "keys": (B, S, *),                  # h projected once by the scoring module
-         "src_mask": (B, S) bool}}           # True = real source token
+    rows = {"hidden": [(N, H) per decoder layer]}  # s_{t-1} of every hypothesis
+    sentences = {"memory": (B, S, C),              # encoder outputs h, the attention values
+                 "keys": (B, S, *),                # h projected once by the scoring module
+                 "src_mask": (B, S) bool}          # True = real source token
 
-The G query rows of a sentence attend to its one row of the shared part.
+The G query rows of a sentence attend to its one row of the per-sentence tensors.
 """
 
 from __future__ import annotations
@@ -124,29 +122,27 @@ class GRUBahdanau(Seq2Seq):
     def encode(self, src: Tensor, src_lens: Tensor) -> DecoderState:
         """Encode once; the attention keys are projected here, once per source."""
         memory, final = self._encode(src, src_lens)  # (B, S, C), (B, C)
-        return {
-            "hidden": self._bridge(final),
-            "shared": {  # one row per sentence, whatever the number of hypotheses
-                "memory": memory,
-                "keys": self.attention.project_keys(memory),  # (B, S, *)
-                "src_mask": lengths_to_mask(src_lens, src.size(1)),  # (B, S)
-            },
+        sentences = {  # one row per sentence, whatever the number of hypotheses
+            "memory": memory,
+            "keys": self.attention.project_keys(memory),  # (B, S, *)
+            "src_mask": lengths_to_mask(src_lens, src.size(1)),  # (B, S)
         }
+        return DecoderState({"hidden": self._bridge(final)}, sentences)
 
     # -- decoder -----------------------------------------------------------------------------
 
     def _step(self, emb: Tensor, state: DecoderState) -> tuple[list[Tensor], Tensor, Tensor]:
-        """Embedded previous tokens (B, E) -> hidden [(B, H)], context (B, C), weights (B, S)."""
-        hidden, shared = state["hidden"], state["shared"]
+        """Embedded previous tokens (N, E) -> hidden [(N, H)], context (N, C), weights (N, S)."""
+        hidden, sentences = state.rows["hidden"], state.sentences
         context, weights = self.attention(
-            hidden[-1], shared["keys"], shared["memory"], shared["src_mask"]
-        )  # (B, C), (B, S): B hypotheses, G per sentence
-        x = torch.cat([emb, context], dim=-1)  # (B, E + C)
+            hidden[-1], sentences["keys"], sentences["memory"], sentences["src_mask"], state.group
+        )  # (N, C), (N, S): N hypotheses, G per sentence
+        x = torch.cat([emb, context], dim=-1)  # (N, E + C)
         new_hidden: list[Tensor] = []
         for cell, h in zip(self.cells, hidden, strict=True):
             if new_hidden:
-                x = self.dropout(new_hidden[-1])  # (B, H), the layer below's output
-            new_hidden.append(cell(x, h))  # (B, H)
+                x = self.dropout(new_hidden[-1])  # (N, H), the layer below's output
+            new_hidden.append(cell(x, h))  # (N, H)
         return new_hidden, context, weights
 
     def _output(self, top: Tensor, context: Tensor, emb: Tensor) -> Tensor:
@@ -161,7 +157,7 @@ class GRUBahdanau(Seq2Seq):
         emb = self.dropout(self.tgt_embed(tokens))  # (B, E)
         hidden, context, weights = self._step(emb, state)
         logits = self._output(hidden[-1], context, emb)  # (B, V)
-        return logits, {**state, "hidden": hidden}, weights
+        return logits, state.next({"hidden": hidden}), weights
 
     def _teacher_forced(
         self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
@@ -174,7 +170,7 @@ class GRUBahdanau(Seq2Seq):
         tops, contexts, weights = [], [], []
         for t in range(tgt_in.size(1)):
             hidden, context, w = self._step(emb[:, t], state)  # (B, H) x L, (B, C), (B, S)
-            state = {**state, "hidden": hidden}
+            state = state.next({"hidden": hidden})
             tops.append(hidden[-1])
             contexts.append(context)
             weights.append(w)

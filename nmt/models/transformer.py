@@ -4,22 +4,21 @@ Layers mirror ``torch.nn.TransformerEncoderLayer`` / ``TransformerDecoderLayer``
 ``self_attn``, ``cross_attn`` (torch: ``multihead_attn``), ``linear1``, ``linear2``,
 ``norm1``..``norm3``), so their weights can be copied across.
 
-Incremental decoding state (see :mod:`nmt.models.base`), for B sentences with G consecutive
-hypothesis rows each (N = G * B; G = 1 after ``encode`` and in greedy search, the beam size in
-beam search after its first step)::
+Incremental decoding state (a :class:`~nmt.models.base.DecoderState`), for B sentences with
+G = ``state.group`` consecutive hypothesis rows each (N = G * B)::
 
-    {"step": int,                          # position of the next target token, for every row
-     "layers": [{"self": {"k", "v"}}],     # per decoder layer, (N, H, t, dk) each: self-attention
-                                           # keys/values of the t target tokens so far (t = 0 at
-                                           # first), a new dict at every step
-     "shared": {                           # one row per sentence, read by all its rows
-         "memory_pad": (B, S) bool,        # True = source padding
-         "cross": [{"k", "v"}]}}           # per decoder layer, (B, H, S, dk) each: the encoder
-                                           # memory projected for cross-attention, made once
+    rows = {"self": [{"k", "v"}]}        # per decoder layer, (N, H, t, dk) each: self-attention
+                                         # keys/values of the t target tokens so far (t = 0 at
+                                         # first), new dicts at every step
+    sentences = {"memory_pad": (B, S) bool,  # True = source padding
+                 "cross": [{"k", "v"}]}      # per decoder layer, (B, H, S, dk) each: the encoder
+                                             # memory projected for cross-attention, made once
+    step                                 # position of the next target token
 
-The G query rows of a sentence attend to its one row of the shared cross keys/values.
-``decode_step`` always returns the last decoder layer's cross-attention averaged over heads,
-(N, S): with a single query position it costs no more than the attention itself.
+With G > 1 the cross-attention takes the grouped-query path: the G query rows of a sentence
+attend to its one row of the cross keys/values. ``decode_step`` always returns the last decoder
+layer's cross-attention averaged over heads, (N, S): with a single query position it costs no
+more than the attention itself.
 """
 
 from __future__ import annotations
@@ -154,13 +153,16 @@ class DecoderLayer(_Layer):
         self_cache: dict[str, Tensor] | None = None,
         cross_cache: dict[str, Tensor] | None = None,
         need_weights: bool = False,
+        group: int = 1,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """One decoder layer.
 
         x: (B, T, D) the target positions (T = 1 when decoding step by step);
         memory: (B, S, D) encoder output; ignored (may be None) when ``cross_cache`` holds
             its projections (from ``cross_attn.project_kv``);
-        memory_pad: (B, S) True = source padding; self_cache: updated in place (appended).
+        memory_pad: (B, S) True = source padding; self_cache: updated in place (appended);
+        group: hypotheses per sentence of ``x`` when the memory (or ``cross_cache``) and
+            ``memory_pad`` hold one row per sentence (see :class:`MultiHeadAttention`).
         Returns x (B, T, D), self weights (B, H, T, t + T) and cross weights (B, H, T, S),
         the weights only when ``need_weights``.
         """
@@ -178,6 +180,7 @@ class DecoderLayer(_Layer):
                 key_padding_mask=memory_pad,
                 need_weights=need_weights,
                 cache=cross_cache,
+                group=group,
             )
 
         x, self_weights = self.residual(x, self.norm1, self_attend)  # (B, T, D)
@@ -269,37 +272,41 @@ class Transformer(Seq2Seq):
             weights.append(w)
         return self.enc_norm(x), pad, weights
 
+    @property
+    def max_positions(self) -> int:
+        """The size of the position tables (source and target alike)."""
+        return self.tgt_pos.max_positions
+
     def encode(self, src: Tensor, src_lens: Tensor) -> DecoderState:
         """Encode once and project the memory for every decoder layer's cross-attention."""
         memory, pad, _ = self._encode(src, src_lens)  # (B, S, D)
-        layers, crosses = [], []
+        caches, crosses = [], []
         for layer in self.decoder_layers:
             cross = layer.cross_attn.project_kv(memory, memory)  # (B, H, S, dk) each
             crosses.append(cross)
-            layers.append({"self": {name: t[:, :, :0] for name, t in cross.items()}})  # t = 0
+            caches.append({name: t[:, :, :0] for name, t in cross.items()})  # t = 0
         # the projected memory and its mask: one row per sentence, whatever the hypotheses
-        return {"step": 0, "layers": layers, "shared": {"memory_pad": pad, "cross": crosses}}
+        return DecoderState({"self": caches}, {"memory_pad": pad, "cross": crosses})
 
     def decode_step(
         self, tokens: Tensor, state: DecoderState
     ) -> tuple[Tensor, DecoderState, Tensor]:
-        """tokens (B,) -> logits (B, V), new state, last layer's head-averaged cross-attn (B, S)."""
-        step = state["step"]
-        x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_pos, step)  # (B, 1, D)
+        """tokens (N,) -> logits (N, V), new state, last layer's head-averaged cross-attn (N, S)."""
+        x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_pos, state.step)  # (N, 1, D)
         last = len(self.decoder_layers) - 1
-        shared = state["shared"]
-        new_layers, cross = [], None
+        sentences = state.sentences
+        new_caches, cross = [], None
         for i, (layer, cache, cross_cache) in enumerate(
-            zip(self.decoder_layers, state["layers"], shared["cross"], strict=True)
+            zip(self.decoder_layers, state.rows["self"], sentences["cross"], strict=True)
         ):
-            self_cache = dict(cache["self"])  # a new dict: the old state stays valid
-            x, _, cross = layer(
-                x, None, shared["memory_pad"], self_cache, cross_cache, need_weights=i == last
-            )  # (B, 1, D)
-            new_layers.append({"self": self_cache})
-        logits = self.out_proj(self.dec_norm(x)).squeeze(1)  # (B, V)
-        new_state = {"step": step + 1, "layers": new_layers, "shared": shared}
-        return logits, new_state, cross[:, :, 0].mean(dim=1)  # (B, S)
+            self_cache = dict(cache)  # a new dict: the old state stays valid
+            x, _, cross = layer(  # x (N, 1, D)
+                x, None, sentences["memory_pad"], self_cache, cross_cache,
+                need_weights=i == last, group=state.group,
+            )  # fmt: skip
+            new_caches.append(self_cache)
+        logits = self.out_proj(self.dec_norm(x)).squeeze(1)  # (N, V)
+        return logits, state.next({"self": new_caches}), cross[:, :, 0].mean(dim=1)  # (N, S)
 
     def _run(
         self,
