@@ -3,6 +3,8 @@ reference-layer equivalence, tied embeddings, attention weights, overfitting a t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +12,7 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from nmt.config import GRUBahdanauConfig, TransformerConfig
-from nmt.models.base import SAME_SENTENCES, Seq2Seq, lengths_to_mask, map_state, select_state
+from nmt.models.base import Seq2Seq, lengths_to_mask, map_state
 from nmt.models.registry import build_model
 from nmt.models.transformer import DecoderLayer, EncoderLayer
 
@@ -147,7 +149,7 @@ def test_incremental_decoding_equals_forward(name: str) -> None:
 
 @pytest.mark.parametrize("name", VARIANTS)
 @torch.no_grad()
-def test_select_state_reorders_repeats_and_filters(name: str) -> None:
+def test_select_reorders_repeats_and_filters_rows(name: str) -> None:
     model = build(name).eval()
     src, src_lens, tgt, _ = random_batch([6, 3, 5], [4, 4, 4], seed=2)
     state = model.encode(src, src_lens)
@@ -156,7 +158,7 @@ def test_select_state_reorders_repeats_and_filters(name: str) -> None:
     expected, _, _ = model.decode_step(tgt[:, 2], state)  # (B, V)
     for index in ([2, 0, 1], [1, 1, 0, 0], [2]):
         rows = torch.tensor(index)
-        chosen = select_state(state, rows)
+        chosen = state.select(rows, sentences=rows)  # every row with its sentence's copy
         logits, _, _ = model.decode_step(tgt[rows, 2], chosen)
         assert torch.allclose(logits, expected[rows], atol=1e-5)
 
@@ -171,11 +173,11 @@ def test_beams_sharing_their_sentence_state_equal_beams_with_copies(name: str) -
     state = model.encode(src, src_lens)
     _, state, _ = model.decode_step(tgt[:, 0], state)
     beams = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])  # 3 beams per sentence, grouped
-    shared = select_state(state, beams, SAME_SENTENCES)
-    copied = select_state(state, beams)  # every row with its own copy
-    pairs = zip(_tensors(shared["shared"]), _tensors(state["shared"]), strict=True)
+    shared = state.select(beams, group=3)
+    copied = state.select(beams, sentences=beams)  # every row with its own copy, group 1
+    pairs = zip(_tensors(shared.sentences), _tensors(state.sentences), strict=True)
     assert all(a is b for a, b in pairs)  # not copied
-    assert _tensors(copied["shared"])[0].size(0) == 9
+    assert _tensors(copied.sentences)[0].size(0) == 9 and copied.group == 1
     tokens = torch.tensor([4, 5, 6, 7, 8, 9, 4, 5, 6])
     for _ in range(3):  # several steps: the self-attention caches grow per beam
         a, shared, attn_a = model.decode_step(tokens, shared)
@@ -183,10 +185,24 @@ def test_beams_sharing_their_sentence_state_equal_beams_with_copies(name: str) -
         assert torch.allclose(a, b, atol=1e-5) and torch.allclose(attn_a, attn_b, atol=1e-6)
         tokens = a.argmax(dim=-1)
     # dropping sentence 1 keeps the shared rows of sentences 0 and 2
-    kept = select_state(shared, torch.tensor([0, 1, 2, 6, 7, 8]), torch.tensor([0, 2]))
+    kept = shared.select(torch.tensor([0, 1, 2, 6, 7, 8]), sentences=torch.tensor([0, 2]))
     logits, _, _ = model.decode_step(tokens[[0, 1, 2, 6, 7, 8]], kept)
     expected, _, _ = model.decode_step(tokens, shared)
     assert torch.allclose(logits, expected[[0, 1, 2, 6, 7, 8]], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@torch.no_grad()
+def test_the_group_size_is_never_guessed_from_row_counts(name: str) -> None:
+    """A state whose group size does not match its rows is refused, not decoded."""
+    model = build(name).eval()
+    src, src_lens, tgt, _ = random_batch([6, 3, 5], [4, 4, 4], seed=4)
+    state = model.encode(src, src_lens).select(torch.tensor([0, 0, 1, 1, 2, 2]), group=2)
+    model.decode_step(tgt[[0, 0, 1, 1, 2, 2], 0], state)  # 2 rows per sentence: fine
+    with pytest.raises(ValueError, match="group=1|1 per sentence"):
+        model.decode_step(tgt[[0, 0, 1, 1, 2, 2], 0], replace(state, group=1))
+    with pytest.raises(ValueError, match="3 per sentence|3 single-position queries"):
+        model.decode_step(tgt[[0, 0, 1, 1, 2, 2], 0], replace(state, group=3))
 
 
 def _tensors(state) -> list[torch.Tensor]:

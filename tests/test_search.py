@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from nmt.config import GRUBahdanauConfig, TransformerConfig
+from nmt.config import ConfigError, GRUBahdanauConfig, TransformerConfig
 from nmt.models.base import DecoderState, Seq2Seq, lengths_to_mask
 from nmt.models.registry import build_model
 from nmt.search import (
@@ -20,7 +20,7 @@ from nmt.search import (
     beam_search,
     clip_sources,
     greedy_search,
-    model_max_positions,
+    max_output_lengths,
     search,
 )
 
@@ -36,9 +36,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 class TableModel(Seq2Seq):
     """Next-token logits are a fixed function of (sentence id, target prefix).
 
-    The sentence id is the first source token. Sentence 0 takes its logits from ``fixed`` when
-    the prefix is listed there; everything else comes from a random generator seeded by the id
-    and the prefix. Every call to ``decode_step`` records its number of rows in ``rows``.
+    The sentence id is the first source token, kept once per sentence in the state (every
+    hypothesis row reads its sentence's through the state's group size). Sentence 0 takes its
+    logits from ``fixed`` when the prefix is listed there; everything else comes from a random
+    generator seeded by the id and the prefix. Every call to ``decode_step`` records its number
+    of rows in ``rows``.
     """
 
     def __init__(self, vocab: int = 5, seed: int = 0, fixed: dict | None = None) -> None:
@@ -63,14 +65,16 @@ class TableModel(Seq2Seq):
 
     def encode(self, src: Tensor, src_lens: Tensor) -> DecoderState:
         empty = torch.zeros(src.size(0), 0, dtype=torch.long)  # (B, 0)
-        return {"sid": src[:, 0].clone(), "prefix": empty}
+        return DecoderState({"prefix": empty}, {"sid": src[:, 0].clone()})
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState, None]:
         self.rows.append(tokens.size(0))
-        prefix = torch.cat([state["prefix"], tokens[:, None]], dim=1)  # (B, t + 1), BOS first
-        rows = zip(state["sid"].tolist(), prefix[:, 1:].tolist(), strict=True)
-        logits = torch.stack([self.logits(s, tuple(p)) for s, p in rows])  # (B, V)
-        return logits, {"sid": state["sid"], "prefix": prefix}, None
+        prefix = torch.cat([state.rows["prefix"], tokens[:, None]], dim=1)  # (N, t + 1), BOS 1st
+        sids = state.sentences["sid"].repeat_interleave(state.group)  # (N,)
+        assert sids.size(0) == tokens.size(0)
+        rows = zip(sids.tolist(), prefix[:, 1:].tolist(), strict=True)
+        logits = torch.stack([self.logits(s, tuple(p)) for s, p in rows])  # (N, V)
+        return logits, state.next({"prefix": prefix}), None
 
 
 def table_batch(sids: list[int]) -> tuple[Tensor, Tensor]:
@@ -282,7 +286,7 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_batch(name: str, beam: int) 
     model = real_model(name, seed=1)
     lens = [6, 2, 11, 4, 8]
     src, src_lens = random_sources(lens, seed=2)
-    opts = DecodeOptions(beam=beam, length_penalty=1.0, max_len_a=1.0, max_len_b=3)
+    opts = DecodeOptions(beam=beam, length_penalty=1.0, max_output_len_a=1.0, max_output_len_b=3)
     together = search(model, src, src_lens, opts, keep_attention=True)
     smaller = search(model, src[1:4, :11], src_lens[1:4], opts)  # other mates, less padding
     for i, n in enumerate(lens):
@@ -307,11 +311,71 @@ def test_beam_search_attention_rows_sum_to_one() -> None:
 
 def test_long_source_is_cut_to_the_position_table() -> None:
     model = real_model("transformer")
-    assert model_max_positions(model) == 64
-    assert model_max_positions(real_model("gru")) is None
+    assert model.max_positions == 64
+    assert real_model("gru").max_positions is None
     src, src_lens = random_sources([100, 5])
     cut, cut_lens = clip_sources(src, src_lens, 64)
     assert cut.shape == (2, 64) and cut_lens.tolist() == [64, 5] and cut[0, -1] == EOS
-    opts = DecodeOptions(beam=3, max_len_a=2.0, max_len_b=10)
+    opts = DecodeOptions(beam=3, max_output_len_a=2.0, max_output_len_b=10)
     hyps = search(model, src, src_lens, opts)
     assert len(hyps[0].tokens) <= 63
+
+
+# ------------------------------------------------------------------------ options and caps
+
+
+def test_output_caps_are_a_times_length_plus_b_within_the_positions() -> None:
+    opts = DecodeOptions(max_output_len_a=1.5, max_output_len_b=2)
+    lens = list(range(0, 60))
+    expected = [max(3 * n // 2 + 2, 1) for n in lens]  # exact: 1.5 n + 2, rounded down
+    assert opts.caps(lens).tolist() == expected
+    assert opts.caps(lens, max_positions=40).tolist() == [min(c, 39) for c in expected]
+    assert DecodeOptions(max_output_len_a=0.0, max_output_len_b=0).caps([7]).tolist() == [1]
+    # the default cap, 1.2 * length + 10, for every length a model can take
+    default = DecodeOptions().caps(range(1025))
+    assert default.tolist() == [(12 * n) // 10 + 10 for n in range(1025)]
+
+
+def test_search_caps_keep_the_model_positions() -> None:
+    opts = DecodeOptions(max_output_len_a=2.0, max_output_len_b=10)
+    src_lens = torch.tensor([5, 40])
+    transformer, gru = real_model("transformer"), real_model("gru")
+    assert max_output_lengths(transformer, src_lens, opts).tolist() == [20, 63]
+    assert max_output_lengths(gru, src_lens, opts).tolist() == [20, 90]
+
+
+def test_options_unset_search_comes_from_the_run() -> None:
+    command = OmegaConf.create(
+        {"beam": None, "length_penalty": None, "max_output_len_a": 0.5, "max_output_len_b": 3,
+         "min_output_len": 0, "max_tokens": 100, "precision": "32", "device": "cpu"}
+    )  # fmt: skip
+    assert (DecodeOptions.from_config(command).beam, DecodeOptions.of_run(None).beam) == (1, 1)
+    run = OmegaConf.create({"beam": 4, "length_penalty": 0.6, "checkpoint": "best"})
+    opts = DecodeOptions.from_config(command, run)
+    assert (opts.beam, opts.length_penalty, opts.max_output_len_a, opts.max_tokens) == (
+        4, 0.6, 0.5, 100,
+    )  # fmt: skip
+    command.beam = 2
+    assert DecodeOptions.from_config(command, run).beam == 2  # the command's own wins
+    bad_values = [
+        ({"beam": 0}, "beam=0"),
+        ({"max_output_len_b": -1}, "max_output_len_b=-1"),
+        ({"precision": "fp8"}, "precision='fp8'"),
+        ({"max_tokens": 0}, "max_tokens=0"),
+    ]
+    for bad, message in bad_values:
+        with pytest.raises(ConfigError, match=message):
+            DecodeOptions(**bad)
+
+
+def test_state_rows_must_be_group_hypotheses_per_sentence() -> None:
+    model = TableModel()
+    state = model.encode(*table_batch([0, 1, 2]))
+    beams = state.select(torch.tensor([0, 0, 1, 1, 2, 2]), group=2)
+    assert beams.group == 2 and beams.sentences["sid"] is state.sentences["sid"]  # not copied
+    kept = beams.select(torch.tensor([0, 1, 4, 5]), sentences=torch.tensor([0, 2]))
+    assert kept.group == 2 and kept.sentences["sid"].tolist() == [0, 2]
+    with pytest.raises(ValueError, match="not 2 per sentence of 3"):
+        state.select(torch.tensor([0, 0, 1, 1]), group=2)
+    with pytest.raises(ValueError, match="not 1 per sentence of 3"):
+        state.select(torch.tensor([0, 1]))
