@@ -22,7 +22,7 @@ from nmt.export import main as export_main
 from nmt.inference import build_model, load_trained
 from nmt.metrics import bleu
 from nmt.package import CT2_DIR, WEIGHTS
-from nmt.search import DecodeOptions, max_output_lengths
+from nmt.search import DecodeOptions
 from nmt.train import train
 from nmt.translate import translate
 
@@ -144,7 +144,7 @@ def decode_both(trained: dict, quantization: str, opts: DecodeOptions) -> tuple[
     data = encode_texts(package.tokenizers, trained["src"], trained["ref"])
     ours = TorchEngine(trained["model"].model, CPU).hypotheses(data, opts)
     theirs = make_engine("ctranslate2", package, opts, CPU).hypotheses(data, opts)
-    caps = max_output_lengths(torch.from_numpy(data.src_lens + 1), 1.2, 10).tolist()
+    caps = opts.caps(data.src_lens + 1, trained["model"].model.max_positions).tolist()
     return ours, theirs, caps
 
 

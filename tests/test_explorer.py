@@ -35,7 +35,7 @@ from nmt.explorer import (
 )
 from nmt.inference import checkpoint_path, load_trained
 from nmt.plot_attention import plot_attention, quote_free_text
-from nmt.search import greedy_search, max_output_lengths
+from nmt.search import DecodeOptions, greedy_search, max_output_lengths
 
 from .helpers import compose_config, save_screenshot
 
@@ -72,7 +72,7 @@ def model_attention(
     ids = [*trained.tokenizers.src.encode(source), EOS_ID]
     src, lens = torch.tensor([ids]), torch.tensor([len(ids)])  # (1, S), (1,)
     with torch.inference_mode():
-        caps = max_output_lengths(lens, 1.2, 10)
+        caps = max_output_lengths(trained.model, lens, DecodeOptions())
         (hyp,) = greedy_search(trained.model, src, lens, caps, BOS_ID, EOS_ID)
         tgt_in = torch.tensor([[BOS_ID, *hyp.tokens]])  # (1, T + 1)
         _, attn = trained.model.forward_with_attention(src, lens, tgt_in)

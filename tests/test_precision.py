@@ -147,7 +147,7 @@ def test_decoding_with_auto_on_a_bf16_cpu_runs_in_fp32(bf16_cpu, monkeypatch) ->
     monkeypatch.setattr(search, "autocast", recording)
     model = tiny_model("transformer")
     data = TokenDataset([[5, 6, 7], [8, 9]], [[5], [6]])
-    opts = search.DecodeOptions(max_len_a=0.0, max_len_b=3, precision="auto")
+    opts = search.DecodeOptions(max_output_len_a=0.0, max_output_len_b=3, precision="auto")
     hyps = search.decode_dataset(model, data, opts, CPU)
     assert len(hyps) == 2 and used and set(used) == {"32"}
 

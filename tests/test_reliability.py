@@ -842,7 +842,7 @@ def test_decoding_a_huge_line_among_thousands_stays_within_budget(
     model = build_model(
         cfg, src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD_ID, shared_vocab=True
     )
-    opts = DecodeOptions(max_len_a=1.2, max_len_b=4, max_tokens=600)
+    opts = DecodeOptions(max_output_len_a=1.2, max_output_len_b=4, max_tokens=600)
     batches: list[np.ndarray] = []
     encoded: list[tuple[int, int]] = []
     real_make_batch, real_encode = make_batch, model.encode
@@ -865,7 +865,7 @@ def test_decoding_a_huge_line_among_thousands_stays_within_budget(
     assert sorted(np.concatenate(batches).tolist()) == list(range(len(src)))  # each once
     for idx in batches:
         src_lens = data.src_lens[idx]
-        caps = (src_lens * opts.max_len_a + opts.max_len_b).astype(np.int64)
+        caps = opts.caps(src_lens)
         cost = len(idx) * int(np.maximum(src_lens + 1, caps + 1).max())
         assert cost <= opts.max_tokens or len(idx) == 1
     assert max(b * s for b, s in encoded) <= opts.max_tokens

@@ -19,13 +19,21 @@ from torch.utils.tensorboard import SummaryWriter
 
 from nmt import visualize
 from nmt.checkpoint import save_checkpoint
-from nmt.config import ConfigError, GRUBahdanauConfig, TransformerConfig, to_container
+from nmt.config import (
+    ConfigError,
+    GRUBahdanauConfig,
+    TrainConfig,
+    TransformerConfig,
+    to_container,
+)
 from nmt.data.batching import TokenDataset, make_batch
 from nmt.data.prepare import EvalSet
 from nmt.data.tokenizer import EOS_ID, TokenizerPair, train_tokenizer
 from nmt.models.base import Seq2Seq
 from nmt.models.registry import build_model
 from nmt.plot_attention import plot_attention, quote_free_text
+from nmt.search import DecodeOptions
+from nmt.train import validation_options
 from nmt.visualize import (
     attend,
     attention_views,
@@ -175,7 +183,7 @@ def test_log_validation_views(kind: str, tokenizers, evalset, tmp_path: Path) ->
         for step in steps:
             scalars = log_validation_views(
                 writer, model, evalset, tokenizers, step, torch.device("cpu"), n_sentences=2,
-                max_len_a=1.2, max_len_b=10,
+                opts=DecodeOptions(),
             )  # fmt: skip
     assert model.training
     acc = read_events(tmp_path)
@@ -205,7 +213,8 @@ def test_log_validation_views(kind: str, tokenizers, evalset, tmp_path: Path) ->
 def test_log_validation_views_caps_outputs_like_validation(
     tokenizers, evalset, tmp_path: Path, monkeypatch
 ) -> None:
-    """The trainer's output cap (trainer.max_output_len_a/b) holds for the logged views."""
+    """The run's output cap (decode.max_output_len_a/b) holds for the logged views, as it
+    does for validation."""
     model = build("gru")
     with torch.no_grad():
         model.out_proj.bias[EOS_ID] = -100.0  # never EOS: every output runs to its cap
@@ -217,11 +226,14 @@ def test_log_validation_views_caps_outputs_like_validation(
         return sentences
 
     monkeypatch.setattr(visualize, "attend", recording_attend)
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.decode.max_output_len_a, cfg.decode.max_output_len_b = 0.0, 3
+    opts = validation_options(cfg)
+    assert (opts.beam, opts.max_output_len_a, opts.max_output_len_b) == (1, 0.0, 3)
     with SummaryWriter(str(tmp_path)) as writer:
         log_validation_views(
-            writer, model, evalset, tokenizers, 1, torch.device("cpu"), n_sentences=2,
-            max_len_a=0.0, max_len_b=3,
-        )  # fmt: skip
+            writer, model, evalset, tokenizers, 1, torch.device("cpu"), n_sentences=2, opts=opts
+        )
     assert decoded == [3, 3]
 
 
