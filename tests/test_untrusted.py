@@ -289,6 +289,31 @@ def test_legacy_target_of_a_registered_model_still_loads(good, tmp_path: Path) -
     assert all(torch.equal(v, expected[k]) for k, v in trained.model.state_dict().items())
 
 
+def test_old_output_cap_keys_load_at_their_new_place(good, tmp_path: Path) -> None:
+    """Runs, checkpoints and packages written when the validation output cap was
+    trainer.max_output_len_a/b: the gate reads it as decode.max_output_len_a/b."""
+    config = copy.deepcopy(good["payload"]["config"])
+    for key in ("max_output_len_a", "max_output_len_b"):
+        del config["decode"][key]
+    config["trainer"] |= {"max_output_len_a": 0.5, "max_output_len_b": 7}
+    path = tmp_path / "run" / "checkpoints" / "old.pt"
+    path.parent.mkdir(parents=True)
+    save_checkpoint({**good["payload"], "config": config}, path)
+    trained = load_trained(path, torch.device("cpu"))
+    assert (trained.cfg.decode.max_output_len_a, trained.cfg.decode.max_output_len_b) == (0.5, 7)
+    assert "max_output_len_a" not in trained.cfg.trainer
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(config))
+    cfg = load_run_config(tmp_path / "run")
+    assert (cfg.decode.max_output_len_a, cfg.decode.max_output_len_b) == (0.5, 7)
+    assert config["trainer"]["max_output_len_a"] == 0.5  # the caller's data is not changed
+    both = copy.deepcopy(config)
+    both["decode"]["max_output_len_a"] = 1.5
+    with pytest.raises(CheckpointError, match="'trainer.max_output_len_a'=0.5 and"):
+        checked_train_config(both, "both.yaml")
+    both["decode"]["max_output_len_a"] = 0.5  # the same value twice is no conflict
+    assert checked_train_config(both, "both.yaml").decode.max_output_len_a == 0.5
+
+
 def test_registry_and_schemas_name_the_same_models() -> None:
     from nmt.config import MODEL_SCHEMAS
 
