@@ -194,7 +194,10 @@ class TrainConfig:
     model: Any = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    decode: RunDecodeConfig = field(default_factory=RunDecodeConfig)
+    # a run that names no search is decoded greedily (beam 1), alpha 1 for a later beam
+    decode: RunDecodeConfig = field(
+        default_factory=lambda: RunDecodeConfig(beam=1, length_penalty=1.0)
+    )
     outputs: str = "outputs"  # parent of run directories and of the `latest` link
 
 

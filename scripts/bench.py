@@ -77,8 +77,6 @@ from nmt.search import (
     DecodeOptions,
     decode_batches,
     decode_dataset,
-    max_output_lengths,
-    model_max_positions,
 )
 from nmt.train import train_step
 
@@ -619,12 +617,7 @@ def decode_subject(model: str, cfg: DictConfig, data: PreparedData, s: Settings)
 
 def output_caps(model: Seq2Seq, ds: TokenDataset, n: int, opts: DecodeOptions) -> np.ndarray:
     """Each sentence's output cap (tokens before EOS), as the search computes it."""
-    src_lens = torch.from_numpy(ds.src_lens[:n] + 1)  # (N,) EOS included
-    caps = max_output_lengths(src_lens, opts.max_len_a, opts.max_len_b)  # (N,)
-    limit = model_max_positions(model)
-    if limit is not None:
-        caps = caps.clamp(max=limit - 1)
-    return caps.numpy()
+    return opts.caps(ds.src_lens[:n] + 1, model.max_positions)  # (N,) EOS included
 
 
 def _run_stats(
@@ -764,8 +757,8 @@ def bench_decoding(model: str, cfg: DictConfig, data: PreparedData, s: Settings)
         "sentences": n_all,
         "single_sentences": n_single,
         "precision": resolve_precision(s.decode_precision, s.device),
-        "max_len_a": base.max_len_a,
-        "max_len_b": base.max_len_b,
+        "max_len_a": base.max_output_len_a,
+        "max_len_b": base.max_output_len_b,
         "runs": runs,
     }
 

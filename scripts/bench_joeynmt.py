@@ -16,7 +16,7 @@ for JoeyNMT, ``torch.set_num_threads`` for nmt):
   drift in the machine's speed hits both.
 * decoding speed on test_2016_flickr (first ``--sentences``): greedy and beam 5, sentences/s and
   decoder steps/s, with the same cap of ``--max-output-length`` decoder steps per sentence for
-  both (JoeyNMT's ``max_output_length``; nmt: ``max_len_a=0``, ``max_len_b=cap - 1`` tokens
+  both (JoeyNMT's ``max_output_length``; nmt: ``max_output_len_a=0``, ``max_output_len_b=cap - 1`` tokens
   plus EOS). Output lengths and the share of outputs that hit the cap are recorded, since a
   model whose outputs run to the cap does far more work per sentence; ``--fixed-length`` blocks
   EOS in both toolkits, so that every output runs to the cap and the work is equal whatever
@@ -799,9 +799,9 @@ def nmt_decode(
     opts = DecodeOptions(
         beam=beam,
         length_penalty=1.0,
-        max_len_a=0.0,
-        max_len_b=s.max_output_length - 1,
-        min_len=s.max_output_length - 1 if s.fixed_length else 0,
+        max_output_len_a=0.0,
+        max_output_len_b=s.max_output_length - 1,
+        min_output_len=s.max_output_length - 1 if s.fixed_length else 0,
         max_tokens=int(cfg.data.eval_max_tokens),
         precision="32",
     )
@@ -928,7 +928,9 @@ def compare_decoding(s: Settings, data: PreparedData, tokenizer: JoeyTokenizer) 
         stats = checkpoint_stats(ckpt)
         cfg = bench.compose_train_config(model, s.nmt)
         subject = bench.decode_subject(model, cfg, data, s.nmt)
-        warm = DecodeOptions(max_len_a=0.0, max_len_b=s.max_output_length - 1, precision="32")
+        warm = DecodeOptions(
+            max_output_len_a=0.0, max_output_len_b=s.max_output_length - 1, precision="32"
+        )
         bench.decode_with_search(subject, warm, min(16, len(subject.test.data)), s.nmt.device)
         entry: dict[str, Any] = {
             "joeynmt": {

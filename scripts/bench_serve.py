@@ -58,7 +58,7 @@ from nmt.metrics import bleu
 from nmt.package import CT2_DIR
 from nmt.procmem import load_average
 from nmt.runtime import cpu_model
-from nmt.search import DecodeOptions, max_output_lengths
+from nmt.search import DecodeOptions
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "nmt-bench-serve/1"
@@ -194,7 +194,7 @@ def bench_model(
     ds = test_set(trained, args, limit)
     base = DecodeOptions(max_tokens=8192)
     if fixed:
-        base = replace(base, max_len_a=0.0, max_len_b=fixed, min_len=fixed)
+        base = replace(base, max_output_len_a=0.0, max_output_len_b=fixed, min_output_len=fixed)
     result: dict[str, Any] = {
         "checkpoint": str(ckpt),
         "step": trained.step,
@@ -258,9 +258,7 @@ def bench_model(
 def parity(outputs: dict, ds: EvalSet, opts: DecodeOptions) -> dict[str, Any]:
     """CTranslate2 float32 against ours: identical greedy outputs, and the others."""
     ours, theirs = outputs["torch", 1], outputs["ctranslate2-float32", 1]
-    caps = max_output_lengths(
-        torch.from_numpy(ds.data.src_lens + 1), opts.max_len_a, opts.max_len_b
-    )
+    caps = opts.caps(ds.data.src_lens + 1)
     differ = [
         {
             "index": i,
