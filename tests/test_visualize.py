@@ -353,3 +353,12 @@ def test_attention_pooling_demo(tmp_path: Path, monkeypatch) -> None:
         assert mpimg.imread(path).ndim == 3
     _, weights = demo.attention_pooling(torch.tensor([1.0, 2.0]), torch.arange(5.0), torch.ones(5))
     assert torch.allclose(weights.sum(-1), torch.ones(2))
+
+
+def test_plot_attention_draws_greedy_search_only(checkpoint: Path) -> None:
+    """nmt-attention shares the decoding options; a beam other than 1 is refused by name."""
+    overrides = [f"ckpt={checkpoint}", "sentence=Zwei Hunde.", "beam=2"]
+    with pytest.raises(ConfigError, match="beam=2"):
+        plot_attention(compose_config("attention", overrides))
+    with pytest.raises(ConfigError, match="max_output_len_a=-1"):
+        plot_attention(compose_config("attention", [*overrides[:2], "max_output_len_a=-1"]))
