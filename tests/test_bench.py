@@ -1,4 +1,5 @@
-"""FLOP counting (nmt.flops) and a smoke run of the benchmark script."""
+"""FLOP counting (nmt.flops), the speed benchmark's settings (nmt.bench.speed) and a smoke run
+of its script."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from nmt.bench import speed
+from nmt.bench.report import SetupError
 from nmt.flops import (
     TRAIN_FACTOR,
     forward_flops,
@@ -212,24 +215,24 @@ def test_bench_quick_smoke(tmp_path):
     assert decode["runs"]["greedy_batched_no_cache"]["same_as_cached_greedy"] >= 0.9
 
 
-@pytest.fixture(scope="module")
-def bench_module():
-    sys.path.insert(0, str(REPO / "scripts"))
-    import bench
-
-    return bench
-
-
-def test_bench_compile_and_override_options(bench_module, tmp_path):
-    args = bench_module.parse_args(
-        ["--device", "cpu", "--compile", "both", "--set", "model.attn_dropout=0", "--set",
-         "model.dropout=0.2", "--data-root", str(tmp_path)]
-    )  # fmt: skip
-    s = bench_module.settings_from_args(args)
+def test_bench_compile_and_override_options(tmp_path):
+    s = speed.make_settings(
+        device="cpu",
+        compile="both",
+        overrides=["model.attn_dropout=0", "model.dropout=0.2"],
+        data_root=tmp_path,
+    )
     assert s.compile_modes == [False, True]
     assert s.overrides == ["model.attn_dropout=0", "model.dropout=0.2"]
-    cfg = bench_module.compose_train_config("transformer", s)
+    cfg = speed.train_config("transformer", s)
     assert cfg.model.attn_dropout == 0 and cfg.model.dropout == 0.2
-    plain = bench_module.settings_from_args(bench_module.parse_args(["--device", "cpu"]))
+    plain = speed.make_settings(device="cpu", data_root=tmp_path)
     assert plain.compile_modes == [False] and plain.overrides == [] and plain.decode
-    assert not bench_module.settings_from_args(bench_module.parse_args(["--no-decode"])).decode
+    assert not speed.make_settings(decode=False, data_root=tmp_path).decode
+
+
+def test_bench_settings_name_bad_values(tmp_path):
+    with pytest.raises(SetupError, match="unknown model config.*nosuchmodel"):
+        speed.make_settings(device="cpu", models="transformer,nosuchmodel", data_root=tmp_path)
+    with pytest.raises(SetupError, match="--steps=0 must be >= 1"):
+        speed.make_settings(device="cpu", steps=0, data_root=tmp_path)

@@ -1,9 +1,8 @@
-"""The data scale and memory soak benchmarks (scripts/bench_data.py, bench_soak.py) and the
-process-tree memory they read."""
+"""The data scale and memory soak benchmarks (nmt.bench.data_scale, nmt.bench.soak; their
+scripts bench_data.py, bench_soak.py) and the process-tree memory they read."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from nmt.procmem import TreeSampler, descendants, kill_tree, pss, rss
+from nmt.bench import soak
+from nmt.bench.memory import TreeSampler, descendants, kill_tree, pss, rss
+from nmt.runlog import RunLog, read_events
 
 from .helpers import REPO, TINY_TRANSFORMER
 
@@ -104,15 +105,7 @@ def test_bench_data_smoke_run(multi30k: Path, tmp_path: Path) -> None:
     assert not list((tmp_path / "work").glob("root_*"))  # caches removed after each size
 
 
-def _bench_soak():
-    spec = importlib.util.spec_from_file_location("bench_soak", REPO / "scripts" / "bench_soak.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_soak_windows_count_only_samples_taken_while_training() -> None:
-    soak = _bench_soak()
     samples = [(float(t), 1000 + t) for t in range(0, 300, 5)]  # (seconds, RSS)
     steps = [float(t) for t in range(10, 240, 20)]  # an update logged every 20 s
     # a validation from 100 to 130 s (then its checkpoint until the update at 150 s), and a
@@ -125,3 +118,25 @@ def test_soak_windows_count_only_samples_taken_while_training() -> None:
     window = soak.window(kept, 60.0, 120.0)
     assert window["samples"] == 6 and window["median"] == 1000 + 72.5  # 60..85 s only
     assert soak.window(kept, 400.0, 460.0) is None
+
+
+def test_soak_timeline_from_the_run_events(tmp_path: Path, monkeypatch) -> None:
+    """Validations span (time - seconds, time); training windows are the train events; the
+    loop ends with the last event before the averaged checkpoint."""
+    clock = iter([1000.0, 1010.0, 1030.0, 1031.0, 1040.0, 1050.0, 1052.0, 1060.0, 1070.0])
+    monkeypatch.setattr("nmt.runlog.time.time", lambda: next(clock))
+    log = RunLog(tmp_path)
+    log.write("start", 0, device="cpu")
+    log.write("train", 10, loss=5.0, tokens_per_s=900.0)
+    log.write("validation", 10, loss=4.0, bleu=1.0, chrf=10.0, seconds=12.0, best=True)
+    log.write("checkpoint", 10, path="checkpoints/best.pt", best=True)
+    log.write("train", 20, loss=4.5, tokens_per_s=950.0)
+    log.write("validation", 20, loss=3.5, bleu=2.0, chrf=12.0, seconds=5.0, best=True)
+    log.write("checkpoint", 20, path="checkpoints/best.pt", best=True)
+    log.write("averaged", 20, checkpoints=["step_10", "step_20"], bleu=2.5)
+    log.write("end", 20, epoch=1, train_time=50.0, stop_reason="max_steps")
+    validations, steps, end = soak.timeline(read_events(tmp_path), origin=1000.0)
+    assert validations == [(18.0, 30.0), (45.0, 50.0)]
+    assert steps == [10.0, 40.0]
+    assert end == 52.0  # the checkpoint after the last validation; averaging is left out
+    assert soak.timeline(read_events(tmp_path / "none"), 0.0) == ([], [], None)

@@ -1,10 +1,10 @@
-"""scripts/bench_joeynmt.py: the parts that need no JoeyNMT install (preparing its folder, log
-parsing, statistics)."""
+"""The JoeyNMT comparison (nmt.bench.joeynmt, scripts/bench_joeynmt.py): the parts that need no
+JoeyNMT install (preparing its folder, log parsing, statistics, the checks before a run)."""
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,19 +12,15 @@ import pytest
 import sentencepiece as spm
 import yaml
 
+from nmt.bench import joeynmt
+
 REPO = Path(__file__).resolve().parents[1]
+JOEY_CONFIGS = REPO / "scripts" / "joeynmt"
 
 
 @pytest.fixture(scope="module")
 def bj():
-    sys.path.insert(0, str(REPO / "scripts"))  # it imports bench
-    spec = importlib.util.spec_from_file_location(
-        "bench_joeynmt", REPO / "scripts" / "bench_joeynmt.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return joeynmt
 
 
 _STEP = (
@@ -145,13 +141,13 @@ def test_prepare_joey_dir_makes_what_the_repository_configs_name(
 
     monkeypatch.setattr(bj, "fetch_multi30k", fake_fetch)
     joey = tmp_path / "joey"
-    missing = bj.joey_files_missing(joey, bj.JOEY_CONFIGS)
+    missing = bj.joey_files_missing(joey, JOEY_CONFIGS)
     assert any("spm_joint8k.vocab" in m and "voc_file" in m for m in missing)
     assert any("val300.de" in m and "data.dev" in m for m in missing)
     made = bj.prepare_joey_dir(joey, tmp_path / "data", threads=1, vocab_size=300)
     assert fetched == [(tmp_path / "data", ["de", "en"], ["train", "val", "test_2016_flickr"])]
     assert set(made) == set(bj.joey_data_files(joey)) | set(bj.spm_files(joey))
-    assert bj.joey_files_missing(joey, bj.JOEY_CONFIGS) == []
+    assert bj.joey_files_missing(joey, JOEY_CONFIGS) == []
     # a complete folder is left alone; a lost .vocab is trained again without fetching
     assert bj.prepare_joey_dir(joey, tmp_path / "data", threads=1, vocab_size=300) == []
     (joey / "spm" / "spm_joint8k.vocab").unlink()
@@ -159,29 +155,35 @@ def test_prepare_joey_dir_makes_what_the_repository_configs_name(
     assert set(made) == set(bj.spm_files(joey)) and len(fetched) == 1
 
 
+def bench_joeynmt(*args: str) -> subprocess.CompletedProcess:
+    """scripts/bench_joeynmt.py with ``args``, as ``make bench-joeynmt`` runs it."""
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_joeynmt.py"), *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
 def test_repository_configs_are_the_default_and_match_nmt_sizes(bj, tmp_path) -> None:
-    args = bj.parse_args(["--joey-python", "py", "--joey-dir", str(tmp_path)])
-    assert Path(args.joey_configs) == REPO / "scripts" / "joeynmt"
-    tr = yaml.safe_load((bj.JOEY_CONFIGS / "transformer.yaml").read_text())["model"]
+    result = bench_joeynmt("--help")
+    assert result.returncode == 0 and "default scripts/joeynmt" in result.stdout
+    tr = yaml.safe_load((JOEY_CONFIGS / "transformer.yaml").read_text())["model"]
     assert (tr["encoder"]["num_layers"], tr["decoder"]["num_layers"]) == (3, 3)
     assert (tr["encoder"]["hidden_size"], tr["encoder"]["ff_size"]) == (256, 1024)
     assert tr["encoder"]["num_heads"] == 4 and tr["tied_embeddings"] and tr["tied_softmax"]
-    rnn = yaml.safe_load((bj.JOEY_CONFIGS / "rnn.yaml").read_text())["model"]
+    rnn = yaml.safe_load((JOEY_CONFIGS / "rnn.yaml").read_text())["model"]
     assert rnn["encoder"]["bidirectional"] and rnn["decoder"]["attention"] == "bahdanau"
     assert rnn["encoder"]["hidden_size"] == rnn["decoder"]["hidden_size"] == 512
     assert rnn["encoder"]["embeddings"]["embedding_dim"] == 256
 
 
-def test_without_joeynmt_the_run_stops_before_preparing_and_says_how_to_install(
-    bj, tmp_path, capsys
-):
+def test_without_joeynmt_the_run_stops_before_preparing_and_says_how_to_install(bj, tmp_path):
     joey = tmp_path / "joey"
     base = ["--joey-dir", str(joey), "--data-root", str(tmp_path / "data")]
-    assert bj.main(["--joey-python", str(tmp_path / "nope" / "python"), *base]) == 2
-    err = capsys.readouterr().err
+    result = bench_joeynmt("--joey-python", str(tmp_path / "nope" / "python"), *base)
+    assert result.returncode == 2
+    err = result.stderr
     assert "does not exist" in err and "JOEY_PYTHON" in err and "joeynmt==2.3.0" in err
     # a python without joeynmt (nmt's own): named, with the install commands; nothing prepared
-    assert bj.main(["--joey-python", sys.executable, *base]) == 2
-    err = capsys.readouterr().err
+    result = bench_joeynmt("--joey-python", sys.executable, *base)
+    assert result.returncode == 2
+    err = result.stderr
     assert "cannot import joeynmt" in err and "sentencepiece==0.2.0" in err
     assert not (joey / "data").exists() and not (tmp_path / "data").exists()

@@ -1,13 +1,13 @@
-"""The GPU check (scripts/gpu_check.sh, scripts/gpu_check.py) on CPU: everything but the GPU.
+"""The GPU check (nmt.bench.gpu_check; scripts/gpu_check.sh, gpu_check.py) on CPU: everything
+but the GPU.
 
-The wheel selection and offline install, the corpus check, the log reading and the preset are
-checked directly; one slow test runs the whole check through gpu_check.sh with a tiny model on
-a small real Multi30k subset for a few seconds of training.
+The wheel selection and offline install, the corpus check, the reading of a run's events and
+the preset are checked directly; one slow test runs the whole check through gpu_check.sh with a
+tiny model on a small real Multi30k subset for a few seconds of training.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,22 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from nmt.bench import gpu_check as gc
 from nmt.config import validate
+from nmt.runlog import RunLog, read_events
 
 from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, write_subset
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-
-
-def _load_gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gc = _load_gpu_check()
 
 
 def fake_wheel(directory: Path, dist: str, module: str, version: str = "1.0") -> Path:
@@ -109,7 +101,7 @@ def test_wrong_python_flags_wheels_for_another_cpython():
 def test_unpack_wheel_installs_like_a_target_install(tmp_path):
     wheel = fake_wheel(tmp_path, "omegaconf", "omegaconf")
     site = tmp_path / "site"
-    assert gc.main(["unpack-wheels", str(site), str(wheel)]) == 0
+    gc.unpack_wheel(wheel, site)
     assert (site / "omegaconf" / "__init__.py").read_text() == "NAME = 'omegaconf'\n"
     assert (site / "omegaconf_extra.py").is_file()  # .data/purelib goes to the top
     assert (site / "omegaconf-1.0.dist-info" / "METADATA").is_file()
@@ -118,7 +110,7 @@ def test_unpack_wheel_installs_like_a_target_install(tmp_path):
 
 def test_fetched_wheels_are_complete():
     """After `make gpu-wheels`: one wheel per package, and under 30 MB in all."""
-    wheel_dir = gc.DEFAULT_WHEELS
+    wheel_dir = REPO / gc.WHEELS_DIR
     if not any(wheel_dir.glob("*.whl")):
         pytest.skip(f"no wheels in {wheel_dir} (make gpu-wheels)")
     found, absent = gc.wheels_needed(wheel_dir, present=lambda m: False)
@@ -189,15 +181,15 @@ def test_corpus_problem_names_both_places(tmp_path):
     assert gc.corpus_problem(root, None) is None
 
 
-def test_check_without_corpus_names_both_places(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(gc, "REPO", tmp_path)
-    monkeypatch.setattr(sys, "path", [*sys.path])
+def test_check_without_corpus_names_both_places(tmp_path, monkeypatch):
     monkeypatch.delenv("NMT_MULTI30K_MIRROR", raising=False)
-    assert gc.main(["--device", "cpu", "--out", str(tmp_path / "out.json")]) == 1
-    err = capsys.readouterr().err
+    s = gc.GpuCheckSettings(repo=tmp_path, out=tmp_path / "out.json", device="cpu")
+    with pytest.raises(gc.CheckFailed) as failed:
+        gc.run_check(s)
+    err = str(failed.value)
     assert "Multi30k not found" in err and "NMT_MULTI30K_MIRROR is not set" in err
     assert "data/multi30k" in err
-    assert not (tmp_path / "out.json").exists()
+    assert not (tmp_path / "out.json").exists() and not list(tmp_path.iterdir())
 
 
 def test_overrides_helpers():
@@ -208,37 +200,46 @@ def test_overrides_helpers():
     assert merged == ["a=1", "b=5", "+e=1", "c.d=4"]
 
 
-def test_log_follower_reads_bleu_over_time_and_tokens_per_second():
-    lines = [
-        "[10:00:00 INFO nmt.train] model Transformer: 7,578,624 parameters on cuda",
-        "[10:00:01 INFO nmt.train] training data: 28997 pairs, 34 batches per epoch per rank, "
-        "padding share 7.2%",
-        "[10:00:02 INFO nmt.train] step 100: loss 5.123, lr 5.00e-04, 90000 target tokens/s, "
-        "grad norm 1.20",
-        "[10:00:03 INFO nmt.train] step 200: loss 4.000, lr 1.00e-03, 100000 target tokens/s, "
-        "grad norm 1.00",
-        "[10:00:04 INFO nmt.train] validation at step 200: loss 3.210 ppl 24.78 BLEU 20.50 "
-        "chrF 45.10 (1.2s)  (new best)",
-        "[10:00:05 INFO nmt.train] epoch 6 done at step 204",
-        "[10:00:06 INFO nmt.train] step 300: loss 3.500, lr 9.00e-04, 110000 target tokens/s, "
-        "grad norm 0.90",
-        "[10:00:07 INFO nmt.train] averaged step_00000100, step_00000200: validation loss 2.000 "
-        "BLEU 21.00 chrF 46.00 (best single checkpoint: BLEU 20.50 at step 200) -> x/averaged.pt",
-    ]
-    f = gc.LogFollower()
-    for i, line in enumerate(lines):
-        f.feed(line, 10.0 + i)
-    assert f.model == {"class": "Transformer", "parameters": 7578624, "device": "cuda"}
-    assert (f.train_pairs, f.batches_per_epoch, f.train_start) == (28997, 34, 11.0)
-    [v] = f.validations
+def test_run_history_reads_bleu_over_time_and_tokens_per_second(tmp_path, monkeypatch):
+    """From a run's events: validation BLEU against the seconds since the process started and
+    since training began, the windows' tokens/s (the first left out), epochs, averaging."""
+    clock = iter(float(t) for t in range(1011, 1020))
+    monkeypatch.setattr("nmt.runlog.time.time", lambda: next(clock))
+    log = RunLog(tmp_path)
+    log.write("start", 0, device="Some GPU", device_type="cuda", parameters=7578624,
+              train_pairs=28997, batches_per_epoch=34)  # fmt: skip
+    window = {"grad_norm": 1.0, "tokens": 9000, "updates": 100, "seconds": 0.1, "train_time": 1.0}
+    log.write("train", 100, epoch=3, loss=5.123, lr=5e-4, tokens_per_s=90000.0, **window)
+    log.write("train", 200, epoch=6, loss=4.0, lr=1e-3, tokens_per_s=100000.0, **window)
+    log.write("validation", 200, loss=3.21, ppl=24.78, bleu=20.5, chrf=45.1, seconds=1.2,
+              best=True)  # fmt: skip
+    log.write("checkpoint", 200, path="checkpoints/best.pt", best=True)
+    log.write("train", 300, epoch=7, loss=3.5, lr=9e-4, tokens_per_s=110000.0, **window)
+    log.write("averaged", 300, checkpoints=["step_00000100", "step_00000200"], path="x.pt",
+              loss=2.0, ppl=7.4, bleu=21.0, chrf=46.0)  # fmt: skip
+    log.write("end", 300, epoch=7, train_time=3.0, stop_reason="max_steps", best_bleu=20.5,
+              best_step=200)  # fmt: skip
+    h = gc.run_history(read_events(tmp_path), started=1000.0)
+    assert h["model"] == {"parameters": 7578624, "device": "cuda"}
+    assert (h["train_pairs"], h["batches_per_epoch"], h["train_start_wall_s"]) == (28997, 34, 11.0)
+    [v] = h["validation_history"]
     assert (v["step"], v["bleu"], v["chrf"], v["seconds"]) == (200, 20.5, 45.1, 1.2)
     assert (v["wall_s"], v["since_train_start_s"]) == (14.0, 3.0)
-    assert f.tokens_per_s() == {"median": 105000.0, "mean": 105000.0, "n": 2}
-    assert f.averaged["bleu"] == 21.0 and f.averaged["checkpoints"] == [
+    assert h["validation_seconds_total"] == 1.2
+    assert h["tgt_tokens_per_s"] == {"median": 105000.0, "mean": 105000.0, "n": 2}
+    assert [w["tgt_tokens_per_s"] for w in h["log_windows"]] == [90000.0, 100000.0, 110000.0]
+    assert h["averaged"]["bleu"] == 21.0 and h["averaged"]["checkpoints"] == [
         "step_00000100",
         "step_00000200",
     ]
-    assert f.epochs == [{"epoch": 6, "step": 204, "wall_s": 15.0}]
+    assert h["averaged"]["wall_s"] == 17.0
+    # an epoch ends with the last window logged in it
+    assert h["epochs"] == [
+        {"epoch": 3, "step": 100, "wall_s": 12.0},
+        {"epoch": 6, "step": 200, "wall_s": 13.0},
+    ]
+    empty = gc.run_history([], started=0.0)
+    assert empty["validation_history"] == [] and empty["tgt_tokens_per_s"] is None
 
 
 def test_gpu_quick_preset():

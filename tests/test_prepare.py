@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from nmt.bench.memory import pss_parts
 from nmt.config import ConfigError, DataConfig, TrainCorpus, train_corpora
 from nmt.data import batching, binarize
 from nmt.data.batching import (
@@ -42,7 +43,6 @@ from nmt.data.corpus import DataError, clean_pairs, read_parallel
 from nmt.data.prepare import length_filter, prepare_data
 from nmt.data.synthetic import count_pairs, write_numbered_copies
 from nmt.data.tokenizer import TokenizerPair, train_tokenizers
-from nmt.procmem import pss_parts
 from nmt.train import train
 
 from .helpers import REPO, compose_config, tiny_run_overrides, write_subset

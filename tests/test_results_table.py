@@ -1,29 +1,50 @@
-"""scripts/results_table.py: rows from run directories, seeds pooled into mean ± std."""
+"""The results table (nmt.bench.results_table, scripts/results_table.py): rows from run
+directories, seeds pooled into mean ± std."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from nmt.bench import results_table
+from nmt.runlog import RunLog
+
 from .helpers import compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+class Table:
+    """The table as scripts/results_table.py prints it: ``main`` returns its exit status and
+    prints the rows (stdout) and the runs left out (stderr)."""
+
+    def __init__(self) -> None:
+        self.decode_tag = results_table.decode_tag
+
+    @staticmethod
+    def main(argv: list[str]) -> int:
+        args = [a for a in argv if not a.startswith("--json")]
+        out_json = None
+        if "--json" in argv:
+            out_json = Path(argv[argv.index("--json") + 1])
+            args.remove(str(out_json))
+        rows, skipped = results_table.collect([Path(a) for a in args])
+        for run, why in skipped.items():
+            print(f"skipped {run}: {why}", file=sys.stderr)
+        print(results_table.markdown(rows))
+        if out_json:
+            out_json.write_text(json.dumps(results_table.rows_json(rows), ensure_ascii=False))
+        return 0 if rows else 1
+
+
 @pytest.fixture(scope="module")
-def table():
-    spec = importlib.util.spec_from_file_location(
-        "results_table", REPO / "scripts" / "results_table.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def table() -> Table:
+    return Table()
 
 
 def fake_run(
@@ -42,22 +63,12 @@ def fake_run(
     overrides = ["experiment=cpu_quick", "trainer.progress=false"]
     if seed != 1234:
         overrides.append(f"trainer.seed={seed}")
-    (run / "summary.json").write_text(
-        json.dumps(
-            {
-                "step": 1600,
-                "train_time": 1800.0,
-                "overrides": overrides,
-                "hardware": {
-                    "device": "Some CPU",
-                    "device_type": "cpu",
-                    "world_size": 1,
-                    "threads": 2,
-                    "precision": "bf16",
-                },
-            }
-        )
-    )
+    log = RunLog(run)
+    hardware = {"device": "Some CPU", "device_type": "cpu", "world_size": 1, "threads": 2}
+    log.write("start", 0, **hardware, precision="bf16", parameters=1000, overrides=overrides)
+    log.write("validation", 1600, loss=2.0, ppl=7.4, bleu=bleu, chrf=60.0, seconds=9.0, best=True)
+    end = {"best_bleu": bleu, "best_step": 1600, "stop_reason": "reached the time limit"}
+    log.write("end", 1600, epoch=55, train_time=1800.0, **end)
     cfg = compose_config(
         "train",
         [f"trainer.seed={seed}", "trainer.average_last=5", "decode.beam=5"]
@@ -168,3 +179,34 @@ def test_seeds_decoded_differently_list_each_decoding(table, tmp_path: Path, cap
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "| Trans" in line]
     how = "tune-decode: highest validation BLEU, no significance test"
     assert f"| beam 5, alpha 0.6 ({how}); beam 5, alpha 1 ({how}) |" in row
+
+
+def test_script_prints_the_rows_and_fails_without_any(tmp_path: Path) -> None:
+    """scripts/results_table.py: the rows on stdout, the runs left out on stderr; exit status 1
+    when no run could be tabulated."""
+    script = [sys.executable, str(REPO / "scripts" / "results_table.py")]
+    done = fake_run(tmp_path, "a", 1234, 40.0)
+    never = fake_run(tmp_path, "b", 7, 0.0, evaluated=False)
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([*script, str(done), str(never), "--json", str(out)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "| Transformer | de→en | 40.0 |" in proc.stdout and f"skipped {never}" in proc.stderr
+    assert json.loads(out.read_text())[0]["runs"][0]["seed"] == 1234
+    proc = subprocess.run([*script, str(never)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "not evaluated" in proc.stderr
+
+
+def test_a_run_without_metrics_is_skipped_and_an_older_summary_is_read(tmp_path: Path) -> None:
+    run = fake_run(tmp_path, "a", 1234, 40.0)
+    events = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").unlink()
+    rows, skipped = results_table.collect([run])
+    assert rows == [] and "no metrics.jsonl" in skipped[run]
+    # a run trained before metrics.jsonl existed: its summary.json is read instead
+    (run / "summary.json").write_text(json.dumps({"step": 900, "train_time": 600.0}))
+    [row] = results_table.collect([run])[0]
+    assert row.runs[0].steps == 900 and row.runs[0].train_minutes == 10.0
+    (run / "metrics.jsonl").write_text(events)  # events win over an old summary
+    [row] = results_table.collect([run])[0]
+    assert row.runs[0].steps == 1600

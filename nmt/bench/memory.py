@@ -1,4 +1,5 @@
-"""Memory of a process tree from ``/proc`` (Linux): resident and proportional set sizes.
+"""Memory of a process or a process tree from ``/proc`` (Linux): resident and proportional set
+sizes, and the peak of a phase of this process (:class:`PeakMemory`).
 
 RSS counts every page a process maps, shared ones included, so summing it over processes
 that share memory (forked workers, DDP ranks mapping the same files) counts shared pages
@@ -9,13 +10,17 @@ so the sum over a tree is the memory the tree really holds.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import os
+import resource
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PROC = Path("/proc")
 
@@ -185,3 +190,54 @@ def wait_with_rusage(proc_pid: int) -> tuple[int, int]:
     """Wait for a child; (exit code, its peak RSS in bytes as the kernel counted it)."""
     _, status, usage = os.wait4(proc_pid, 0)
     return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024
+
+
+def release_free_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc), so the next phase's RSS starts lower."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+class PeakMemory:
+    """Peak memory of a phase: CUDA allocated bytes, or on CPU the growth of resident memory.
+
+    On Linux the resident high-water mark is reset at :meth:`start` (``/proc/self/clear_refs``),
+    so each phase gets its own peak; where that fails, the process-wide ``ru_maxrss`` is used
+    (it never goes down, so later phases may read 0 growth).
+    """
+
+    def __init__(self, device: Any) -> None:
+        self.device = device  # a torch.device (torch is imported only where CUDA is measured)
+        self.base = 0
+        self.method = ""
+
+    def start(self) -> None:
+        gc.collect()
+        release_free_heap()
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            self.method = "cuda_max_memory_allocated"
+            return
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.base = rss(os.getpid())[0]
+            self.method = "rss_high_water_growth"
+        except OSError:
+            self.base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            self.method = "ru_maxrss_growth"
+
+    def read(self) -> dict[str, Any]:
+        """{"peak_bytes": absolute peak, "growth_bytes": peak minus the level at start}."""
+        if self.device.type == "cuda":
+            import torch
+
+            peak = torch.cuda.max_memory_allocated(self.device)
+        elif self.method == "rss_high_water_growth":
+            peak = rss(os.getpid())[1]
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return {"method": self.method, "peak_bytes": peak, "growth_bytes": max(peak - self.base, 0)}

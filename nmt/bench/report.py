@@ -1,0 +1,57 @@
+"""What the benchmarks print and write: progress lines, text tables, JSON files, and the
+summary of a training run (read through :mod:`nmt.runlog`).
+
+Standard library only at import time (the GPU check loads it before its wheels are installed).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from nmt.runlog import SUMMARY_FILE, read_events, summarize
+
+
+class SetupError(Exception):
+    """A problem found before anything is measured (bad settings, missing files): the message
+    tells the user what to change; the command-line wrappers exit with status 2."""
+
+
+def say(tag: str, msg: str) -> None:
+    """A progress line on stderr (tables and results go to stdout)."""
+    print(f"[{tag} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table, columns right-aligned, with a rule under the header."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [" | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    rule = "-+-".join("-" * w for w in widths)
+    head = " | ".join(c.rjust(w) for c, w in zip(header, widths, strict=True))
+    return "\n".join([head, rule, *lines])
+
+
+def write_json(out: Path, result: dict[str, Any]) -> None:
+    """Write ``result`` as indented JSON, creating the folder."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def write_result(out: Path, result: dict[str, Any], text: str) -> None:
+    """Write the JSON, then print the report and where the JSON went."""
+    write_json(out, result)
+    print(text)
+    print(f"\nwritten: {out}  ({result['seconds']:.0f} s)")
+
+
+def run_summary(run_dir: Path) -> dict[str, Any] | None:
+    """A training run's summary, derived from its ``metrics.jsonl``; a run from before that
+    file existed has only ``summary.json``, which is read instead. None: neither is there."""
+    events = read_events(run_dir)
+    if events:
+        return summarize(events)
+    old = Path(run_dir) / SUMMARY_FILE
+    return json.loads(old.read_text()) if old.is_file() else None

@@ -1,0 +1,506 @@
+"""Shipping benchmarks: ``make bench-serve`` (JSON out).
+
+In one run on this machine, for the checkpoints given (each exported to a package first):
+
+* offline decoding of the test set (default: the model's first test split, test_2016_flickr
+  for Multi30k), all sentences batched: sentences/s, target tokens/s (EOS counted) and BLEU of
+  our PyTorch search and of CTranslate2 in float32 and int8, greedy and beam 5, for the
+  Transformer checkpoints (``--transformer``, ``--transformer-base``); for the GRU
+  (``--gru``) our search in fp32 and with PyTorch dynamic int8 quantization of its linear and
+  recurrent layers. ``--fixed-length N`` (used for ``--transformer-base``: 20) forces every
+  output to exactly N tokens, so engines do equal work whatever the weights;
+* parity: the share of sentences whose CTranslate2 float32 greedy output equals ours (and
+  the others, with whether they reached the length cap), the beam-5 BLEU difference;
+* what ``engine=auto`` picks for each search (its probe, cached under the work folder);
+* footprint: the size of each package and of its CTranslate2 model;
+* the server (``--serve``, on the ``--transformer`` model as deployed: the torch engine on the
+  fp32 package, the ctranslate2 engine on the int8 CTranslate2-only package): resident memory
+  after start and after the load test, time from start to the first answer, then 1, 8 and 32
+  concurrent clients sending single sentences (bounded by ``--requests`` per level and
+  ``--level-seconds``): throughput, p50/p99 latency, errors, and
+  the throughput against the same engine's offline batched figure; then ``--malformed``
+  malformed requests (statuses, and that the server still answers), and a SIGTERM.
+
+::
+
+    python scripts/bench_serve.py --transformer RUN/checkpoints/best.pt \\
+        --transformer-base BASE/checkpoints/last.pt --gru GRU/checkpoints/best.pt
+    python scripts/bench_serve.py --quick ...     # a smoke run: few sentences and requests
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt import ct2
+from nmt.bench.memory import load_average, rss
+from nmt.bench.report import say as _say
+from nmt.data.prepare import EvalSet, encode_texts, load_eval_set, load_test_sets
+from nmt.engines import TorchEngine, auto_choice, make_engine
+from nmt.export import export_package, load_package
+from nmt.inference import Trained, checkpoint_path
+from nmt.metrics import bleu
+from nmt.package import CT2_DIR
+from nmt.runtime import cpu_model
+from nmt.search import DecodeOptions
+
+SCHEMA = "nmt-bench-serve/1"
+BEAM = 5
+CPU = torch.device("cpu")
+
+
+def say(msg: str) -> None:
+    """Progress on stderr."""
+    _say("bench-serve", msg)
+
+
+@dataclass
+class ServeSettings:
+    """What ``scripts/bench_serve.py`` measures (its options, same names)."""
+
+    transformer: str | None = None  # checkpoint (or run) of the default Transformer
+    transformer_base: str | None = None  # of model=transformer_base
+    gru: str | None = None
+    test: str | None = None  # SRC:REF files instead of each model's own test split
+    sentences: int = 0  # test sentences (0 = all)
+    base_sentences: int = 200  # for --transformer-base
+    fixed_length: int = 20  # output length, --transformer-base
+    fixed_length_all: int = 0  # for --transformer and --gru too
+    fixed_length_gru: int = 0  # for --gru only (default: fixed_length_all)
+    threads: int = 2
+    rounds: int = 2  # timed runs per measurement (best kept)
+    serve: bool = True
+    levels: str = "1,8,32"  # concurrent clients of the load test
+    requests: int = 400  # requests per load level
+    level_seconds: float = 30.0
+    malformed: int = 1000
+    work: str = "outputs/bench/serve-work"
+    out: str | None = None
+    quick: bool = False
+    command: str = ""  # the command line, recorded in the JSON
+    cwd: Path | None = None  # where the server runs (the repository)
+
+    def __post_init__(self) -> None:
+        if self.quick:  # a smoke run: few sentences and requests
+            self.sentences = self.sentences or 40
+            self.base_sentences = min(self.base_sentences, 20)
+            self.requests, self.malformed = min(self.requests, 20), min(self.malformed, 30)
+            self.rounds = 1
+            self.level_seconds = min(self.level_seconds, 10.0)
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "load_average_start": load_average(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "ctranslate2": ct2.version() if ct2.available() else None,
+    }
+
+
+def folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# ---------------------------------------------------------------------------------- offline
+
+
+def test_set(trained: Trained, s: ServeSettings, limit: int) -> EvalSet:
+    if s.test:
+        src, ref = s.test.split(":")
+        ds = load_eval_set(Path(src).name, src, ref, trained.tokenizers)
+    else:
+        ds = load_test_sets(trained.cfg.data, trained.tokenizers)[0]
+    if limit and limit < len(ds):
+        src, ref = ds.src_text[:limit], ds.ref_text[:limit]
+        ds = EvalSet(ds.name, src, ref, encode_texts(trained.tokenizers, src, ref))
+    return ds
+
+
+def timed_decode(engine: Any, ds: EvalSet, opts: DecodeOptions, rounds: int) -> dict[str, Any]:
+    """Decode the whole set ``rounds`` times after a warm-up on a few sentences; best time."""
+    engine.hypotheses(ds.data, opts, limit=min(16, len(ds)))
+    seconds, outputs = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        outputs = engine.hypotheses(ds.data, opts)
+        seconds.append(time.perf_counter() - start)
+    best = min(seconds)
+    tokens = sum(len(h.tokens) + 1 for h in outputs)
+    return {
+        "seconds": round(best, 4),
+        "seconds_all": [round(s, 4) for s in seconds],
+        "sentences_per_s": round(len(ds) / best, 2),
+        "tgt_tokens_per_s": round(tokens / best, 1),
+        "tgt_tokens": tokens,
+        "outputs": outputs,
+    }
+
+
+def score(outputs: list, trained: Trained, ds: EvalSet) -> float:
+    hyps = [trained.tokenizers.tgt.decode(h.tokens) for h in outputs]
+    return round(bleu(hyps, ds.ref_text).score, 2)
+
+
+def quantized_gru(trained: Trained) -> torch.nn.Module:
+    """The GRU with int8 weights for its linear and recurrent layers (dynamic quantization)."""
+    layers = {torch.nn.Linear, torch.nn.GRU, torch.nn.GRUCell}
+    return torch.ao.quantization.quantize_dynamic(trained.model, layers, dtype=torch.qint8)
+
+
+def export(ckpt: str, work: Path, name: str, quantize: str | None) -> Path:
+    out = work / name
+    if out.exists():
+        shutil.rmtree(out)
+    fmt = "torch" if quantize is None else "ctranslate2"
+    return export_package(Path(ckpt), out, fmt=fmt, quantize=quantize)
+
+
+def bench_model(
+    label: str, ckpt: str, s: ServeSettings, work: Path, fixed: int | None, limit: int
+) -> dict[str, Any]:
+    """Offline figures of one checkpoint (see the module docstring)."""
+    if Path(ckpt).is_dir():  # a run directory: the checkpoint make eval would load
+        ckpt = str(checkpoint_path(ckpt))
+    with contextlib.suppress(ValueError):  # recorded relative to the working directory
+        ckpt = str(Path(ckpt).resolve().relative_to(Path.cwd().resolve()))
+    say(f"{label}: exporting {ckpt}")
+    trained_pkg = export(ckpt, work, f"{label}-torch", None)
+    trained = load_package(trained_pkg, CPU)
+    ds = test_set(trained, s, limit)
+    base = DecodeOptions(max_tokens=8192)
+    if fixed:
+        base = replace(base, max_output_len_a=0.0, max_output_len_b=fixed, min_output_len=fixed)
+    result: dict[str, Any] = {
+        "checkpoint": str(ckpt),
+        "step": trained.step,
+        "arch": trained.cfg.model.arch,
+        "parameters": trained.model.num_parameters(),
+        "test_set": ds.name,
+        "sentences": len(ds),
+        "fixed_length": fixed,
+        "packages": {"torch": {"path": str(trained_pkg), "bytes": folder_size(trained_pkg)}},
+        "runs": {},
+    }
+    engines: dict[str, Any] = {"torch": TorchEngine(trained.model, CPU)}
+    if trained.cfg.model.arch == "transformer" and ct2.available():
+        for q in ("float32", "int8"):
+            pkg = export(ckpt, work, f"{label}-ct2-{q}", q)
+            result["packages"][f"ctranslate2-{q}"] = {
+                "path": str(pkg),
+                "bytes": folder_size(pkg),
+                "ctranslate2_model_bytes": folder_size(pkg / CT2_DIR),
+            }
+            engines[f"ctranslate2-{q}"] = make_engine(
+                "ctranslate2", load_package(pkg, CPU), base, CPU
+            )
+        only = work / f"{label}-ct2-int8-only"
+        if only.exists():
+            shutil.rmtree(only)
+        export_package(Path(ckpt), only, fmt="ctranslate2", quantize="int8", ctranslate2_only=True)
+        result["packages"]["ctranslate2-int8-only"] = {
+            "path": str(only),
+            "bytes": folder_size(only),
+        }
+        fp32 = result["packages"]["torch"]["bytes"]
+        result["int8_only_package_vs_fp32_package"] = round(folder_size(only) / fp32, 3)
+    elif trained.cfg.model.arch == "gru_bahdanau":
+        engines["torch-int8"] = TorchEngine(quantized_gru(trained), CPU)
+    outputs: dict[tuple[str, int], list] = {}
+    for beam in (1, BEAM):
+        opts = replace(base, beam=beam, length_penalty=1.0)
+        for name, engine in engines.items():
+            say(f"{label}: {name} beam {beam} on {len(ds)} sentences")
+            run = timed_decode(engine, ds, opts, s.rounds)
+            outputs[name, beam] = run.pop("outputs")
+            run["bleu"] = score(outputs[name, beam], trained, ds)
+            result["runs"][f"{name}.beam{beam}"] = run
+    ours = {beam: result["runs"][f"torch.beam{beam}"] for beam in (1, BEAM)}
+    for key, run in result["runs"].items():
+        beam = int(key.rsplit("beam", 1)[1])
+        run["speed_vs_torch"] = round(run["sentences_per_s"] / ours[beam]["sentences_per_s"], 3)
+        run["bleu_vs_torch"] = round(run["bleu"] - ours[beam]["bleu"], 2)
+    if ("ctranslate2-float32", 1) in outputs:
+        result["parity"] = parity(outputs, ds, base)
+        result["auto"] = {}
+        for beam in (1, BEAM):
+            opts = replace(base, beam=beam)
+            pkg = load_package(work / f"{label}-ct2-float32", CPU)
+            choice, speeds, cached = auto_choice(pkg, opts, CPU, work / "engine-cache")
+            result["auto"][f"beam{beam}"] = {"choice": choice, "probe": speeds, "cached": cached}
+    return result
+
+
+def parity(outputs: dict, ds: EvalSet, opts: DecodeOptions) -> dict[str, Any]:
+    """CTranslate2 float32 against ours: identical greedy outputs, and the others."""
+    ours, theirs = outputs["torch", 1], outputs["ctranslate2-float32", 1]
+    caps = opts.caps(ds.data.src_lens + 1)
+    differ = [
+        {
+            "index": i,
+            "ours_len": len(a.tokens),
+            "ctranslate2_len": len(b.tokens),
+            "capped": len(a.tokens) >= int(caps[i]),
+        }
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True))
+        if a.tokens != b.tokens
+    ]
+    beam_same = sum(
+        a.tokens == b.tokens
+        for a, b in zip(outputs["torch", BEAM], outputs["ctranslate2-float32", BEAM], strict=True)
+    )
+    return {
+        "greedy_identical_share": round(1 - len(differ) / len(ours), 4),
+        "greedy_differing": differ[:50],
+        "beam5_identical_share": round(beam_same / len(ours), 4),
+    }
+
+
+# ----------------------------------------------------------------------------------- server
+
+
+def rss_kib(pid: int, peak: bool = False) -> int | None:
+    """Resident memory of a process in KiB, now or at its peak (None once it is gone)."""
+    now, high = rss(pid)
+    value = high if peak else now
+    return value // 1024 if value else None
+
+
+async def post(session: Any, url: str, body: Any, raw: bool = False) -> tuple[int, float]:
+    start = time.perf_counter()
+    kwargs = {"data": body} if raw else {"json": body}
+    async with session.post(url, **kwargs) as r:
+        await r.read()
+        return r.status, time.perf_counter() - start
+
+
+async def load_level(url: str, sentences: list[str], clients: int, n: int, limit_s: float) -> dict:
+    """``clients`` concurrent clients, each sending one sentence at a time, until ``n``
+    requests were sent or ``limit_s`` passed."""
+    import aiohttp
+
+    latencies: list[float] = []
+    errors = 0
+    sent = 0
+    start = time.perf_counter()
+
+    async def client(session: Any) -> None:
+        nonlocal errors, sent
+        while sent < n and time.perf_counter() - start < limit_s:
+            i = sent
+            sent += 1
+            try:
+                status, seconds = await post(
+                    session, url, {"text": [sentences[i % len(sentences)]]}
+                )
+            except aiohttp.ClientError:
+                errors += 1
+                continue
+            if status == 200:
+                latencies.append(seconds)
+            else:
+                errors += 1
+
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+    elapsed = time.perf_counter() - start
+    latencies.sort()
+    pick = lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 4)  # noqa: E731
+    return {
+        "clients": clients,
+        "requests": sent,
+        "answered": len(latencies),
+        "errors": errors,
+        "seconds": round(elapsed, 3),
+        "sentences_per_s": round(len(latencies) / elapsed, 2),
+        "latency_p50_s": pick(0.5) if latencies else None,
+        "latency_p99_s": pick(0.99) if latencies else None,
+    }
+
+
+def malformed_bodies() -> list[tuple[str, bytes]]:
+    return [
+        ("bad json", b'{"text": ['),
+        ("invalid utf-8", b'{"text": ["\xff\xfe"]}'),
+        ("wrong type", b'{"text": "Ein Hund."}'),
+        ("numbers", b'{"text": [1, 2]}'),
+        ("empty list", b'{"text": []}'),
+        ("unknown key", b'{"text": ["a"], "x": 1}'),
+        ("beam", b'{"text": ["a"], "beam": "5"}'),
+        ("too many", json.dumps({"text": ["a"] * 1000}).encode()),
+        ("huge body", b'{"text": ["' + b"a" * 2_000_000 + b'"]}'),
+    ]
+
+
+async def malformed(url: str, n: int) -> dict[str, Any]:
+    import aiohttp
+
+    bodies = malformed_bodies()
+    statuses: dict[str, dict[str, int]] = {}
+    async with aiohttp.ClientSession() as session:
+        for i in range(n):
+            kind, body = bodies[i % len(bodies)]
+            try:
+                status, _ = await post(session, url, body, raw=True)
+            except aiohttp.ClientError as e:
+                status = f"error {type(e).__name__}"  # type: ignore[assignment]
+            statuses.setdefault(kind, {}).setdefault(str(status), 0)
+            statuses[kind][str(status)] += 1
+        status, _ = await post(session, url, {"text": ["Ein Hund rennt."]})
+    all_4xx = all(s.startswith("4") for kinds in statuses.values() for s in kinds)
+    return {"sent": n, "statuses": statuses, "all_4xx": all_4xx, "then_serves": status == 200}
+
+
+def bench_server(
+    package: Path,
+    engine: str,
+    sentences: list[str],
+    offline: float | None,
+    s: ServeSettings,
+) -> dict[str, Any]:
+    """Start nmt-serve on ``package``, measure it, stop it with SIGTERM."""
+    import urllib.request
+
+    say(f"server, engine {engine}")
+    cmd = [
+        sys.executable, "-m", "nmt.serve", f"model={package}", f"engine={engine}", "port=0",
+        f"threads={s.threads}",
+    ]  # fmt: skip
+    if s.fixed_length_all:  # the same fixed-length outputs as the offline figures
+        n = s.fixed_length_all
+        cmd += ["max_output_len_a=0", f"max_output_len_b={n}", f"min_output_len={n}"]
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, cwd=s.cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        line = proc.stdout.readline()
+        port = int(line.rsplit(":", 1)[1])
+        url = f"http://127.0.0.1:{port}/translate"
+        request = urllib.request.Request(url, data=json.dumps({"text": [sentences[0]]}).encode())
+        with urllib.request.urlopen(request, timeout=120) as r:
+            r.read()
+        first = time.perf_counter() - start
+        before = rss_kib(proc.pid)
+        levels = [
+            asyncio.run(load_level(url, sentences, int(c), s.requests, s.level_seconds))
+            for c in s.levels.split(",")
+        ]
+        after = rss_kib(proc.pid)
+        bad = asyncio.run(malformed(url, s.malformed))
+        result = {
+            "engine": engine,
+            "first_answer_after_start_s": round(first, 3),
+            "rss_kib_after_first_answer": before,
+            "rss_kib_after_load": after,
+            "rss_peak_kib": rss_kib(proc.pid, peak=True),
+            "levels": levels,
+            "offline_batched_sentences_per_s": offline,
+            "malformed": bad,
+        }
+        if offline:
+            for level in levels:
+                level["vs_offline_batched"] = round(level["sentences_per_s"] / offline, 3)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    result["exit_code_after_sigterm"] = proc.returncode
+    return result
+
+
+# -------------------------------------------------------------------------------------- run
+
+
+def run(s: ServeSettings) -> dict[str, Any]:
+    """Every measurement the settings ask for: the JSON-ready result."""
+    torch.set_num_threads(s.threads)
+    random.seed(0)
+    work = Path(s.work)
+    work.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "command": s.command,
+        "machine": machine(),
+        "threads": s.threads,
+        "models": {},
+    }
+    models = [
+        ("transformer", s.transformer, s.fixed_length_all or None, s.sentences),
+        ("transformer_base", s.transformer_base, s.fixed_length, s.base_sentences),
+        ("gru", s.gru, s.fixed_length_gru or s.fixed_length_all or None, s.sentences),
+    ]
+    for label, ckpt, fixed, limit in models:
+        if ckpt:
+            result["models"][label] = bench_model(label, ckpt, s, work, fixed, limit)
+    if s.serve and s.transformer:
+        trained = load_package(work / "transformer-torch", CPU)
+        sentences = test_set(trained, s, s.sentences).src_text
+        decode = trained.cfg.decode
+        result["server"] = {
+            "decode": {"beam": decode.beam, "length_penalty": decode.length_penalty}
+        }
+        runs = result["models"]["transformer"]["runs"]
+        # each engine as it would be deployed: the fp32 package, the int8 CTranslate2-only one
+        servers = (
+            ("torch", "transformer-torch", "torch"),
+            ("ctranslate2", "transformer-ct2-int8-only", "ctranslate2-int8"),
+        )
+        for engine, package, offline_key in servers:
+            offline = runs.get(f"{offline_key}.beam{decode.beam}", {}).get("sentences_per_s")
+            server = bench_server(work / package, engine, sentences, offline, s)
+            result["server"][engine] = {"package": str(work / package), **server}
+        torch_rss = result["server"]["torch"]["rss_kib_after_load"]
+        ct2_rss = result["server"]["ctranslate2"]["rss_kib_after_load"]
+        if torch_rss and ct2_rss:
+            result["server"]["ctranslate2_rss_vs_torch"] = round(ct2_rss / torch_rss, 3)
+    result["machine"]["load_average_end"] = load_average()
+    return result
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures of a result, for the terminal."""
+    out: dict[str, Any] = {}
+    for label, model in result["models"].items():
+        out[label] = {
+            key: f"{run['sentences_per_s']} sent/s, BLEU {run['bleu']}"
+            for key, run in model["runs"].items()
+        }
+        if "parity" in model:
+            out[label]["greedy identical"] = model["parity"]["greedy_identical_share"]
+    for engine in ("torch", "ctranslate2"):
+        server = result.get("server", {}).get(engine)
+        if server:
+            out[f"server {engine}"] = {
+                "first answer s": server["first_answer_after_start_s"],
+                "rss MiB": round((server["rss_kib_after_load"] or 0) / 1024, 1),
+                "levels": {
+                    lv["clients"]: f"{lv['sentences_per_s']} sent/s p99 {lv['latency_p99_s']}s "
+                    f"errors {lv['errors']}"
+                    for lv in server["levels"]
+                },
+                "malformed all 4xx": server["malformed"]["all_4xx"],
+            }
+    return out
