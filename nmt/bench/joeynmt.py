@@ -17,8 +17,9 @@ for JoeyNMT, ``torch.set_num_threads`` for nmt):
 * decoding speed on test_2016_flickr (first ``--sentences``): greedy and beam 5, sentences/s and
   decoder steps/s, with the same cap of ``--max-output-length`` decoder steps per sentence for
   both (JoeyNMT's ``max_output_length``; nmt: ``max_output_len_a=0``,
-  ``max_output_len_b=cap - 1`` tokens plus EOS). Output lengths and the share of outputs that hit the cap are recorded, since a
-  model whose outputs run to the cap does far more work per sentence; ``--fixed-length`` blocks
+  ``max_output_len_b=cap - 1`` tokens plus EOS). Output lengths and the share of outputs that
+  hit the cap are recorded, since a model whose outputs run to the cap does far more work per
+  sentence; ``--fixed-length`` blocks
   EOS in both toolkits, so that every output runs to the cap and the work is equal whatever
   the weights. JoeyNMT decodes
   ``--joey-ckpt-transformer/--joey-ckpt-rnn`` when given, else the weights of its short
