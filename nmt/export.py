@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from nmt.checkpoint import CheckpointError, atomic_write_bytes
 from nmt.config import ConfigError, to_container
@@ -135,7 +135,7 @@ def package_config(trained: Trained) -> dict[str, Any]:
     raw = to_container(trained.cfg)
     decode = decode_defaults(trained)
     if decode is not None:
-        raw["decode"] = OmegaConf.to_container(decode, resolve=True)
+        raw["decode"] = to_container(decode)
     return raw
 
 

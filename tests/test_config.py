@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
@@ -15,6 +16,7 @@ from nmt.config import (
     TrainerConfig,
     TransformerConfig,
     register_configs,
+    to_container,
     validate,
 )
 from nmt.data.tokenizer import PAD_ID
@@ -96,7 +98,6 @@ def test_unknown_model_lists_choices():
         (["data.max_tokens=50"], "data.max_tokens"),
         (["trainer.precision=8"], "trainer.precision"),
         (["optim.schedule=cosine"], "trainer.max_steps"),
-        (["model=gru_bahdanau", "model.attention=luong"], "model.attention"),
         (["model.dropout=1.5"], "model.dropout"),
         (["data.src_lang=en", "data.tgt_lang=en"], "data.tgt_lang"),
         (["data.src_lang=xx"], "data.src_lang"),
@@ -107,6 +108,68 @@ def test_invalid_values_fail_naming_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert key in str(err.value)
+
+
+# every choice field of the training schema: (override prefix, key, each allowed value)
+CHOICES = [
+    ([], "data.corpus", ["multi30k", "parallel"]),
+    ([], "data.spm_model_type", ["unigram", "bpe"]),
+    ([], "optim.name", ["adam", "adamw"]),
+    ([], "optim.schedule", ["noam", "inverse_sqrt", "cosine", "linear", "constant"]),
+    ([], "optim.decay_over", ["steps", "time"]),
+    (["model=gru_bahdanau"], "model.attention", ["additive", "dot", "general", "scaled_dot"]),
+    ([], "decode.checkpoint", ["best", "last", "averaged", "auto"]),
+]
+
+
+@pytest.mark.parametrize(("extra", "key", "allowed"), CHOICES)
+def test_choices_accept_their_plain_names(extra, key, allowed):
+    """Each allowed name composes, compares equal to its string and is stored as a plain str."""
+    for value in allowed:
+        cfg = compose_config("train", [*extra, f"{key}={value}"])
+        group, name = key.split(".")
+        chosen = cfg[group][name]
+        assert chosen == value and str(chosen) == value and f"{chosen}" == value
+        stored = to_container(cfg)[group][name]
+        assert type(stored) is str and stored == value
+        assert f"{name}: {value}\n" in OmegaConf.to_yaml(cfg[group])
+
+
+@pytest.mark.parametrize(("extra", "key", "allowed"), CHOICES)
+def test_a_bad_choice_fails_at_compose_time_naming_the_key(extra, key, allowed):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_config("train", [*extra, f"{key}=nonsense"])
+    message = f"{err.value} {err.value.__cause__}"
+    assert key in message and "nonsense" in message
+    assert all(value in message for value in allowed)
+
+
+def test_a_bad_choice_in_a_yaml_file_fails_at_compose_time(tmp_path: Path) -> None:
+    """The typed field also checks what a config file sets, not only the command line."""
+    (tmp_path / "optim").mkdir()
+    (tmp_path / "optim" / "typo.yaml").write_text(
+        "defaults:\n  - optim_schema\n  - _self_\n\nschedule: cosin\n", encoding="utf-8"
+    )
+    register_configs()
+    overrides = [f"hydra.searchpath=[file://{tmp_path}]", "optim=typo"]
+    with (
+        initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"),
+        pytest.raises(ConfigCompositionException) as err,
+    ):
+        compose("train", overrides)
+    message = f"{err.value} {err.value.__cause__}"
+    assert "optim.schedule" in message and "cosin" in message
+
+
+def test_precision_stays_a_checked_string():
+    """Hydra parses 32 and 16 as ints, which an Enum field would refuse: the str field takes
+    them and validate() checks the value."""
+    for value in ("auto", "32", "bf16", "16"):
+        cfg = compose_config("train", [f"trainer.precision={value}"])
+        validate(cfg)
+        assert str(cfg.trainer.precision) == value
+    with pytest.raises(ConfigError, match="trainer.precision"):
+        validate(compose_config("train", ["trainer.precision=fp8"]))
 
 
 @pytest.mark.parametrize(
