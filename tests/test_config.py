@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -11,10 +12,15 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from nmt.config import (
+    AttentionConfig,
     ConfigError,
+    EvalConfig,
     GRUBahdanauConfig,
+    ServeConfig,
+    TrainConfig,
     TrainerConfig,
     TransformerConfig,
+    TranslateConfig,
     register_configs,
     to_container,
     validate,
@@ -186,3 +192,78 @@ def test_default_options_declare_their_values_only_in_the_schema(group, option, 
     assert set(values) == {"defaults"}, f"{group}/{option}.yaml repeats schema values"
     composed = compose_config("train", [f"{group}={option}"])[group]
     assert composed == OmegaConf.structured(schema)
+
+
+def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    """The values of a plain nested mapping by dotted key (a list is one value)."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def yaml_values(path: Path) -> dict[str, Any]:
+    """What a config file sets, by dotted key, besides its defaults list and Hydra settings."""
+    raw = OmegaConf.to_container(OmegaConf.load(path), enum_to_str=True)
+    return leaves({k: v for k, v in raw.items() if k not in ("defaults", "hydra")})
+
+
+def assert_only_differences(path: Path, values: dict[str, Any], base: dict[str, Any]) -> None:
+    same = {k: v for k, v in values.items() if k in base and base[k] == v}
+    assert not same, f"{path} repeats values it would get anyway: {same}"
+
+
+GROUP_OPTIONS = [
+    (group, p.stem) for group in ("data", "model", "optim", "trainer") for p in
+    sorted((Path(CONFIG_DIR) / group).glob("*.yaml"))
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
+def test_group_options_set_only_what_differs_from_the_schema(group, option):
+    """Defaults live in the schema: a group option sets only the values that make it differ."""
+    path = Path(CONFIG_DIR) / group / f"{option}.yaml"
+    schema_name = next(d for d in OmegaConf.load(path).defaults if d.endswith("_schema"))
+    base = compose_config("train", [f"{group}={schema_name}"])[group]
+    assert_only_differences(
+        path, yaml_values(path), leaves(OmegaConf.to_container(base, enum_to_str=True))
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "schema"),
+    [
+        ("train", TrainConfig),
+        ("eval", EvalConfig),
+        ("translate", TranslateConfig),
+        ("attention", AttentionConfig),
+        ("serve", ServeConfig),
+    ],
+)
+def test_entry_configs_set_only_what_differs_from_the_schema(name, schema):
+    path = Path(CONFIG_DIR) / f"{name}.yaml"
+    base = leaves(OmegaConf.to_container(OmegaConf.structured(schema), enum_to_str=True))
+    assert_only_differences(path, yaml_values(path), base)
+
+
+def experiment_base(path: Path) -> list[str]:
+    """The overrides that compose what an experiment starts from: its defaults list."""
+    overrides = []
+    for entry in OmegaConf.to_container(OmegaConf.load(path).defaults):
+        if isinstance(entry, str):  # another experiment it extends
+            overrides.append(f"experiment={entry}")
+        else:
+            ((key, option),) = entry.items()
+            overrides.append(f"{key.removeprefix('override /')}={option}")
+    return overrides
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_experiments_set_only_what_differs_from_what_they_extend(experiment):
+    path = Path(CONFIG_DIR) / "experiment" / f"{experiment}.yaml"
+    base = compose_config("train", experiment_base(path))
+    assert_only_differences(
+        path, yaml_values(path), leaves(OmegaConf.to_container(base, enum_to_str=True))
+    )
