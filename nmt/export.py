@@ -18,7 +18,8 @@ import torch
 import yaml
 from omegaconf import DictConfig
 
-from nmt.checkpoint import CheckpointError, atomic_write_bytes
+from nmt.atomic import atomic_write_bytes, fsync_dir
+from nmt.checkpoint import CheckpointError
 from nmt.config import ConfigError, to_container
 from nmt.data.corpus import DataError
 from nmt.inference import (
@@ -290,7 +291,7 @@ def export_package(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         config = package_config(trained)
-        (tmp / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        atomic_write_bytes(tmp / CONFIG, yaml.safe_dump(config, sort_keys=False).encode("utf-8"))
         if not ctranslate2_only:
             from safetensors.torch import save_file
 
@@ -305,7 +306,7 @@ def export_package(
 
             ct2_module.convert(trained.model, toks, tmp / CT2_DIR, ct2["quantization"])
         card = model_card(trained, config["decode"], licence, ct2)
-        (tmp / CARD).write_text(card, encoding="utf-8")
+        atomic_write_bytes(tmp / CARD, card.encode("utf-8"))
         written = [p for p in sorted(tmp.rglob("*")) if p.is_file()]
         files = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in written}
         manifest = {
@@ -320,7 +321,7 @@ def export_package(
             "ctranslate2": ct2,
             "torch_weights": not ctranslate2_only,
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        atomic_write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))
         # what was written loads through the gate
         files = read_package(tmp)
         for name in files.manifest.files:
@@ -330,6 +331,7 @@ def export_package(
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
+        fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from nmt.atomic import atomic_write_bytes
 from nmt.config import DataConfig
 from nmt.data import corpus
 from nmt.data.batching import (
@@ -33,7 +34,6 @@ from nmt.data.corpus import (
     MULTI30K_BASE_URL,
     URL_ENV,
     DataError,
-    atomic_write_bytes,
     clean_pairs,
     fetch_multi30k,
     multi30k_url,
@@ -235,14 +235,14 @@ def test_stale_temporary_files_are_deleted_before_fetching(
 ) -> None:
     base = tmp_path / "multi30k"
     base.mkdir()
-    stale = [base / ".val.de.gz.k3x_9q2a.part", base / ".val.de.gz.0abcdefg.part"]
+    stale = [base / ".val.de.gz.k3x_9q2a.tmp", base / ".val.de.gz.0abcdefg.tmp"]
     others = [
-        base / ".val.en.gz.k3x_9q2a.part",  # another file's
-        base / ".val.de.gz.part",  # not a temporary-file name
-        base / "val.de.gz.k3x_9q2a.part",
-        base / ".val.de.gz.old.k3x_9q2a.part",  # the temporary file of "val.de.gz.old"
+        base / ".val.en.gz.k3x_9q2a.tmp",  # another file's
+        base / ".val.de.gz.tmp",  # not a temporary-file name
+        base / "val.de.gz.k3x_9q2a.tmp",
+        base / ".val.de.gz.old.k3x_9q2a.tmp",  # the temporary file of "val.de.gz.old"
     ]
-    live = base / ".val.de.gz.running1.part"  # a transfer in progress elsewhere
+    live = base / ".val.de.gz.running1.tmp"  # a transfer in progress elsewhere
     for path in [*stale, *others, live]:
         path.write_bytes(b"half a file")
     monkeypatch.setenv(MIRROR_ENV, str(multi30k))
@@ -257,7 +257,7 @@ def test_stale_temporary_files_are_deleted_before_fetching(
 
 
 def test_atomic_write_deletes_its_stale_temporary_files(tmp_path: Path) -> None:
-    stale = tmp_path / ".spm.model.x1y2z3w4.part"
+    stale = tmp_path / ".spm.model.x1y2z3w4.tmp"
     stale.write_bytes(b"half")
     atomic_write_bytes(tmp_path / "spm.model", b"whole")
     assert (tmp_path / "spm.model").read_bytes() == b"whole"

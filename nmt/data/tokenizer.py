@@ -19,7 +19,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from nmt.data.corpus import DataError, atomic_write_bytes
+from nmt.atomic import atomic_write_bytes
+from nmt.data.corpus import DataError
 
 log = logging.getLogger("nmt.data")
 
