@@ -17,10 +17,10 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from nmt.cli import CONFIG_DIR, config_dir  # noqa: F401 (re-exported)
+from nmt.cli import CONFIG_DIR, UserError, config_dir  # noqa: F401 (re-exported)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """An invalid configuration value; the message names the key."""
 
 

@@ -20,8 +20,8 @@ from omegaconf import DictConfig
 
 from nmt.atomic import atomic_write_bytes, fsync_dir
 from nmt.checkpoint import CheckpointError
+from nmt.cli import exit_on_error
 from nmt.config import ConfigError, to_container
-from nmt.data.corpus import DataError
 from nmt.inference import (
     Trained,
     build_model,
@@ -371,7 +371,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
-    try:
+    with exit_on_error(log):
         ckpt = checkpoint_path(resolve_run_dir(args.run), args.ckpt)
         out = export_package(
             ckpt,
@@ -382,9 +382,6 @@ def main(argv: list[str] | None = None) -> int:
             force=args.force,
             ctranslate2_only=args.ctranslate2_only,
         )
-    except (ConfigError, DataError, CheckpointError) as e:
-        log.error("%s", e)
-        return 2
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"package {out} ({size / 2**20:.1f} MiB) from {ckpt}")
     return 0

@@ -23,6 +23,7 @@ from typing import BinaryIO
 
 # fsync_dir and atomic_write_bytes are re-exported for the modules that import them from here
 from nmt.atomic import atomic_file, atomic_write_bytes, fsync_dir  # noqa: F401
+from nmt.cli import UserError
 
 log = logging.getLogger("nmt.data")
 
@@ -51,7 +52,7 @@ _CHUNK = 1 << 20
 _BOM = b"\xef\xbb\xbf"
 
 
-class DataError(Exception):
+class DataError(UserError):
     """Bad or missing input data; the message names the file (and line) and the problem."""
 
 
