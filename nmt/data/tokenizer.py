@@ -102,10 +102,6 @@ class Tokenizer:
             ids = ids.tolist()
         return [self._sp.IdToPiece(int(i)) for i in ids]
 
-    def fingerprint(self) -> str:
-        """Short sha256 of the serialized model, to tell tokenizers apart."""
-        return hashlib.sha256(self.proto).hexdigest()[:16]
-
 
 @dataclass
 class TokenizerPair:
