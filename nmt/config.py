@@ -1,9 +1,10 @@
 """Typed configuration schema.
 
 Every config group (data/, model/, optim/, trainer/) is backed by a dataclass registered in
-Hydra's ConfigStore, so a misspelt key or a value of the wrong type fails when the config is
-composed, before any data is read. Checks that span several values live in :func:`validate`,
-which raises :class:`ConfigError` naming the offending key.
+Hydra's ConfigStore, so a misspelt key, a value of the wrong type or a choice outside its Enum
+fails when the config is composed, before any data is read. The defaults are declared here only:
+a YAML file under configs/ sets just the values that make it differ. Checks that span several
+values live in :func:`validate`, which raises :class:`ConfigError` naming the offending key.
 """
 
 from __future__ import annotations
