@@ -20,6 +20,7 @@ from typing import Any
 from torch import Tensor
 
 from nmt.checkpoint import CheckpointError, save_checkpoint, step_checkpoints
+from nmt.cli import exit_on_error
 from nmt.inference import load_checked_checkpoint
 from nmt.runtime import resolve_run_dir, setup_logging
 
@@ -133,11 +134,8 @@ def run(argv: Sequence[str] | None = None) -> Path:
 def main(argv: Sequence[str] | None = None) -> None:
     """``nmt-average [RUN] [-n N] [-o OUT] [--checkpoints FILE...]``."""
     setup_logging()
-    try:
+    with exit_on_error(log):
         out = run(argv)
-    except CheckpointError as e:
-        log.error("%s", e)
-        raise SystemExit(2) from None
     print(out)
 
 

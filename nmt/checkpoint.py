@@ -6,20 +6,18 @@ A truncated or corrupted file fails the length or checksum test with a clear err
 unpickling. Loading always uses ``torch.load(..., weights_only=True)``: a checkpoint can hold
 tensors, numbers, strings, bytes and containers of them, never code.
 
-Writes go to a temporary file (``.<name>.<random>.tmp``) in the same directory, are fsynced,
-then renamed over the target, so at every moment the file under the final name is either the
-old or the new one. A crash can leave a temporary file behind; :func:`remove_temporaries`
-clears them.
+Writes go through :func:`nmt.atomic.atomic_write_bytes`: a temporary file
+(``.<name>.<random>.tmp``) in the same directory, fsynced, renamed over the target, then the
+directory fsynced, so at every moment the file under the final name is either the old or the
+new one. A crash can leave a temporary file behind; :func:`remove_temporaries` clears them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import os
 import random
 import re
-import secrets
 import struct
 from pathlib import Path
 from typing import Any
@@ -27,41 +25,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from nmt.data.corpus import fsync_dir
+from nmt.atomic import TEMP_SUFFIX, atomic_write_bytes
 from nmt.gate import CheckpointError  # defined without PyTorch, for the gate
 
 MAGIC = b"NMTCKPT1"
 _TRAILER = struct.Struct("<8sQ32s")
-TEMP_SUFFIX = ".tmp"
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
 # --------------------------------------------------------------------------- writing
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one.
-
-    The new file gets the permissions a plain ``open(path, "wb")`` would give it (umask).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
 def remove_temporaries(directory: Path) -> list[Path]:
-    """Delete the temporary files an interrupted :func:`atomic_write_bytes` left behind.
+    """Delete the temporary files interrupted writes left in ``directory``.
 
     Only call this while nothing else writes into ``directory``. Returns the removed paths.
     """

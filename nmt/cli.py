@@ -1,12 +1,34 @@
 """What every command needs before it loads a model, without PyTorch: where the Hydra configs
-are, and console/file logging. :mod:`nmt.runtime` re-exports these names."""
+are, console/file logging, and how a user's error ends a command (:func:`exit_on_error`).
+:mod:`nmt.runtime` re-exports the first two."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+# the exit status of a command stopped by an error the user can fix
+USER_ERROR_EXIT = 2
+
+
+class UserError(Exception):
+    """An error the user can fix: a config value, an input file, a checkpoint. The base of
+    nmt.config.ConfigError, nmt.data.corpus.DataError and nmt.gate.CheckpointError."""
+
+
+@contextlib.contextmanager
+def exit_on_error(log: logging.Logger, *also: type[BaseException]) -> Iterator[None]:
+    """Run a command's body: a :class:`UserError` (or one of ``also``) raised in it is logged as
+    its one-line message, without a traceback, and ends the command with exit status 2."""
+    try:
+        yield
+    except (UserError, *also) as e:
+        log.error("%s", e)
+        raise SystemExit(USER_ERROR_EXIT) from None
 
 
 def _shipped_config_dir() -> Path:

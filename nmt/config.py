@@ -1,25 +1,89 @@
 """Typed configuration schema.
 
 Every config group (data/, model/, optim/, trainer/) is backed by a dataclass registered in
-Hydra's ConfigStore, so a misspelt key or a value of the wrong type fails when the config is
-composed, before any data is read. Checks that span several values live in :func:`validate`,
-which raises :class:`ConfigError` naming the offending key.
+Hydra's ConfigStore, so a misspelt key, a value of the wrong type or a choice outside its Enum
+fails when the config is composed, before any data is read. The defaults are declared here only:
+a YAML file under configs/ sets just the values that make it differ. Checks that span several
+values live in :func:`validate`, which raises :class:`ConfigError` naming the offending key.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from nmt.cli import CONFIG_DIR, config_dir  # noqa: F401 (re-exported)
+from nmt.cli import CONFIG_DIR, UserError, config_dir  # noqa: F401 (re-exported)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """An invalid configuration value; the message names the key."""
+
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+
+    class StrEnum(str, Enum):
+        """Python 3.11's enum.StrEnum: a member is its value, also for str() and format()."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+# The closed choices of the schema. OmegaConf types a field by its Enum and accepts a member's
+# *name* (from YAML or the command line), so a misspelt choice fails when the config is composed,
+# naming the key and the allowed names. Each name equals its value, and a member is a str, so
+# code compares it with plain strings and configs are stored with plain strings
+# (:func:`to_container`). Hydra parses ``32`` as an int, which an Enum field refuses, so
+# ``trainer.precision`` stays a str checked by :func:`validate`.
+
+
+class Corpus(StrEnum):
+    multi30k = "multi30k"  # Multi30k task 1, fetched and verified
+    parallel = "parallel"  # the user's own files
+
+
+class SpmModelType(StrEnum):
+    unigram = "unigram"
+    bpe = "bpe"
+
+
+class OptimizerName(StrEnum):
+    adam = "adam"
+    adamw = "adamw"  # decoupled weight decay
+
+
+class Schedule(StrEnum):
+    noam = "noam"
+    inverse_sqrt = "inverse_sqrt"
+    cosine = "cosine"
+    linear = "linear"
+    constant = "constant"
+
+
+class DecayOver(StrEnum):
+    steps = "steps"  # to trainer.max_steps
+    time = "time"  # to the training-time limit
+
+
+class AttentionScore(StrEnum):
+    additive = "additive"
+    dot = "dot"
+    general = "general"
+    scaled_dot = "scaled_dot"
+
+
+class CheckpointChoice(StrEnum):
+    best = "best"
+    last = "last"
+    averaged = "averaged"
+    auto = "auto"  # averaged if its validation BLEU beat the best single checkpoint's, else best
 
 
 @dataclass
@@ -47,7 +111,7 @@ class DataConfig:
     """
 
     name: str = MISSING
-    corpus: str = "multi30k"  # multi30k | parallel
+    corpus: Corpus = Corpus.multi30k
     src_lang: str = "de"
     tgt_lang: str = "en"
     root: str = "data"  # downloads and caches live here
@@ -61,7 +125,7 @@ class DataConfig:
     # sentencepiece
     joint_vocab: bool = True
     vocab_size: int = 8000
-    spm_model_type: str = "unigram"  # unigram | bpe
+    spm_model_type: SpmModelType = SpmModelType.unigram
     character_coverage: float = 1.0
     spm_sample: int = 100_000  # training pairs drawn for sentencepiece training
     # preparation: encoding processes (0 = one per available core, 1 = in this process)
@@ -80,7 +144,7 @@ class GRUBahdanauConfig:
     dec_layers: int = 1
     bidirectional: bool = True
     dropout: float = 0.3
-    attention: str = "additive"  # additive | dot | general | scaled_dot
+    attention: AttentionScore = AttentionScore.additive
     attn_dim: int = 512
     tie_embeddings: bool = False
 
@@ -104,17 +168,17 @@ class TransformerConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adam"  # adam | adamw
+    name: OptimizerName = OptimizerName.adam
     lr: float = 1e-3  # peak learning rate
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-9
     weight_decay: float = 0.0
-    schedule: str = "inverse_sqrt"  # noam | inverse_sqrt | cosine | linear | constant
+    schedule: Schedule = Schedule.inverse_sqrt
     warmup_steps: int = 800
     min_lr: float = 0.0  # floor for cosine/linear decay
     # cosine/linear decay runs over `steps` (to trainer.max_steps) or `time` (to the
     # training-time limit: trainer.max_time, or trainer.cpu_max_time on CPU)
-    decay_over: str = "steps"
+    decay_over: DecayOver = DecayOver.steps
 
 
 @dataclass
@@ -126,7 +190,8 @@ class TrainerConfig:
     max_epochs: int = 0  # 0 = no limit
     max_time: float = 0.0  # seconds of training; 0 = no limit
     cpu_max_time: float = 1800.0  # cap applied when running on CPU with no other limit set
-    precision: str = "auto"  # auto | 32 | bf16 | 16 (auto: see nmt.precision)
+    # auto | 32 | bf16 | 16 (auto: see nmt.precision); a str, since Hydra parses 32 and 16 as ints
+    precision: str = "auto"
     accumulate: int = 1
     label_smoothing: float = 0.1
     clip_grad_norm: float = 1.0  # 0 disables clipping
@@ -183,9 +248,8 @@ class RunDecodeConfig(DecodeConfig):
     shared schema and nothing reads them from it.
     """
 
-    # best | last | averaged (trainer.average_last writes averaged.pt) | auto: averaged if its
-    # validation BLEU beat the best single checkpoint's, else best
-    checkpoint: str = "best"
+    # averaged: trainer.average_last writes averaged.pt; auto: see CheckpointChoice
+    checkpoint: CheckpointChoice = CheckpointChoice.best
 
 
 @dataclass
@@ -369,8 +433,6 @@ def train_corpora(value: Any, key: str = "data.train") -> list[TrainCorpus]:
 def validate(cfg: DictConfig) -> None:
     """Check values that the type system cannot; raise ConfigError naming the key."""
     d, o, t = cfg.data, cfg.optim, cfg.trainer
-    _choice("data.corpus", d.corpus, ("multi30k", "parallel"))
-    _choice("data.spm_model_type", d.spm_model_type, ("unigram", "bpe"))
     if d.src_lang == d.tgt_lang:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {d.src_lang!r}")
     if d.corpus == "multi30k":
@@ -390,14 +452,11 @@ def validate(cfg: DictConfig) -> None:
             f"data.max_tokens={d.max_tokens} is smaller than one sentence of data.max_len="
             f"{d.max_len} tokens (+2 for BOS/EOS); raise data.max_tokens or lower data.max_len"
         )
-    _choice("optim.name", o.name, ("adam", "adamw"))
-    _choice("optim.schedule", o.schedule, ("noam", "inverse_sqrt", "cosine", "linear", "constant"))
     _positive("optim.lr", o.lr)
     _positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
     _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         raise ConfigError(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
-    _choice("optim.decay_over", o.decay_over, ("steps", "time"))
     decays = o.schedule in ("cosine", "linear")
     if decays and o.decay_over == "steps" and t.max_steps <= 0:
         raise ConfigError(
@@ -443,7 +502,6 @@ def validate(cfg: DictConfig) -> None:
         )
     dec = cfg.decode
     check_decode(dec, "decode.")
-    _choice("decode.checkpoint", dec.checkpoint, ("best", "last", "averaged", "auto"))
     if dec.checkpoint == "averaged" and t.average_last == 0:
         raise ConfigError("decode.checkpoint=averaged needs trainer.average_last > 0")
     validate_model(cfg.model)
@@ -474,10 +532,11 @@ def validate_model(m: DictConfig) -> None:
                 raise ConfigError(f"model.{key}={value} must be > 0")
     if "heads" in m and m.d_model % m.heads != 0:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.heads={m.heads}")
-    if "attention" in m:
-        _choice("model.attention", m.attention, ("additive", "dot", "general", "scaled_dot"))
 
 
 def to_container(cfg: DictConfig) -> dict:
-    """The resolved config as plain Python data (for checkpoints and logs)."""
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    """The resolved config as plain Python data (for checkpoints and logs): choices become their
+    plain strings, since checkpoints load with ``weights_only=True``, which refuses Enum objects."""
+    return OmegaConf.to_container(  # type: ignore[return-value]
+        cfg, resolve=True, throw_on_missing=True, enum_to_str=True
+    )

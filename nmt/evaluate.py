@@ -22,7 +22,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt.checkpoint import CheckpointError, atomic_write_bytes
+from nmt.checkpoint import atomic_write_bytes
+from nmt.cli import exit_on_error
 from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import DataError, read_lines, strip_lines
 from nmt.data.prepare import EvalSet, encode_texts, load_test_sets
@@ -140,11 +141,8 @@ def evaluate(cfg: DictConfig) -> dict:
 def _main(cfg: DictConfig) -> None:
     setup_logging()
     cfg.run = str(resolve_run_dir(cfg.run))
-    try:
+    with exit_on_error(log):
         evaluate(cfg)
-    except (ConfigError, DataError, CheckpointError) as e:
-        log.error("%s", e)
-        raise SystemExit(2) from None
 
 
 def main() -> None:

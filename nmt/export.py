@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from nmt.checkpoint import CheckpointError, atomic_write_bytes
+from nmt.atomic import atomic_write_bytes, fsync_dir
+from nmt.checkpoint import CheckpointError
+from nmt.cli import exit_on_error
 from nmt.config import ConfigError, to_container
-from nmt.data.corpus import DataError
 from nmt.decode_options import DecodeOptions
 from nmt.inference import (
     Trained,
@@ -136,7 +137,7 @@ def package_config(trained: Trained) -> dict[str, Any]:
     raw = to_container(trained.cfg)
     decode = decode_defaults(trained)
     if decode is not None:
-        raw["decode"] = OmegaConf.to_container(decode, resolve=True)
+        raw["decode"] = to_container(decode)
     return raw
 
 
@@ -292,7 +293,7 @@ def export_package(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         config = package_config(trained)
-        (tmp / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        atomic_write_bytes(tmp / CONFIG, yaml.safe_dump(config, sort_keys=False).encode("utf-8"))
         if not ctranslate2_only:
             from safetensors.torch import save_file
 
@@ -307,7 +308,7 @@ def export_package(
 
             ct2_module.convert(trained.model, toks, tmp / CT2_DIR, ct2["quantization"])
         card = model_card(trained, config["decode"], licence, ct2)
-        (tmp / CARD).write_text(card, encoding="utf-8")
+        atomic_write_bytes(tmp / CARD, card.encode("utf-8"))
         written = [p for p in sorted(tmp.rglob("*")) if p.is_file()]
         files = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in written}
         manifest = {
@@ -322,7 +323,7 @@ def export_package(
             "ctranslate2": ct2,
             "torch_weights": not ctranslate2_only,
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        atomic_write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))
         # what was written loads through the gate
         files = read_package(tmp)
         for name in files.manifest.files:
@@ -332,6 +333,7 @@ def export_package(
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
+        fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -371,7 +373,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
-    try:
+    with exit_on_error(log):
         ckpt = checkpoint_path(resolve_run_dir(args.run), args.ckpt)
         out = export_package(
             ckpt,
@@ -382,9 +384,6 @@ def main(argv: list[str] | None = None) -> int:
             force=args.force,
             ctranslate2_only=args.ctranslate2_only,
         )
-    except (ConfigError, DataError, CheckpointError) as e:
-        log.error("%s", e)
-        return 2
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"package {out} ({size / 2**20:.1f} MiB) from {ckpt}")
     return 0

@@ -19,10 +19,11 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nmt.cli import UserError
 from nmt.config import MODEL_SCHEMAS, ConfigError, TrainConfig, validate
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that is missing, truncated, corrupted or not loadable safely."""
 
 

@@ -29,10 +29,11 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from nmt.checkpoint import CheckpointError, atomic_write_bytes
+from nmt.checkpoint import atomic_write_bytes
+from nmt.cli import exit_on_error
 from nmt.config import ConfigError, register_configs
 from nmt.data.batching import make_batch
-from nmt.data.corpus import DataError, read_lines
+from nmt.data.corpus import read_lines
 from nmt.data.prepare import encode_texts
 from nmt.explorer import document, explore_sentences, model_info, write_html
 from nmt.export import load_for_decoding
@@ -205,11 +206,8 @@ def quote_free_text(args: list[str]) -> list[str]:
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="attention")
 def _main(cfg: DictConfig) -> None:
     setup_logging()
-    try:
+    with exit_on_error(log):
         plot_attention(cfg)
-    except (ConfigError, DataError, CheckpointError) as e:
-        log.error("%s", e)
-        raise SystemExit(2) from None
 
 
 def main() -> None:

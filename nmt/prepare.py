@@ -24,10 +24,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from nmt.cli import setup_logging
-from nmt.config import ConfigError, config_dir, register_configs, validate
+from nmt.cli import exit_on_error, setup_logging
+from nmt.config import config_dir, register_configs, validate
 from nmt.data.binarize import ensure_prepared
-from nmt.data.corpus import DataError
 
 log = logging.getLogger("nmt.prepare")
 
@@ -49,14 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     register_configs()
-    try:
+    with exit_on_error(log, HydraException, OmegaConfBaseException):
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
             cfg = compose(config_name="train", overrides=args.overrides)
         validate(cfg)
         cache = ensure_prepared(cfg.data, verify=args.verify)
-    except (HydraException, OmegaConfBaseException, ConfigError, DataError) as err:
-        log.error("%s", err)
-        return 2
     print(cache.path)
     return 0
 

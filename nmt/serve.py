@@ -49,12 +49,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from nmt.cli import config_dir, setup_logging
+from nmt.cli import config_dir, exit_on_error, setup_logging
 from nmt.config import ConfigError, register_configs
-from nmt.data.corpus import DataError
 from nmt.data.tokenizer import EOS_ID, TokenizerPair
 from nmt.decode_options import DecodeOptions
-from nmt.gate import CheckpointError
 from nmt.package import CT2_DIR, is_package, model_argument, read_package, verified_file
 
 log = logging.getLogger("nmt.serve")
@@ -475,11 +473,8 @@ def run(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="serve")
 def _main(cfg: DictConfig) -> None:
     setup_logging()
-    try:
+    with exit_on_error(log, OSError):  # OSError: e.g. the port is taken
         run(cfg)
-    except (ConfigError, DataError, CheckpointError, OSError) as e:
-        log.error("%s", e)
-        raise SystemExit(2) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -34,9 +34,10 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from nmt import checkpoint as ckpt
 from nmt.average import average_checkpoints
+from nmt.cli import exit_on_error
 from nmt.config import ConfigError, register_configs, to_container, validate
 from nmt.data.batching import Batch, TokenBatchSampler, eval_batches, make_batch, padding_share
-from nmt.data.corpus import DataError, sha256_file
+from nmt.data.corpus import sha256_file
 from nmt.data.prepare import EvalSet, PreparedData, prepare_data
 from nmt.data.tokenizer import TokenizerPair
 from nmt.explorer import TrainingExplorer, model_info
@@ -988,10 +989,8 @@ def _main(cfg: DictConfig) -> float:
     setup_logging()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        result = train(cfg, run_dir)
-    except (ConfigError, DataError, ckpt.CheckpointError) as e:
-        log.error("%s", e)
-        raise SystemExit(2) from None
+        with exit_on_error(log):
+            result = train(cfg, run_dir)
     finally:
         _drop_if_unused(run_dir)
     return result["state"]["best_bleu"]

@@ -21,9 +21,10 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from nmt.checkpoint import CheckpointError, atomic_write_bytes
+from nmt.checkpoint import atomic_write_bytes
+from nmt.cli import exit_on_error
 from nmt.config import ConfigError, register_configs
-from nmt.data.corpus import DataError, read_lines
+from nmt.data.corpus import read_lines
 from nmt.data.prepare import encode_texts
 from nmt.engines import Engine, TorchEngine, make_engine
 from nmt.export import load_for_decoding
@@ -117,11 +118,8 @@ def translate(cfg: DictConfig) -> None:
 def _main(cfg: DictConfig) -> None:
     setup_logging()
     logging.getLogger().setLevel(logging.WARNING)
-    try:
+    with exit_on_error(log):
         translate(cfg)
-    except (ConfigError, DataError, CheckpointError) as e:
-        log.error("%s", e)
-        raise SystemExit(2) from None
 
 
 def main() -> None:

@@ -37,8 +37,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from nmt.checkpoint import CheckpointError, atomic_write_bytes
+from nmt.cli import exit_on_error
 from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, ConfigError
-from nmt.data.corpus import DataError
 from nmt.data.prepare import load_valid_set
 from nmt.inference import (
     checkpoint_path,
@@ -379,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """``nmt-tune-decode [RUN] [--beams 1,5] [--alphas 0.6,1,1.5,2] [--apply]``."""
     setup_logging()
     args = parse_args(argv)
-    try:
+    with exit_on_error(log):
         report = tune(
             resolve_run_dir(args.run),
             args.ckpt,
@@ -391,9 +391,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.bootstrap_seed,
             args.level,
         )
-    except (ConfigError, DataError, CheckpointError) as e:
-        log.error("%s", e)
-        raise SystemExit(2) from None
     print(format_report(report))
 
 

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from nmt.config import (
+    AttentionConfig,
     ConfigError,
+    EvalConfig,
     GRUBahdanauConfig,
+    ServeConfig,
+    TrainConfig,
     TrainerConfig,
     TransformerConfig,
+    TranslateConfig,
     register_configs,
+    to_container,
     validate,
 )
 from nmt.data.tokenizer import PAD_ID
@@ -96,7 +104,6 @@ def test_unknown_model_lists_choices():
         (["data.max_tokens=50"], "data.max_tokens"),
         (["trainer.precision=8"], "trainer.precision"),
         (["optim.schedule=cosine"], "trainer.max_steps"),
-        (["model=gru_bahdanau", "model.attention=luong"], "model.attention"),
         (["model.dropout=1.5"], "model.dropout"),
         (["data.src_lang=en", "data.tgt_lang=en"], "data.tgt_lang"),
         (["data.src_lang=xx"], "data.src_lang"),
@@ -107,6 +114,68 @@ def test_invalid_values_fail_naming_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert key in str(err.value)
+
+
+# every choice field of the training schema: (override prefix, key, each allowed value)
+CHOICES = [
+    ([], "data.corpus", ["multi30k", "parallel"]),
+    ([], "data.spm_model_type", ["unigram", "bpe"]),
+    ([], "optim.name", ["adam", "adamw"]),
+    ([], "optim.schedule", ["noam", "inverse_sqrt", "cosine", "linear", "constant"]),
+    ([], "optim.decay_over", ["steps", "time"]),
+    (["model=gru_bahdanau"], "model.attention", ["additive", "dot", "general", "scaled_dot"]),
+    ([], "decode.checkpoint", ["best", "last", "averaged", "auto"]),
+]
+
+
+@pytest.mark.parametrize(("extra", "key", "allowed"), CHOICES)
+def test_choices_accept_their_plain_names(extra, key, allowed):
+    """Each allowed name composes, compares equal to its string and is stored as a plain str."""
+    for value in allowed:
+        cfg = compose_config("train", [*extra, f"{key}={value}"])
+        group, name = key.split(".")
+        chosen = cfg[group][name]
+        assert chosen == value and str(chosen) == value and f"{chosen}" == value
+        stored = to_container(cfg)[group][name]
+        assert type(stored) is str and stored == value
+        assert f"{name}: {value}\n" in OmegaConf.to_yaml(cfg[group])
+
+
+@pytest.mark.parametrize(("extra", "key", "allowed"), CHOICES)
+def test_a_bad_choice_fails_at_compose_time_naming_the_key(extra, key, allowed):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_config("train", [*extra, f"{key}=nonsense"])
+    message = f"{err.value} {err.value.__cause__}"
+    assert key in message and "nonsense" in message
+    assert all(value in message for value in allowed)
+
+
+def test_a_bad_choice_in_a_yaml_file_fails_at_compose_time(tmp_path: Path) -> None:
+    """The typed field also checks what a config file sets, not only the command line."""
+    (tmp_path / "optim").mkdir()
+    (tmp_path / "optim" / "typo.yaml").write_text(
+        "defaults:\n  - optim_schema\n  - _self_\n\nschedule: cosin\n", encoding="utf-8"
+    )
+    register_configs()
+    overrides = [f"hydra.searchpath=[file://{tmp_path}]", "optim=typo"]
+    with (
+        initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"),
+        pytest.raises(ConfigCompositionException) as err,
+    ):
+        compose("train", overrides)
+    message = f"{err.value} {err.value.__cause__}"
+    assert "optim.schedule" in message and "cosin" in message
+
+
+def test_precision_stays_a_checked_string():
+    """Hydra parses 32 and 16 as ints, which an Enum field would refuse: the str field takes
+    them and validate() checks the value."""
+    for value in ("auto", "32", "bf16", "16"):
+        cfg = compose_config("train", [f"trainer.precision={value}"])
+        validate(cfg)
+        assert str(cfg.trainer.precision) == value
+    with pytest.raises(ConfigError, match="trainer.precision"):
+        validate(compose_config("train", ["trainer.precision=fp8"]))
 
 
 @pytest.mark.parametrize(
@@ -123,3 +192,78 @@ def test_default_options_declare_their_values_only_in_the_schema(group, option, 
     assert set(values) == {"defaults"}, f"{group}/{option}.yaml repeats schema values"
     composed = compose_config("train", [f"{group}={option}"])[group]
     assert composed == OmegaConf.structured(schema)
+
+
+def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    """The values of a plain nested mapping by dotted key (a list is one value)."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def yaml_values(path: Path) -> dict[str, Any]:
+    """What a config file sets, by dotted key, besides its defaults list and Hydra settings."""
+    raw = OmegaConf.to_container(OmegaConf.load(path), enum_to_str=True)
+    return leaves({k: v for k, v in raw.items() if k not in ("defaults", "hydra")})
+
+
+def assert_only_differences(path: Path, values: dict[str, Any], base: dict[str, Any]) -> None:
+    same = {k: v for k, v in values.items() if k in base and base[k] == v}
+    assert not same, f"{path} repeats values it would get anyway: {same}"
+
+
+GROUP_OPTIONS = [
+    (group, p.stem) for group in ("data", "model", "optim", "trainer") for p in
+    sorted((Path(CONFIG_DIR) / group).glob("*.yaml"))
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
+def test_group_options_set_only_what_differs_from_the_schema(group, option):
+    """Defaults live in the schema: a group option sets only the values that make it differ."""
+    path = Path(CONFIG_DIR) / group / f"{option}.yaml"
+    schema_name = next(d for d in OmegaConf.load(path).defaults if d.endswith("_schema"))
+    base = compose_config("train", [f"{group}={schema_name}"])[group]
+    assert_only_differences(
+        path, yaml_values(path), leaves(OmegaConf.to_container(base, enum_to_str=True))
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "schema"),
+    [
+        ("train", TrainConfig),
+        ("eval", EvalConfig),
+        ("translate", TranslateConfig),
+        ("attention", AttentionConfig),
+        ("serve", ServeConfig),
+    ],
+)
+def test_entry_configs_set_only_what_differs_from_the_schema(name, schema):
+    path = Path(CONFIG_DIR) / f"{name}.yaml"
+    base = leaves(OmegaConf.to_container(OmegaConf.structured(schema), enum_to_str=True))
+    assert_only_differences(path, yaml_values(path), base)
+
+
+def experiment_base(path: Path) -> list[str]:
+    """The overrides that compose what an experiment starts from: its defaults list."""
+    overrides = []
+    for entry in OmegaConf.to_container(OmegaConf.load(path).defaults):
+        if isinstance(entry, str):  # another experiment it extends
+            overrides.append(f"experiment={entry}")
+        else:
+            ((key, option),) = entry.items()
+            overrides.append(f"{key.removeprefix('override /')}={option}")
+    return overrides
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_experiments_set_only_what_differs_from_what_they_extend(experiment):
+    path = Path(CONFIG_DIR) / "experiment" / f"{experiment}.yaml"
+    base = compose_config("train", experiment_base(path))
+    assert_only_differences(
+        path, yaml_values(path), leaves(OmegaConf.to_container(base, enum_to_str=True))
+    )

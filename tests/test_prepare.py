@@ -38,9 +38,15 @@ from nmt.data.batching import (
     make_batch,
     padding_share,
 )
-from nmt.data.binarize import CacheError, Reservoir, ensure_prepared, open_prepared
+from nmt.data.binarize import (
+    CacheError,
+    Reservoir,
+    ensure_prepared,
+    filter_by_length,
+    open_prepared,
+)
 from nmt.data.corpus import DataError, clean_pairs, read_parallel
-from nmt.data.prepare import length_filter, prepare_data
+from nmt.data.prepare import prepare_data
 from nmt.data.synthetic import count_pairs, write_numbered_copies
 from nmt.data.tokenizer import TokenizerPair, train_tokenizers
 from nmt.train import train
@@ -95,7 +101,8 @@ def in_memory(prefix: Path, tokenizers: TokenizerPair, max_len: int = 100, ratio
     """The training split as the in-memory pipeline made it: ids of the kept pairs, stats."""
     src, tgt, stats = clean_pairs(*read_parallel(f"{prefix}.de", f"{prefix}.en"))
     src_ids, tgt_ids = tokenizers.src.encode_batch(src), tokenizers.tgt.encode_batch(tgt)
-    keep, drops = length_filter(src_ids, tgt_ids, max_len, ratio)
+    lens = [np.array([len(ids) for ids in side]) for side in (src_ids, tgt_ids)]
+    keep, drops = filter_by_length(*lens, max_len, ratio)
     stats.update(drops, kept=len(keep))
     return [src_ids[i] for i in keep], [tgt_ids[i] for i in keep], stats
 

@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from nmt import atomic
 from nmt import checkpoint as ckpt
 from nmt import search as search_mod
 from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, verify_checkpoint
@@ -483,7 +484,7 @@ def test_checkpoint_that_would_run_code_is_refused(tmp_path: Path, kind: str) ->
 
 
 class FullDisk:
-    """Stands in for ``os`` inside nmt.checkpoint: file fsyncs fail with ENOSPC after a few."""
+    """Stands in for ``os`` inside nmt.atomic: file fsyncs fail with ENOSPC after a few."""
 
     def __init__(self, succeed: int) -> None:
         self.succeed = succeed
@@ -499,13 +500,25 @@ class FullDisk:
         os.fsync(fd)
 
 
+def fill_disk_for_checkpoints(monkeypatch: pytest.MonkeyPatch, succeed: int) -> None:
+    """Checkpoint writes (only those) see a disk that fills up after ``succeed`` file syncs."""
+    disk, write = FullDisk(succeed), ckpt.atomic_write_bytes
+
+    def write_to_full_disk(path: Path, data: bytes) -> None:
+        with monkeypatch.context() as m:
+            m.setattr(atomic, "os", disk)
+            write(path, data)
+
+    monkeypatch.setattr(ckpt, "atomic_write_bytes", write_to_full_disk)
+
+
 def test_full_disk_keeps_the_previous_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "last.pt"
     save_checkpoint({"step": 1}, path)
     before = path.read_bytes()
-    monkeypatch.setattr(ckpt, "os", FullDisk(succeed=0))
+    fill_disk_for_checkpoints(monkeypatch, succeed=0)
     with pytest.raises(CheckpointError, match="No space left on device") as err:
         save_checkpoint({"step": 2, "w": torch.zeros(1000)}, path)
     assert str(path) in str(err.value) and "unchanged" in str(err.value)
@@ -516,7 +529,7 @@ def test_full_disk_keeps_the_previous_checkpoint(
 def test_full_disk_during_training_stops_with_last_checkpoint_intact(
     corpus_prefix: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread: None
 ) -> None:
-    monkeypatch.setattr(ckpt, "os", FullDisk(succeed=1))
+    fill_disk_for_checkpoints(monkeypatch, succeed=1)
     with pytest.raises(CheckpointError, match=r"step_00000004\.pt: No space left") as err:
         run_in_process(
             corpus_prefix, tmp_path, "full", "trainer.max_steps=6", "trainer.val_every=2",
@@ -637,7 +650,7 @@ def test_leftovers_of_an_interrupted_download_are_never_used(
     real = (multi30k / "val.en.gz").read_bytes()
     base = tmp_path / "multi30k"
     base.mkdir()
-    (base / ".val.en.gz.abc123.part").write_bytes(real)  # a killed transfer's temporary file
+    (base / ".val.en.gz.abc123.tmp").write_bytes(real)  # a killed transfer's temporary file
     (base / "val.en.gz").write_bytes(real[:1000])  # a partial copy under the final name
     serve(real, True)
     caplog.set_level(logging.WARNING, logger="nmt.data")

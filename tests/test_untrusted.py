@@ -23,8 +23,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from nmt.average import average_checkpoints
-from nmt.checkpoint import CheckpointError, save_checkpoint
-from nmt.config import to_container
+from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from nmt.config import CheckpointChoice, Schedule, to_container
 from nmt.data.prepare import prepare_data
 from nmt.evaluate import evaluate
 from nmt.inference import (
@@ -255,6 +255,8 @@ def test_stored_config_must_fit_the_schema(good) -> None:
         "model.arch": place_value(config, "model", "arch", "lstm"),
         "data.name": place_value(config, "data", "name", "${oc.env:HOME}"),
         "model.dropout": place_value(config, "model", "dropout", 1.5),
+        "optim.schedule": place_value(config, "optim", "schedule", "cosin"),
+        "decode.checkpoint": place_value(config, "decode", "checkpoint", "newest"),
     }
     for key, bad in cases.items():
         with pytest.raises(CheckpointError) as err:
@@ -273,6 +275,26 @@ def test_checked_config_is_typed_and_closed(good) -> None:
     assert cfg == good["cfg"]
     with pytest.raises(Exception, match="extra"):
         cfg.model.extra = 1  # struct mode: nothing can be added after the check
+
+
+def test_stored_choices_are_plain_strings_and_load_as_choices(good, tmp_path: Path) -> None:
+    """Checkpoints and config.yaml hold choices as plain strings (weights_only loading refuses
+    Enum objects); the gate turns them back into the schema's choices."""
+    stored = good["payload"]["config"]["optim"]["schedule"]
+    assert type(stored) is str and stored == "inverse_sqrt"
+    path = tmp_path / "c.pt"
+    save_checkpoint(good["payload"], path)
+    cfg = checked_train_config(load_checkpoint(path)["config"], path)
+    assert isinstance(cfg.optim.schedule, Schedule) and cfg.optim.schedule == "inverse_sqrt"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # as nmt-train does
+    assert yaml.safe_load((run / "config.yaml").read_text())["decode"]["checkpoint"] == "best"
+    assert load_run_config(run) == cfg
+    with_enum = {**good["payload"], "choice": CheckpointChoice.best}
+    save_checkpoint(with_enum, tmp_path / "enum.pt")
+    with pytest.raises(CheckpointError, match="could not be loaded safely"):
+        load_checkpoint(tmp_path / "enum.pt")
 
 
 def test_legacy_target_of_a_registered_model_still_loads(good, tmp_path: Path) -> None:

@@ -262,7 +262,7 @@ def decode_subject(
     if path is None:
         torch.manual_seed(cfg.trainer.seed)
         net = build_model(cfg, data.tokenizers).to(device).eval()
-        test = test_set(data.tests)
+        test = test_set(load_test_sets(cfg.data, data.tokenizers))
         config = to_container(cfg.model)
         return DecodeSubject(net, data.tokenizers.tgt, test, "random", None, None, config)
     say(f"decoding {model} with {path}")

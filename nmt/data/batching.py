@@ -174,10 +174,6 @@ class Batch:
         """The batch on ``device``."""
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
-    def pin_memory(self) -> Batch:
-        """The batch in page-locked memory (for asynchronous host-to-GPU copies)."""
-        return self._map(lambda t: t.pin_memory())
-
 
 def make_batch(ds: TokenDataset, indices: Sequence[int] | np.ndarray) -> Batch:
     """Pad sentences ``indices`` of ``ds`` into a :class:`Batch`."""
@@ -381,7 +377,6 @@ class TokenBatchSampler:
         self.max_tokens = int(max_tokens)
         self.shuffle, self.seed = shuffle, int(seed)
         self.num_replicas, self.rank = num_replicas, rank
-        self.epoch = 0
         self._memo: tuple[int, BatchList] | None = None
         self._cost = example_costs(self.src_lens, self.tgt_lens)  # (N,)
         self._check_budget()
@@ -437,15 +432,6 @@ class TokenBatchSampler:
         mine = batches[self.rank :: self.num_replicas][:per_rank]
         self._memo = (epoch, mine)
         return mine
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches(self.epoch))
-
-    def __len__(self) -> int:
-        return len(self.batches(self.epoch))
 
 
 def padding_share(ds: TokenDataset, batches: Sequence[Sequence[int]]) -> float:

@@ -49,13 +49,12 @@ from typing import Any
 
 import numpy as np
 
+from nmt.atomic import atomic_write_bytes, fsync_dir
 from nmt.config import train_corpora
 from nmt.data.corpus import (
     DataError,
-    atomic_write_bytes,
     clean_pairs,
     fetch_multi30k,
-    fsync_dir,
     iter_parallel_blocks,
     resolve_pair,
     sha256_file,

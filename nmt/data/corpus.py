@@ -8,14 +8,11 @@ against a pinned sha256. User corpora are pairs of files
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import http.client
 import logging
 import os
-import re
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,10 +21,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: temporary files are not locked (see _remove_stale_parts)
-    fcntl = None  # type: ignore[assignment]
+# fsync_dir and atomic_write_bytes are re-exported for the modules that import them from here
+from nmt.atomic import atomic_file, atomic_write_bytes, fsync_dir  # noqa: F401
+from nmt.cli import UserError
 
 log = logging.getLogger("nmt.data")
 
@@ -54,10 +50,9 @@ MULTI30K_SHA256 = {
 DOWNLOAD_TIMEOUT_S = 60.0
 _CHUNK = 1 << 20
 _BOM = b"\xef\xbb\xbf"
-PART_SUFFIX = ".part"
 
 
-class DataError(Exception):
+class DataError(UserError):
     """Bad or missing input data; the message names the file (and line) and the problem."""
 
 
@@ -161,7 +156,7 @@ def _write_verified(
 
     ``size``: the announced byte count; a shorter stream raises ConnectionError.
     """
-    with _part_file(dest) as (fout, tmp):
+    with atomic_file(dest) as fout:
         h = hashlib.sha256()
         received = 0
         while chunk := stream.read(_CHUNK):
@@ -176,85 +171,6 @@ def _write_verified(
                 f"{origin}: sha256 mismatch for {dest.name}: expected {expected}, got {actual}; "
                 "the bad copy was deleted"
             )
-        _commit(fout, tmp, dest)
-
-
-@contextlib.contextmanager
-def _part_file(dest: Path) -> Iterator[tuple[BinaryIO, Path]]:
-    """A new temporary file beside ``dest`` (``.<name>.XXXXXXXX.part``), deleted on exit.
-
-    Temporary files of ``dest`` that a killed process left are deleted first. Where POSIX locks
-    exist, the new file stays locked until exit, which tells other processes (ranks of a
-    distributed run fetching the same file) that it is in use, not left over.
-    """
-    _remove_stale_parts(dest)
-    while True:
-        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=PART_SUFFIX)
-        if fcntl is None:
-            break
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:  # another process may have deleted it as stale before we locked it
-            if os.path.samestat(os.fstat(fd), os.stat(name)):
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    tmp = Path(name)
-    f = os.fdopen(fd, "wb")
-    try:
-        yield f, tmp
-    finally:
-        f.close()
-        tmp.unlink(missing_ok=True)
-
-
-def _commit(f: BinaryIO, tmp: Path, dest: Path) -> None:
-    """Flush ``f`` (the open temporary file ``tmp``) to disk and rename it to ``dest``."""
-    f.flush()
-    os.fsync(f.fileno())
-    if fcntl is None:
-        f.close()  # without POSIX semantics an open file cannot be renamed
-    os.replace(tmp, dest)
-
-
-def _remove_stale_parts(dest: Path) -> list[Path]:
-    """Delete the temporary files of ``dest`` that no running process is writing.
-
-    Only names of the form ``.<dest name>.<random>.part`` are touched. A file counts as stale
-    when its lock can be taken (its writer is gone); without POSIX locks, when it can be
-    deleted (an open file cannot be). Returns the deleted paths.
-    """
-    pattern = re.compile(rf"\.{re.escape(dest.name)}\.[A-Za-z0-9_]+{re.escape(PART_SUFFIX)}")
-    removed: list[Path] = []
-    if not dest.parent.is_dir():
-        return removed
-    for path in sorted(dest.parent.iterdir()):
-        if pattern.fullmatch(path.name) and _delete_unless_locked(path):
-            log.info("deleted %s, left by an interrupted transfer", path)
-            removed.append(path)
-    return removed
-
-
-def _delete_unless_locked(path: Path) -> bool:
-    """Delete ``path`` unless another open file holds its lock; True if it was deleted."""
-    if fcntl is None:
-        try:
-            path.unlink()
-        except OSError:
-            return False
-        return True
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        path.unlink()
-    except OSError:  # locked by a live writer, or already gone
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 # --------------------------------------------------------------------------- reading
@@ -427,25 +343,3 @@ def clean_pairs(src: Sequence[str], tgt: Sequence[str]) -> tuple[list[str], list
             kept_tgt.append(t)
     stats = {"read": len(src), "dropped_empty": len(src) - len(kept_src), "kept": len(kept_src)}
     return kept_src, kept_tgt, stats
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (best effort: not every system allows it)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _part_file(path) as (f, tmp):
-        f.write(data)
-        _commit(f, tmp, path)

@@ -1,10 +1,12 @@
-"""From a data config to tokenized training data and evaluation sets (used by the trainer).
+"""From a data config to tokenized training data and evaluation sets.
 
 The training corpora come from a prepared cache (:mod:`nmt.data.binarize`): built once under
 ``<data.root>/cache/prepared/``, verified when opened, and memory-mapped by every run and
 every rank. Validation and test sets are small: read, stripped and encoded in memory, and never
-filtered. Besides Multi30k downloads, only the sentencepiece and prepared caches are written to
-disk, each atomically, so a failed preparation leaves nothing behind that a later run trusts.
+filtered. The trainer reads only the validation set; the test sets are read by nmt-eval
+(:func:`load_test_sets`). Besides Multi30k downloads, only the sentencepiece and prepared caches
+are written to disk, each atomically, so a failed preparation leaves nothing behind that a later
+run trusts.
 """
 
 from __future__ import annotations
@@ -15,14 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from nmt.config import train_corpora
 from nmt.data.batching import TokenDataset
 from nmt.data.binarize import (
     Split,
     ensure_prepared,
-    filter_by_length,
     log_shares,
     resolve_splits,
 )
@@ -59,7 +58,6 @@ class PreparedData:
     tokenizers: TokenizerPair
     train: TokenDataset  # the training corpora, one after the other
     valid: EvalSet
-    tests: list[EvalSet]
     stats: dict = field(default_factory=dict)
     train_corpora: list[TrainCorpusInfo] = field(default_factory=list)  # in ``train`` order
     cache_dir: Path | None = None  # the prepared cache ``train`` maps
@@ -93,21 +91,6 @@ def load_eval_set(
     return EvalSet(name, src, ref, encode_texts(tokenizers, src, ref))
 
 
-def length_filter(
-    src_ids: Sequence[Sequence[int]],
-    tgt_ids: Sequence[Sequence[int]],
-    max_len: int,
-    max_len_ratio: float,
-) -> tuple[np.ndarray, dict]:
-    """Indices of pairs within ``max_len`` tokens per side and ``max_len_ratio``; drop counts.
-
-    A pair over the length limit counts as ``dropped_too_long`` only, even if its ratio is bad.
-    """
-    s = np.fromiter(map(len, src_ids), dtype=np.int64, count=len(src_ids))  # (N,)
-    t = np.fromiter(map(len, tgt_ids), dtype=np.int64, count=len(tgt_ids))  # (N,)
-    return filter_by_length(s, t, max_len, max_len_ratio)
-
-
 def _eval_set(split: Split, tokenizers: TokenizerPair) -> EvalSet:
     evalset = load_eval_set(split.name, split.src_path, split.tgt_path, tokenizers)
     log.info("%s: %d sentences", split.name, len(evalset))
@@ -116,11 +99,13 @@ def _eval_set(split: Split, tokenizers: TokenizerPair) -> EvalSet:
 
 def prepare_data(cfg: Any, tokenizers: TokenizerPair | None = None) -> PreparedData:
     """The training corpora of ``cfg`` (DataConfig) from their prepared cache, built if needed
-    (:func:`nmt.data.binarize.ensure_prepared`), and the validation and test sets.
+    (:func:`nmt.data.binarize.ensure_prepared`), and the validation set.
 
     Tokenizers are trained (or taken from the caches) on a sample of the cleaned training
     pairs unless given; given ones encode the training data as they are. Only the training
-    corpora are filtered; valid/test sentences are kept as they are.
+    corpora are filtered; validation sentences are kept as they are. The test splits' files
+    are located (so a missing one fails now, not after training) but not read: training never
+    uses them, and nmt-eval loads them itself (:func:`load_test_sets`).
     """
     cache = ensure_prepared(cfg, tokenizers)
     tokenizers = cache.tokenizers if tokenizers is None else tokenizers
@@ -134,7 +119,6 @@ def prepare_data(cfg: Any, tokenizers: TokenizerPair | None = None) -> PreparedD
         log_shares([c.name for c in corpora], [c.pairs for c in corpora], weights)
     valid_split, *test_splits = resolve_splits(cfg, [cfg.valid, *cfg.test])
     valid = _eval_set(valid_split, tokenizers)
-    tests = [_eval_set(s, tokenizers) for s in test_splits]
     stats = {
         "train": cache.stats,
         "corpora": [
@@ -142,7 +126,6 @@ def prepare_data(cfg: Any, tokenizers: TokenizerPair | None = None) -> PreparedD
             for c, s in zip(corpora, cache.corpora, strict=True)
         ],
         "valid": {valid.name: len(valid)},
-        "tests": {t.name: len(t) for t in tests},
         "vocab": {
             "src": tokenizers.src.vocab_size,
             "tgt": tokenizers.tgt.vocab_size,
@@ -154,4 +137,4 @@ def prepare_data(cfg: Any, tokenizers: TokenizerPair | None = None) -> PreparedD
         },
         "cache": str(cache.path),
     }
-    return PreparedData(tokenizers, train, valid, tests, stats, corpora, cache.path)
+    return PreparedData(tokenizers, train, valid, stats, corpora, cache.path)

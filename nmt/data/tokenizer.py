@@ -19,7 +19,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from nmt.data.corpus import DataError, atomic_write_bytes
+from nmt.atomic import atomic_write_bytes
+from nmt.data.corpus import DataError
 
 log = logging.getLogger("nmt.data")
 
@@ -100,10 +101,6 @@ class Tokenizer:
         if hasattr(ids, "tolist"):
             ids = ids.tolist()
         return [self._sp.IdToPiece(int(i)) for i in ids]
-
-    def fingerprint(self) -> str:
-        """Short sha256 of the serialized model, to tell tokenizers apart."""
-        return hashlib.sha256(self.proto).hexdigest()[:16]
 
 
 @dataclass

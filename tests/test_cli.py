@@ -1,0 +1,73 @@
+"""The one way a command ends on an error the user can fix: a one-line message, exit status 2."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nmt.checkpoint import CheckpointError
+from nmt.cli import UserError, exit_on_error
+from nmt.config import ConfigError
+from nmt.data.binarize import CacheError
+from nmt.data.corpus import DataError
+
+from .helpers import REPO
+
+log = logging.getLogger("nmt.test_cli")
+
+
+@pytest.mark.parametrize("error", [ConfigError, DataError, CacheError, CheckpointError])
+def test_a_user_error_is_one_logged_line_and_exit_status_2(error, caplog) -> None:
+    with pytest.raises(SystemExit) as stop, exit_on_error(log):
+        raise error("data.max_len=0 must be > 0")
+    assert stop.value.code == 2
+    assert stop.value.__context__ is None or stop.value.__suppress_context__  # no traceback
+    assert [r.getMessage() for r in caplog.records] == ["data.max_len=0 must be > 0"]
+    assert caplog.records[0].levelno == logging.ERROR
+
+
+def test_other_errors_pass_unless_named(caplog) -> None:
+    with pytest.raises(ZeroDivisionError), exit_on_error(log):
+        _ = 1 / 0
+    with pytest.raises(SystemExit) as stop, exit_on_error(log, OSError):
+        raise OSError(98, "Address already in use")
+    assert stop.value.code == 2 and "Address already in use" in caplog.text
+    with exit_on_error(log):
+        pass  # nothing raised: nothing logged, no exit
+    assert len(caplog.records) == 1
+
+
+def test_the_error_classes_keep_their_builtin_bases() -> None:
+    assert issubclass(ConfigError, UserError) and issubclass(ConfigError, ValueError)
+    assert issubclass(CheckpointError, UserError) and issubclass(CheckpointError, RuntimeError)
+    assert issubclass(DataError, UserError)
+
+
+def test_no_entry_point_has_its_own_exit_status_2() -> None:
+    """Every command goes through exit_on_error; none repeats the except clause."""
+    own = re.compile(r"SystemExit\(2\)|exit\(2\)|return 2$", re.MULTILINE)
+    sources = [p for p in (REPO / "nmt").rglob("*.py") if p.name != "cli.py"]
+    assert [str(p) for p in sources if own.search(p.read_text(encoding="utf-8"))] == []
+    users = {p.stem for p in sources if "exit_on_error(" in p.read_text(encoding="utf-8")}
+    commands = {"train", "evaluate", "translate", "plot_attention", "average", "tune_decode"}
+    assert commands | {"serve", "export", "prepare"} <= users
+
+
+def test_the_cli_module_needs_no_pytorch() -> None:
+    probe = "import sys, nmt.cli, nmt.gate; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_bad_option_ends_nmt_prepare_with_status_2(tmp_path: Path) -> None:
+    """Through a real entry point: a compose-time error (a misspelt choice) names the key."""
+    cmd = [sys.executable, "-m", "nmt.prepare", "optim.schedule=cosin", f"data.root={tmp_path}"]
+    bad = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert "optim.schedule" in bad.stderr and "Traceback" not in bad.stderr
+    assert not any(tmp_path.iterdir())
