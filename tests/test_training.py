@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
+from functools import partial
 
 import pytest
 import torch
@@ -19,14 +19,14 @@ from nmt import train as train_mod
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ConfigError, validate
 from nmt.inference import checkpoint_path
-from nmt.train import train
+from nmt.train import Functions, train, validate_model
 
 from .helpers import REPO, compose_config, tiny_run_overrides
 
 
-def run(corpus, tmp_path, name, *extra):
+def run(corpus, tmp_path, name, *extra, functions=None):
     cfg = compose_config("train", tiny_run_overrides(corpus, tmp_path, *extra))
-    return train(cfg, tmp_path / "outputs" / "runs" / name)
+    return train(cfg, tmp_path / "outputs" / "runs" / name, functions)
 
 
 def weights(run_dir, name="last.pt"):
@@ -86,66 +86,72 @@ def test_accumulation_equals_one_big_batch(corpus, tmp_path):
     assert (g_one - g_acc).norm() / g_one.norm() < 5e-3
 
 
-def test_non_finite_updates_are_skipped_then_stop_the_run(corpus, tmp_path, monkeypatch, caplog):
-    real = train_mod.loss_sum
+def test_non_finite_updates_are_skipped_then_stop_the_run(corpus, tmp_path, caplog):
     calls = {"n": 0}
 
     def sometimes_nan(model, batch, ls):
         calls["n"] += 1
-        loss = real(model, batch, ls)
+        loss = train_mod.loss_sum(model, batch, ls)
         return loss * float("nan") if calls["n"] == 3 or calls["n"] >= 10 else loss
 
-    monkeypatch.setattr(train_mod, "loss_sum", sometimes_nan)
     with pytest.raises(FloatingPointError, match="in a row"):
-        run(corpus, tmp_path, "nan", "trainer.max_steps=40", "trainer.val_every=100")
+        run(
+            corpus, tmp_path, "nan", "trainer.max_steps=40", "trainer.val_every=100",
+            functions=Functions(loss=sometimes_nan),
+        )  # fmt: skip
+    assert calls["n"] == 14  # updates 3 and 10..14 skipped: the fifth in a row stops the run
     assert "update skipped" in caplog.text
     assert "non-finite" in caplog.text
 
 
-def _nan_on_third_update(monkeypatch, on_nan) -> None:
-    """The third update's loss is NaN (its update is skipped); ``on_nan`` runs then."""
-    real, calls = train_mod.loss_sum, {"n": 0}
+def _nan_on_third_update(on_nan):
+    """A loss whose third update is NaN (the update is skipped); ``on_nan`` runs then."""
+    calls = {"n": 0}
 
     def nan_on_third(model, batch, ls):
         calls["n"] += 1
-        loss = real(model, batch, ls)
+        loss = train_mod.loss_sum(model, batch, ls)
         if calls["n"] != 3:
             return loss
         on_nan()
         return loss * float("nan")
 
-    monkeypatch.setattr(train_mod, "loss_sum", nan_on_third)
+    return nan_on_third
 
 
-def test_a_skipped_update_counts_toward_the_time_limit(corpus, tmp_path, monkeypatch):
+def test_a_skipped_update_counts_toward_the_time_limit(corpus, tmp_path):
     clock = {"now": 0.0}  # the trainer's clock stands still but for the skipped update
-    monkeypatch.setattr(train_mod, "time", SimpleNamespace(perf_counter=lambda: clock["now"]))
-    _nan_on_third_update(monkeypatch, lambda: clock.update(now=clock["now"] + 1000.0))
+    functions = Functions(
+        loss=_nan_on_third_update(lambda: clock.update(now=clock["now"] + 1000.0)),
+        clock=lambda: clock["now"],
+    )
     res = run(
         corpus, tmp_path, "t", "trainer.max_steps=20", "trainer.max_time=500",
-        "trainer.val_every=100",
+        "trainer.val_every=100", functions=functions,
     )  # fmt: skip
     assert res["state"]["train_time"] == pytest.approx(1000.0)
     assert res["stop_reason"].startswith("reached the time limit")
     assert res["state"]["step"] == 2  # stopped right after the skipped third update
 
 
-def test_a_signal_during_a_skipped_update_stops_there(corpus, tmp_path, monkeypatch):
-    _nan_on_third_update(monkeypatch, lambda: signal.raise_signal(signal.SIGTERM))
-    res = run(corpus, tmp_path, "s", "trainer.max_steps=20", "trainer.val_every=100")
+def test_a_signal_during_a_skipped_update_stops_there(corpus, tmp_path):
+    loss = _nan_on_third_update(lambda: signal.raise_signal(signal.SIGTERM))
+    res = run(
+        corpus, tmp_path, "s", "trainer.max_steps=20", "trainer.val_every=100",
+        functions=Functions(loss=loss),
+    )  # fmt: skip
     assert res["stop_reason"] == "stopped by SIGTERM"
     assert res["state"]["step"] == 2  # no further update after the signal
 
 
-def test_early_stopping_with_patience(corpus, tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        train_mod,
-        "validate_model",
-        lambda *a, **k: {"loss": 1.0, "ppl": 2.7, "bleu": 5.0, "chrf": 9.0, "seconds": 0.0},
-    )
+def test_early_stopping_with_patience(corpus, tmp_path):
+    def flat(*args):
+        return {"loss": 1.0, "ppl": 2.7, "bleu": 5.0, "chrf": 9.0, "seconds": 0.0}
+
     res = run(
-        corpus, tmp_path, "es", "trainer.max_steps=100", "trainer.val_every=2", "trainer.patience=3"
-    )
+        corpus, tmp_path, "es", "trainer.max_steps=100", "trainer.val_every=2",
+        "trainer.patience=3", functions=Functions(validation=flat),
+    )  # fmt: skip
     assert res["stop_reason"].startswith("early stopping")
     assert res["state"]["step"] == 8  # best at 2, then 3 validations without a gain
     assert res["state"]["best_step"] == 2
@@ -328,22 +334,22 @@ def test_multirun_sweep_gives_one_run_per_combination_and_a_summary(corpus, tmp_
     assert "Sweep summary" in proc.stdout
 
 
-def test_validation_decodes_in_decodings_own_precision(corpus, tmp_path, monkeypatch):
+def test_validation_decodes_in_decodings_own_precision(corpus, tmp_path):
     # bf16 training on a CPU validates with an fp32 decode: the BLEU nmt-eval gives the
     # checkpoint, and no new bf16 kernel shape at every decoding step
     from nmt.precision import resolve_precision
+    from nmt.search import translate_dataset
 
     seen: list[str] = []
-    real = train_mod.translate_dataset
 
     def spy(model, data, tokenizer, opts, device, limit=0):
         seen.append(opts.precision)
-        return real(model, data, tokenizer, opts, device, limit)
+        return translate_dataset(model, data, tokenizer, opts, device, limit)
 
-    monkeypatch.setattr(train_mod, "translate_dataset", spy)
     extra = ("trainer.max_steps=2", "trainer.val_every=2", "trainer.average_last=0")
-    run(corpus, tmp_path, "bf16", "trainer.precision=bf16", *extra)
-    run(corpus, tmp_path, "fp32", "trainer.precision=32", *extra)
+    functions = Functions(validation=partial(validate_model, translate=spy))
+    run(corpus, tmp_path, "bf16", "trainer.precision=bf16", *extra, functions=functions)
+    run(corpus, tmp_path, "fp32", "trainer.precision=32", *extra, functions=functions)
     assert len(seen) == 2
     assert resolve_precision(seen[0], torch.device("cpu")) == "32"
     assert seen[1] == "32"
