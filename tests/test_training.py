@@ -8,8 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +19,7 @@ from nmt import train as train_mod
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ConfigError, validate
 from nmt.inference import checkpoint_path
+from nmt.runlog import of_kind, read_events, summarize
 from nmt.train import Functions, train, validate_model
 
 from .helpers import REPO, compose_config, tiny_run_overrides
@@ -53,6 +54,83 @@ def test_resume_equals_uninterrupted_run_bit_for_bit(corpus, tmp_path):
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+    # metrics.jsonl: one history; each resumed session starts where its checkpoint was
+    events = read_events(half_dir)
+    starts = of_kind(events, "start")
+    assert [(e["step"], e.get("resumed_from")) for e in starts] == [
+        (0, None),
+        (9, "checkpoints/last.pt"),
+        (18, "checkpoints/last.pt"),
+    ]
+    full_events = read_events(tmp_path / "outputs" / "runs" / "full")
+    full_scores = {e["step"]: e["bleu"] for e in of_kind(full_events, "validation")}
+    scores = {e["step"]: e["bleu"] for e in of_kind(events, "validation")}
+    assert scores.keys() == {6, 9, 12, 18} and full_scores.keys() == {6, 12, 18}
+    assert all(scores[k] == full_scores[k] for k in (6, 12, 18))
+    summary = json.loads((half_dir / "summary.json").read_text())
+    assert summary == summarize(events)
+    assert (summary["step"], summary["epoch"]) == (18, again["state"]["epoch"])
+    assert summary["train_time"] == again["state"]["train_time"]
+    assert (summary["best_bleu"], summary["best_step"]) == (
+        again["state"]["best_bleu"],
+        again["state"]["best_step"],
+    )
+
+
+def test_metrics_jsonl_holds_the_runs_events_with_the_logged_numbers(corpus, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    extra = ("trainer.max_steps=7", "trainer.val_every=3", "trainer.log_every=2")
+    more = ("trainer.keep_last=2", "trainer.average_last=2")
+    result = run(corpus, tmp_path, "m", *extra, *more)
+    run_dir = Path(result["run_dir"])
+    events = read_events(run_dir)
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-2:] == ["averaged", "end"]
+    start = events[0]
+    log_text = (run_dir / "train.log").read_text()
+    assert (start["step"], start["precision"], start["device_type"]) == (0, "32", "cpu")
+    assert f"Transformer: {start['parameters']:,} parameters" in log_text
+    assert start["parameters"] > 0 and "resumed_from" not in start
+    # train events: every log window, with the numbers of the log line and of TensorBoard
+    trains = of_kind(events, "train")
+    assert [e["step"] for e in trains] == [2, 4, 6]
+    assert all(e["updates"] == 2 and e["tokens"] > 0 for e in trains)
+    for e in trains:
+        assert f"step {e['step']}: loss {e['loss']:.3f}, lr {e['lr']:.2e}" in log_text
+    board = EventAccumulator(str(run_dir / "tb"))
+    board.Reload()
+    tb_loss = [(v.step, v.value) for v in board.Scalars("train/loss")]
+    assert tb_loss == [(e["step"], pytest.approx(e["loss"], rel=1e-6)) for e in trains]
+    # validations at 3, 6 and at the end (7), each followed by its checkpoint
+    history = result["state"]["history"]
+    validations = of_kind(events, "validation")
+    assert [(e["step"], e["bleu"], e["loss"]) for e in validations] == [
+        (h["step"], h["bleu"], h["loss"]) for h in history
+    ]
+    assert [e["best"] for e in validations][0] is True
+    checkpoints = of_kind(events, "checkpoint")
+    assert [e["path"] for e in checkpoints] == [f"checkpoints/step_{n:08d}.pt" for n in (3, 6, 7)]
+    assert [e["best"] for e in checkpoints] == [e["best"] for e in validations]
+    averaged = of_kind(events, "averaged")[0]
+    assert averaged["checkpoints"] == ["step_00000006", "step_00000007"]
+    assert averaged["path"] == "checkpoints/averaged.pt"
+    assert averaged["bleu"] == result["averaged"]["bleu"]
+    end = events[-1]
+    assert end["stop_reason"] == result["stop_reason"] == "reached trainer.max_steps=7"
+    assert (end["step"], end["epoch"]) == (7, result["state"]["epoch"])
+    # summary.json is derived from the events and keeps the keys its readers use
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary == summarize(events)
+    state = result["state"]
+    assert (summary["best_bleu"], summary["best_step"]) == (state["best_bleu"], state["best_step"])
+    assert (summary["step"], summary["train_time"]) == (7, state["train_time"])
+    assert summary["averaged_bleu"] == result["averaged"]["bleu"]
+    assert summary["overrides"] == []  # called without Hydra
+    hardware = summary["hardware"]
+    assert hardware.keys() == {"device", "device_type", "world_size", "threads", "precision",
+                               "torch"}  # fmt: skip
+    assert (hardware["precision"], hardware["world_size"]) == ("32", 1)
 
 
 def test_accumulation_equals_one_big_batch(corpus, tmp_path):
