@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,6 +76,23 @@ def test_resume_equals_uninterrupted_run_bit_for_bit(corpus, tmp_path):
         again["state"]["best_bleu"],
         again["state"]["best_step"],
     )
+
+
+def test_resuming_a_checkpoint_kept_outside_a_run_continues_in_the_new_run(corpus, tmp_path):
+    first = run(corpus, tmp_path, "first", "trainer.max_steps=2", "trainer.average_last=0")
+    kept = tmp_path / "kept" / "model.pt"
+    kept.parent.mkdir()
+    shutil.copy(Path(first["run_dir"]) / "checkpoints" / "last.pt", kept)
+    new_dir = tmp_path / "outputs" / "runs" / "second"
+    second = run(
+        corpus, tmp_path, "second", "trainer.max_steps=3", f"trainer.resume={kept}",
+        "trainer.average_last=0",
+    )  # fmt: skip
+    assert second["run_dir"] == str(new_dir) and second["state"]["step"] == 3
+    assert load_checkpoint(new_dir / "checkpoints" / "last.pt")["state"]["step"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "kept", "outputs"]
+    start = of_kind(read_events(new_dir), "start")[0]
+    assert (start["step"], start["resumed_from"]) == (2, str(kept.resolve()))
 
 
 def test_metrics_jsonl_holds_the_runs_events_with_the_logged_numbers(corpus, tmp_path):
