@@ -3,8 +3,8 @@
 Training appends one JSON object per line (main rank only), each with ``event``, ``step`` (the
 optimizer updates done) and ``time`` (Unix seconds):
 
-* ``start``: device, precision, world_size, threads, torch, parameters, overrides, and
-  ``resumed_from`` / ``init_from`` when the run continues or fine-tunes a checkpoint;
+* ``start``: device, device_type, precision, world_size, threads, torch, parameters, overrides,
+  and ``resumed_from`` / ``init_from`` when the run continues or fine-tunes a checkpoint;
 * ``train`` (one per log window): epoch, train_time (seconds of training so far), loss (per
   target token), lr, grad_norm (mean over the window), tokens (target tokens, all ranks),
   updates, seconds (training time of the window), tokens_per_s;
