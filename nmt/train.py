@@ -1,10 +1,12 @@
 """Training: ``nmt-train`` / ``make train``.
 
-One explicit loop for every model. ``train(cfg, run_dir)`` prepares data and model (or restores
-them from a checkpoint, or, to fine-tune, starts a new run from a checkpoint's weights and
-tokenizers), then :class:`Trainer` repeats ``train_step`` over token batches, validates every
-``trainer.val_every`` updates and writes checkpoints. Everything a run writes goes into its run
-directory.
+One explicit loop for every model. ``train(cfg, run_dir)`` is :func:`setup` (data and model,
+or a checkpoint's to resume, or, to fine-tune, a new run from a checkpoint's weights and
+tokenizers), :func:`build_trainer` (the optimizer, schedule and the other parts the
+:class:`Trainer` is handed), :func:`run_training` (the trainer repeats ``train_step`` over token
+batches, validates every ``trainer.val_every`` updates and writes checkpoints) and
+:func:`finish`. Everything a run writes goes into its run directory; its events go to
+``metrics.jsonl`` (:mod:`nmt.runlog`), from which ``summary.json`` is derived.
 """
 
 from __future__ import annotations
