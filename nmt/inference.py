@@ -58,7 +58,7 @@ class Trained:
 
 def checkpoint_run_dir(ckpt: Path) -> Path | None:
     """The run directory holding ``ckpt`` (``<run>/checkpoints/x.pt``), or None for a file
-    kept elsewhere."""
+    kept elsewhere. The one rule for it: decoding, export and a resumed training run use it."""
     ckpt = ckpt.resolve()
     return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
 

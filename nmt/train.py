@@ -1,22 +1,26 @@
 """Training: ``nmt-train`` / ``make train``.
 
-One explicit loop for every model. ``train(cfg, run_dir)`` prepares data and model (or restores
-them from a checkpoint, or, to fine-tune, starts a new run from a checkpoint's weights and
-tokenizers), then :class:`Trainer` repeats ``train_step`` over token batches, validates every
-``trainer.val_every`` updates and writes checkpoints. Everything a run writes goes into its run
-directory.
+One explicit loop for every model. ``train(cfg, run_dir)`` is :func:`setup` (data and model,
+or a checkpoint's to resume, or, to fine-tune, a new run from a checkpoint's weights and
+tokenizers), :func:`build_trainer` (the optimizer, schedule and the other parts the
+:class:`Trainer` is handed), :func:`run_training` (the trainer repeats ``train_step`` over token
+batches, validates every ``trainer.val_every`` updates and writes checkpoints) and
+:func:`finish`. Everything a run writes goes into its run directory; its events go to
+``metrics.jsonl`` (:mod:`nmt.runlog`), from which ``summary.json`` is derived.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import copy
 import logging
 import math
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +45,23 @@ from nmt.data.corpus import sha256_file
 from nmt.data.prepare import EvalSet, PreparedData, prepare_data
 from nmt.data.tokenizer import TokenizerPair
 from nmt.explorer import TrainingExplorer, model_info
-from nmt.inference import build_model, checkpoint_path, load_checked_checkpoint
+from nmt.inference import (
+    build_model,
+    checkpoint_path,
+    checkpoint_run_dir,
+    load_checked_checkpoint,
+)
 from nmt.metrics import bleu, chrf
 from nmt.models.base import Seq2Seq
 from nmt.optim import build_optimizer, build_scheduler
 from nmt.precision import (
+    Measurement,
     SpeedProbe,
     probe_model,
     resolve_precision,
     validation_decode_precision,
 )
+from nmt.runlog import RunLog, write_summary
 from nmt.runtime import (
     DistInfo,
     autocast,
@@ -108,6 +119,10 @@ def loss_sum(model: torch.nn.Module, batch: Batch, label_smoothing: float) -> to
     )
 
 
+LossFn = Callable[[torch.nn.Module, Batch, float], torch.Tensor]
+"""(model, batch, label smoothing) -> the summed loss of the batch, as :func:`loss_sum`."""
+
+
 @dataclass
 class StepResult:
     loss: torch.Tensor  # summed loss of the update (a device tensor, read at log time)
@@ -132,11 +147,13 @@ def train_step(
     cfg: DictConfig,
     device: torch.device,
     dist_info: DistInfo,
+    loss_fn: LossFn = loss_sum,
 ) -> StepResult:
     """One optimizer update over ``micro_batches`` (gradient accumulation).
 
     The loss is normalised by the target tokens of the whole update across all ranks, so
-    accumulation and data parallelism give the gradient of one big batch.
+    accumulation and data parallelism give the gradient of one big batch. ``loss_fn`` gives
+    the summed loss of a micro-batch (:func:`loss_sum`; a test passes one that fails).
     """
     t = cfg.trainer
     tokens = sum(b.n_tgt_tokens for b in micro_batches)
@@ -148,7 +165,7 @@ def train_step(
         sync = contextlib.nullcontext() if last or not dist_info.enabled else model.no_sync()
         with sync:
             with autocast(str(t.precision), device):
-                loss = loss_sum(model, batch, t.label_smoothing)
+                loss = loss_fn(model, batch, t.label_smoothing)
             scaled = loss * scale
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         loss_total += loss.detach()
@@ -195,13 +212,20 @@ def validation_options(cfg: DictConfig) -> DecodeOptions:
 
 
 def validate_model(
-    model: Seq2Seq, data: PreparedData, cfg: DictConfig, device: torch.device
+    model: Seq2Seq,
+    data: PreparedData,
+    cfg: DictConfig,
+    device: torch.device,
+    translate: Callable[..., list[str]] = translate_dataset,
 ) -> dict[str, float]:
-    """Validation loss, perplexity, and greedy BLEU / chrF on the validation split."""
+    """Validation loss, perplexity, and greedy BLEU / chrF on the validation split.
+
+    ``translate`` decodes the split (:func:`nmt.search.translate_dataset`; a test passes a spy).
+    """
     start = time.perf_counter()
     val_loss = evaluate_loss(model, data.valid, cfg, device)
     opts = validation_options(cfg)
-    hyps = translate_dataset(
+    hyps = translate(
         model, data.valid.data, data.tokenizers.tgt, opts, device, cfg.trainer.val_sentences
     )
     refs = data.valid.ref_text[: len(hyps)]
@@ -461,85 +485,85 @@ class Window:
         self.steps += 1
 
 
+# --------------------------------------------------------------------------- what a run uses
+
+ValidationFn = Callable[[Seq2Seq, PreparedData, DictConfig, torch.device], dict[str, float]]
+"""(model, data, config, device) -> loss, ppl, bleu, chrf, seconds, as :func:`validate_model`."""
+
+
+@dataclass(frozen=True)
+class Functions:
+    """The functions a run calls for its losses, validation scores, clock and precision probe.
+
+    The defaults are the real ones; a test passes others to count, fake or break them.
+    """
+
+    loss: LossFn = loss_sum
+    validation: ValidationFn = validate_model
+    clock: Callable[[], float] = time.perf_counter  # times the updates (trainer.max_time)
+    probe: Callable[..., Measurement] = probe_model  # measures for trainer.precision=auto
+
+
+@dataclass
+class Setup:
+    """What :func:`setup` made ready: the run's config, place, device, data and model."""
+
+    cfg: DictConfig  # the run's own copy, with trainer.precision resolved
+    run_dir: Path
+    dist: DistInfo
+    device: torch.device
+    data: PreparedData
+    model: Seq2Seq
+    time_limit: float  # seconds of training allowed (0: none)
+    resume_file: Path | None = None  # the checkpoint a resumed run continues
+    resumed: dict[str, Any] | None = None  # its payload
+    init_info: dict[str, Any] = field(default_factory=dict)  # fine-tuning: file, step, sha256
+
+
+@dataclass
+class _Loop:
+    """What the updates of :meth:`Trainer.fit` share besides the training state."""
+
+    pbar: tqdm
+    window: Window
+    stop: StopSignal
+    bad_in_row: int = 0  # consecutive non-finite updates
+
+
+@dataclass
 class Trainer:
-    def __init__(
-        self,
-        cfg: DictConfig,
-        model: Seq2Seq,
-        data: PreparedData,
-        device: torch.device,
-        dist_info: DistInfo,
-        run_dir: Path,
-        resumed: dict[str, Any] | None,
-        time_limit: float = 0.0,
-    ) -> None:
-        t = cfg.trainer
-        self.cfg, self.t, self.model, self.data = cfg, t, model, data
-        self.device, self.dist = device, dist_info
-        self.time_limit = time_limit
-        self.state = TrainState()  # before the scheduler: a time decay reads its clock
-        self.optimizer = build_optimizer(model, cfg.optim, fused=device.type == "cuda")
-        progress = None
-        # ranks must share one clock when the lr follows it (one scalar all-reduce per step)
-        self.sync_clock = dist_info.enabled and cfg.optim.decay_over == "time"
-        if cfg.optim.decay_over == "time":
-            if time_limit <= 0:
-                raise ConfigError(
-                    "optim.decay_over=time needs a training-time limit: set trainer.max_time"
-                )
-            progress = self._time_progress
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.max_steps, progress)
-        self.scaler = torch.amp.GradScaler(device.type) if str(t.precision) == "16" else None
-        if resumed is not None:
-            self._restore(resumed)
-        self.train_model: torch.nn.Module = model
-        if dist_info.enabled:
-            ids = [device.index] if device.type == "cuda" else None
-            self.train_model = DistributedDataParallel(model, device_ids=ids)
-        if t.compile:
-            self.train_model = torch.compile(self.train_model)
-        self.sampler = TokenBatchSampler(
-            data.train.src_lens,
-            data.train.tgt_lens,
-            cfg.data.max_tokens,
-            shuffle=True,
-            seed=t.seed,
-            num_replicas=dist_info.world_size,
-            rank=dist_info.rank,
-            corpora=[(c.pairs, c.weight) for c in data.train_corpora] or None,
-        )
-        self.checkpointer = Checkpointer(run_dir / "checkpoints", t.keep_last)
-        self.writer = (
-            SummaryWriter(str(run_dir / "tb"), purge_step=self.state.step or None)
-            if dist_info.is_main
-            else None
-        )
-        self.explorer = (  # trainer.attention_html: the explorer page of every validation
-            TrainingExplorer(run_dir / "attention", model_info(cfg), self.state.step)
-            if t.attention_html and dist_info.is_main
-            else None
-        )
+    """The training loop, with everything it uses handed in (see :func:`build_trainer`)."""
+
+    run: Setup
+    state: TrainState
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None  # fp16 only
+    train_model: torch.nn.Module  # the model as updated: wrapped for DDP / torch.compile
+    sampler: TokenBatchSampler
+    checkpointer: Checkpointer
+    writer: SummaryWriter | None  # TensorBoard (main rank only)
+    run_log: RunLog  # metrics.jsonl (writes nothing on other ranks)
+    explorer: TrainingExplorer | None = None  # trainer.attention_html (main rank only)
+    functions: Functions = field(default_factory=Functions)
+
+    @property
+    def t(self) -> DictConfig:
+        return self.run.cfg.trainer
+
+    @property
+    def model(self) -> Seq2Seq:
+        return self.run.model
+
+    @property
+    def sync_clock(self) -> bool:
+        """Ranks share one clock when the lr follows it (one scalar all-reduce per update)."""
+        return self.run.dist.enabled and self.run.cfg.optim.decay_over == "time"
 
     def _slowest_rank(self, value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        t = torch.tensor([value], dtype=torch.float64, device=self.run.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
-
-    def _time_progress(self, step: int) -> float:
-        """Share of the post-warmup training time spent (optim.decay_over=time)."""
-        s = self.state
-        if s.decay_start < 0:
-            s.decay_start = s.train_time
-        return (s.train_time - s.decay_start) / max(self.time_limit - s.decay_start, 1e-9)
-
-    def _restore(self, payload: dict[str, Any]) -> None:
-        self.model.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        self.scheduler.load_state_dict(payload["scheduler"])
-        if self.scaler is not None and payload["scaler"] is not None:
-            self.scaler.load_state_dict(payload["scaler"])
-        self.state = TrainState(**payload["state"])
-        ckpt.set_rng_state(payload["rng"])
 
     def payload(self) -> dict[str, Any]:
         return {
@@ -549,20 +573,22 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "state": asdict(self.state),
             "rng": ckpt.rng_state(),
-            "config": to_container(self.cfg),
-            "tokenizers": self.data.tokenizers.state_dict(),
+            "config": to_container(self.run.cfg),
+            "tokenizers": self.run.data.tokenizers.state_dict(),
         }
 
     def save(self, is_best: bool) -> None:
-        if self.dist.is_main:
-            self.checkpointer.save(self.payload(), is_best)
+        if self.run.dist.is_main:
+            path = self.checkpointer.save(self.payload(), is_best)
+            rel = run_path(path, self.run.run_dir)
+            self.run_log.write("checkpoint", self.state.step, path=rel, best=is_best)
 
     # ----------------------------------------------------------------- validation
 
     def validate(self) -> bool:
         """Validate, log and checkpoint; True when early stopping says stop."""
-        s = self.state
-        metrics = validate_model(self.model, self.data, self.cfg, self.device)
+        s, run = self.state, self.run
+        metrics = self.functions.validation(self.model, run.data, run.cfg, run.device)
         self.model.train()
         improved = metrics["bleu"] > s.best_bleu
         if improved:
@@ -575,59 +601,89 @@ class Trainer:
             s.step, metrics["loss"], metrics["ppl"], metrics["bleu"], metrics["chrf"],
             metrics["seconds"], "  (new best)" if improved else "",
         )  # fmt: skip
+        self.run_log.write("validation", s.step, **metrics, best=improved)
+        self._show_validation(metrics)
+        self.save(is_best=improved)
+        return self.t.patience > 0 and s.bad_validations >= self.t.patience
+
+    def _show_validation(self, metrics: dict[str, float]) -> None:
+        """A validation's scores and attention views in TensorBoard and the explorer page."""
+        t, run, step = self.t, self.run, self.state.step
         if self.writer is not None:
             for key in ("loss", "ppl", "bleu", "chrf"):
-                self.writer.add_scalar(f"val/{key}", metrics[key], s.step)
-            if self.t.attention_sentences > 0:
+                self.writer.add_scalar(f"val/{key}", metrics[key], step)
+            if t.attention_sentences > 0:
                 log_validation_views(
-                    self.writer, self.model, self.data.valid, self.data.tokenizers, s.step,
-                    self.device, self.t.attention_sentences, self.t.attention_layers,
+                    self.writer, self.model, run.data.valid, run.data.tokenizers, step,
+                    run.device, t.attention_sentences, t.attention_layers,
                     opts=validation_options(self.cfg),
                 )  # fmt: skip
             self.writer.flush()
         if self.explorer is not None:
             self.explorer.add(
-                s.step, self.model, self.data.valid, self.data.tokenizers, self.device,
-                self.t.attention_sentences, f"validation BLEU {metrics['bleu']:.2f}",
+                step, self.model, run.data.valid, run.data.tokenizers, run.device,
+                t.attention_sentences, f"validation BLEU {metrics['bleu']:.2f}",
                 opts=validation_options(self.cfg),
             )  # fmt: skip
-        self.save(is_best=improved)
-        return self.t.patience > 0 and s.bad_validations >= self.t.patience
 
     # ----------------------------------------------------------------- logging
 
+    def log_start(self, **data: Any) -> None:
+        """The ``start`` event: hardware, precision, model size, the training data's figures
+        (``data``), and the checkpoint the run resumes (``resumed_from``) or was fine-tuned from
+        (``init_from``)."""
+        run, s = self.run, self.state
+        fields: dict[str, Any] = {
+            **hardware(run.device, run.dist, str(run.cfg.trainer.precision)),
+            "parameters": run.model.num_parameters(),
+            "overrides": hydra_overrides(),
+            **data,
+        }
+        if run.resume_file is not None:
+            fields["resumed_from"] = run_path(run.resume_file, run.run_dir)
+        if s.init_from:
+            fields["init_from"] = s.init_from
+        self.run_log.write("start", s.step, **fields)
+
     def log_window(self, w: Window, pbar: tqdm) -> None:
+        """One log window's line, progress-bar figures, TensorBoard scalars and ``train`` event."""
+        s, world = self.state, self.run.dist.world_size
         loss = float(w.loss) / max(w.tokens, 1)
-        tps = w.tokens * self.dist.world_size / max(w.seconds, 1e-9)
+        tps = w.tokens * world / max(w.seconds, 1e-9)
         lr = self.optimizer.param_groups[0]["lr"]
+        grad_norm = float(w.grad_norm) / w.steps
         pbar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
         log.info(
             "step %d: loss %.3f, lr %.2e, %.0f target tokens/s, grad norm %.2f",
-            self.state.step, loss, lr, tps, float(w.grad_norm) / w.steps,
+            s.step, loss, lr, tps, grad_norm,
+        )  # fmt: skip
+        self.run_log.write(
+            "train", s.step, epoch=s.epoch, train_time=s.train_time, loss=loss, lr=lr,
+            grad_norm=grad_norm, tokens=w.tokens * world, updates=w.steps, seconds=w.seconds,
+            tokens_per_s=tps,
         )  # fmt: skip
         if self.writer is None:
             return
-        step = self.state.step
-        self.writer.add_scalar("train/loss", loss, step)
-        self.writer.add_scalar("train/lr", lr, step)
-        self.writer.add_scalar("train/tokens_per_s", tps, step)
-        self.writer.add_scalar("train/grad_norm", float(w.grad_norm) / w.steps, step)
-        self.writer.add_scalar("train/tokens_per_update", w.tokens / w.steps, step)
+        self.writer.add_scalar("train/loss", loss, s.step)
+        self.writer.add_scalar("train/lr", lr, s.step)
+        self.writer.add_scalar("train/tokens_per_s", tps, s.step)
+        self.writer.add_scalar("train/grad_norm", grad_norm, s.step)
+        self.writer.add_scalar("train/tokens_per_update", w.tokens / w.steps, s.step)
 
     # ----------------------------------------------------------------- the loop
 
     def stop_reason(self, signal_name: str | None) -> str:
         """Why training should stop after the current update ("" to go on)."""
-        s, t = self.state, self.t
+        s, t, limit = self.state, self.t, self.run.time_limit
         reason = ""
         if t.max_steps and s.step >= t.max_steps:
             reason = f"reached trainer.max_steps={t.max_steps}"
-        elif self.time_limit and s.train_time >= self.time_limit:
-            reason = f"reached the time limit of {self.time_limit:.0f}s"
+        elif limit and s.train_time >= limit:
+            reason = f"reached the time limit of {limit:.0f}s"
         elif signal_name:
             reason = f"stopped by {signal_name}"
-        if self.dist.enabled:  # every rank stops at the same update
-            flag = torch.tensor([1.0 if reason else 0.0], device=self.device)
+        if self.run.dist.enabled:  # every rank stops at the same update
+            flag = torch.tensor([1.0 if reason else 0.0], device=self.run.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if flag.item() and not reason:
                 reason = "stopped by another rank"
@@ -639,57 +695,67 @@ class Trainer:
         pbar = tqdm(
             total=t.max_steps or None,
             initial=s.step,
-            disable=not (t.progress and self.dist.is_main),
+            disable=not (t.progress and self.run.dist.is_main),
             unit="step",
             dynamic_ncols=True,
         )
         self.model.train()
-        window, bad_in_row = Window.new(self.device), 0
         reason = self.stop_reason(None)  # a resumed run may already be at its limit
         with StopSignal() as stop, logging_redirect_tqdm():
+            loop = _Loop(pbar, Window.new(self.run.device), stop)
             while not reason:
                 if t.max_epochs and s.epoch >= t.max_epochs:
                     reason = f"reached trainer.max_epochs={t.max_epochs}"
                     break
-                batches = self.sampler.batches(s.epoch)
-                while not reason and s.batch_in_epoch + t.accumulate <= len(batches):
-                    group = batches[s.batch_in_epoch : s.batch_in_epoch + t.accumulate]
-                    tic = time.perf_counter()
-                    micro = [
-                        make_batch(self.data.train, idx).to(self.device, non_blocking=True)
-                        for idx in group
-                    ]
-                    res = train_step(
-                        self.train_model, micro, self.optimizer, self.scaler, self.cfg,
-                        self.device, self.dist,
-                    )  # fmt: skip
-                    s.batch_in_epoch += len(group)
-                    seconds = time.perf_counter() - tic
-                    s.train_time += seconds  # a skipped update took its time too
-                    if self.sync_clock:  # same lr on every rank
-                        s.train_time = self._slowest_rank(s.train_time)
-                    if res.finite:
-                        bad_in_row = 0
-                        self.scheduler.step()
-                        s.step += 1
-                        window.add(res, seconds)
-                        pbar.update(1)
-                        if s.step % t.log_every == 0:
-                            self.log_window(window, pbar)
-                            window = Window.new(self.device)
-                        if s.step % t.val_every == 0 and self.validate():
-                            reason = f"early stopping: no BLEU gain in {t.patience} validations"
-                    else:
-                        bad_in_row += 1
-                        self._non_finite(bad_in_row)
-                    reason = reason or self.stop_reason(stop.received)
-                if s.batch_in_epoch + t.accumulate > len(batches):
-                    s.epoch += 1
-                    s.batch_in_epoch = 0
-                    log.info("epoch %d done at step %d", s.epoch, s.step)
+                reason = self._epoch(loop)
             pbar.close()
             self._finish(stop.received)
         return reason
+
+    def _epoch(self, loop: _Loop) -> str:
+        """Updates over the rest of this epoch's batches; the reason to stop ("" at its end)."""
+        s, t = self.state, self.t
+        batches = self.sampler.batches(s.epoch)
+        reason = ""
+        while not reason and s.batch_in_epoch + t.accumulate <= len(batches):
+            group = batches[s.batch_in_epoch : s.batch_in_epoch + t.accumulate]
+            reason = self._update(group, loop) or self.stop_reason(loop.stop.received)
+        if s.batch_in_epoch + t.accumulate > len(batches):
+            s.epoch += 1
+            s.batch_in_epoch = 0
+            log.info("epoch %d done at step %d", s.epoch, s.step)
+        return reason
+
+    def _update(self, group: list[Any], loop: _Loop) -> str:
+        """One optimizer update over ``group``'s batches, then its log line and validation
+        when due; early stopping's reason, else ""."""
+        s, t, run, clock = self.state, self.t, self.run, self.functions.clock
+        tic = clock()
+        micro = [make_batch(run.data.train, idx).to(run.device, non_blocking=True) for idx in group]
+        res = train_step(
+            self.train_model, micro, self.optimizer, self.scaler, run.cfg, run.device, run.dist,
+            self.functions.loss,
+        )  # fmt: skip
+        s.batch_in_epoch += len(group)
+        seconds = clock() - tic
+        s.train_time += seconds  # a skipped update took its time too
+        if self.sync_clock:  # same lr on every rank
+            s.train_time = self._slowest_rank(s.train_time)
+        if not res.finite:
+            loop.bad_in_row += 1
+            self._non_finite(loop.bad_in_row)
+            return ""
+        loop.bad_in_row = 0
+        self.scheduler.step()
+        s.step += 1
+        loop.window.add(res, seconds)
+        loop.pbar.update(1)
+        if s.step % t.log_every == 0:
+            self.log_window(loop.window, loop.pbar)
+            loop.window = Window.new(run.device)
+        if s.step % t.val_every == 0 and self.validate():
+            return f"early stopping: no BLEU gain in {t.patience} validations"
+        return ""
 
     def _non_finite(self, bad_in_row: int) -> None:
         log.warning("non-finite loss or gradient at step %d: update skipped", self.state.step)
@@ -712,10 +778,11 @@ class Trainer:
     def average_last(self) -> dict[str, float] | None:
         """Average the last ``trainer.average_last`` step checkpoints into ``averaged.pt``.
 
-        The averaged weights are validated like any checkpoint; the scores are logged and
-        kept in the checkpoint (``averaged.validation``). Returns them, or None when the run
-        kept fewer than two step checkpoints.
+        The averaged weights are validated like any checkpoint; the scores are logged, kept in
+        the checkpoint (``averaged.validation``) and written as the ``averaged`` event. Returns
+        them, or None when the run kept fewer than two step checkpoints.
         """
+        run, s = self.run, self.state
         paths = ckpt.step_checkpoints(self.checkpointer.dir)[-self.t.average_last :]
         if len(paths) < 2:
             log.warning(
@@ -725,21 +792,161 @@ class Trainer:
             return None
         payload = average_checkpoints(paths)
         self.model.load_state_dict(payload["model"])
-        metrics = validate_model(self.model, self.data, self.cfg, self.device)
+        metrics = self.functions.validation(self.model, run.data, run.cfg, run.device)
         payload["averaged"]["validation"] = metrics
-        ckpt.save_checkpoint(payload, self.checkpointer.dir / "averaged.pt")
+        target = self.checkpointer.dir / "averaged.pt"
+        ckpt.save_checkpoint(payload, target)
         log.info(
             "averaged %s: validation loss %.3f BLEU %.2f chrF %.2f (best single checkpoint: "
             "BLEU %.2f at step %d) -> %s",
             ", ".join(p.stem for p in paths), metrics["loss"], metrics["bleu"], metrics["chrf"],
-            self.state.best_bleu, self.state.best_step, self.checkpointer.dir / "averaged.pt",
+            s.best_bleu, s.best_step, target,
+        )  # fmt: skip
+        self.run_log.write(
+            "averaged", s.step, checkpoints=[p.stem for p in paths],
+            path=run_path(target, run.run_dir), **metrics,
         )  # fmt: skip
         if self.writer is not None:
-            self.writer.add_scalar("val/bleu_averaged", metrics["bleu"], self.state.step)
+            self.writer.add_scalar("val/bleu_averaged", metrics["bleu"], s.step)
         return metrics
 
 
-# --------------------------------------------------------------------------- entry points
+def run_path(path: Path, run_dir: Path) -> str:
+    """``path`` relative to the run directory when it lies inside it, else absolute."""
+    path, run_dir = Path(path).resolve(), Path(run_dir).resolve()
+    return str(path.relative_to(run_dir)) if path.is_relative_to(run_dir) else str(path)
+
+
+def hardware(device: torch.device, dist_info: DistInfo, precision: str) -> dict[str, Any]:
+    """What the run trains on (the ``start`` event, and so summary.json's ``hardware``)."""
+    return {
+        "device": device_name(device),
+        "device_type": device.type,
+        "world_size": dist_info.world_size,
+        "threads": torch.get_num_threads(),
+        "precision": precision,
+        "torch": torch.__version__,
+    }
+
+
+def hydra_overrides() -> list[str]:
+    """The command line's overrides; none when called without Hydra (tests, scripts)."""
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return []
+
+
+# --------------------------------------------------------------------------- building the trainer
+
+
+def time_progress(state: TrainState, time_limit: float, step: int) -> float:
+    """Share of the post-warmup training time spent (optim.decay_over=time)."""
+    if state.decay_start < 0:
+        state.decay_start = state.train_time
+    return (state.train_time - state.decay_start) / max(time_limit - state.decay_start, 1e-9)
+
+
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: DictConfig, state: TrainState, time_limit: float
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """``optim.schedule``; with ``optim.decay_over=time`` its decay follows ``state``'s
+    training time up to ``time_limit``."""
+    progress = None
+    if cfg.optim.decay_over == "time":
+        if time_limit <= 0:
+            raise ConfigError(
+                "optim.decay_over=time needs a training-time limit: set trainer.max_time"
+            )
+        progress = partial(time_progress, state, time_limit)
+    return build_scheduler(optimizer, cfg.optim, cfg.trainer.max_steps, progress)
+
+
+def build_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16 training's loss scaler (None for other precisions)."""
+    return torch.amp.GradScaler(device.type) if precision == "16" else None
+
+
+def restore(
+    payload: dict[str, Any],
+    model: Seq2Seq,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler | None,
+) -> None:
+    """Load a checkpoint's weights, optimizer, schedule, loss scale and random state."""
+    model.load_state_dict(payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["scheduler"])
+    if scaler is not None and payload["scaler"] is not None:
+        scaler.load_state_dict(payload["scaler"])
+    ckpt.set_rng_state(payload["rng"])
+
+
+def build_train_model(
+    model: Seq2Seq, dist_info: DistInfo, device: torch.device, compile_model: bool
+) -> torch.nn.Module:
+    """The module the updates run: ``model`` wrapped for DDP and torch.compile as configured."""
+    wrapped: torch.nn.Module = model
+    if dist_info.enabled:
+        ids = [device.index] if device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=ids)
+    if compile_model:
+        wrapped = torch.compile(wrapped)
+    return wrapped
+
+
+def build_sampler(cfg: DictConfig, data: PreparedData, dist_info: DistInfo) -> TokenBatchSampler:
+    """This rank's token batches of the training data, shuffled per epoch from the seed."""
+    return TokenBatchSampler(
+        data.train.src_lens,
+        data.train.tgt_lens,
+        cfg.data.max_tokens,
+        shuffle=True,
+        seed=cfg.trainer.seed,
+        num_replicas=dist_info.world_size,
+        rank=dist_info.rank,
+        corpora=[(c.pairs, c.weight) for c in data.train_corpora] or None,
+    )
+
+
+def build_writer(run_dir: Path, step: int) -> SummaryWriter:
+    """TensorBoard's writer; a resumed run drops the events logged after its step."""
+    return SummaryWriter(str(run_dir / "tb"), purge_step=step or None)
+
+
+def build_explorer(cfg: DictConfig, run_dir: Path, step: int) -> TrainingExplorer:
+    """The explorer page of every validation (``trainer.attention_html``)."""
+    return TrainingExplorer(run_dir / "attention", model_info(cfg), step)
+
+
+def build_trainer(run: Setup, functions: Functions) -> Trainer:
+    """The trainer of ``run`` and everything it uses; a resumed run's weights, optimizer,
+    schedule, state and random state restored."""
+    cfg, t, main = run.cfg, run.cfg.trainer, run.dist.is_main
+    state = TrainState(**run.resumed["state"]) if run.resumed else TrainState()
+    if run.init_info:
+        state.init_from = run.init_info
+    optimizer = build_optimizer(run.model, cfg.optim, fused=run.device.type == "cuda")
+    scheduler = build_lr_scheduler(optimizer, cfg, state, run.time_limit)
+    scaler = build_scaler(str(t.precision), run.device)
+    if run.resumed is not None:
+        restore(run.resumed, run.model, optimizer, scheduler, scaler)
+    return Trainer(
+        run, state, optimizer, scheduler, scaler,
+        train_model=build_train_model(run.model, run.dist, run.device, t.compile),
+        sampler=build_sampler(cfg, run.data, run.dist),
+        checkpointer=Checkpointer(run.run_dir / "checkpoints", t.keep_last),
+        writer=build_writer(run.run_dir, state.step) if main else None,
+        run_log=RunLog(run.run_dir if main else None),
+        explorer=(
+            build_explorer(cfg, run.run_dir, state.step) if main and t.attention_html else None
+        ),
+        functions=functions,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- setup
 
 
 def time_limit(cfg: DictConfig, device: torch.device) -> float:
@@ -758,12 +965,18 @@ def time_limit(cfg: DictConfig, device: torch.device) -> float:
     return 0.0
 
 
-def speed_probe(cfg: DictConfig, model: Seq2Seq, data: PreparedData) -> SpeedProbe:
+def speed_probe(
+    cfg: DictConfig,
+    model: Seq2Seq,
+    data: PreparedData,
+    probe: Callable[..., Measurement] = probe_model,
+) -> SpeedProbe:
     """The measurement behind ``trainer.precision=auto`` on a CPU with native bf16.
 
     Forward and backward of this model on synthetic batches of the training data's median
-    sentence lengths under ``data.max_tokens``; cached under ``<data.root>/cache/precision``.
-    The model runs eagerly even where ``trainer.compile`` will compile it.
+    sentence lengths under ``data.max_tokens`` (``probe``: :func:`nmt.precision.probe_model`);
+    cached under ``<data.root>/cache/precision``. The model runs eagerly even where
+    ``trainer.compile`` will compile it.
     """
     lengths = (
         max(1, int(np.median(data.train.src_lens))),
@@ -779,7 +992,7 @@ def speed_probe(cfg: DictConfig, model: Seq2Seq, data: PreparedData) -> SpeedPro
         "lengths": list(lengths),
     }
     return SpeedProbe(
-        measure=lambda: probe_model(
+        measure=lambda: probe(
             model, lambda m, b: loss_sum(m, b, smoothing), int(cfg.data.max_tokens), lengths, vocab
         ),
         shape=shape,
@@ -789,13 +1002,13 @@ def speed_probe(cfg: DictConfig, model: Seq2Seq, data: PreparedData) -> SpeedPro
 
 def training_precision(
     cfg: DictConfig,
-    model: Seq2Seq,
-    data: PreparedData,
     device: torch.device,
     dist_info: DistInfo,
     resumed: dict[str, Any] | None,
+    probe: Callable[[], SpeedProbe],
 ) -> str:
-    """``trainer.precision`` resolved for this run.
+    """``trainer.precision`` resolved for this run; ``probe`` makes the speed probe of ``auto``
+    (:func:`speed_probe`), called only where ``auto`` may need it.
 
     A resumed run keeps the precision it started with (its checkpoint's config holds the
     resolved value), so ``auto`` never re-decides mid-run. Under DDP on a CPU only rank 0
@@ -815,10 +1028,10 @@ def training_precision(
                 requested, started,
             )  # fmt: skip
     if not (dist_info.enabled and device.type == "cpu" and requested == "auto"):
-        return resolve_precision(requested, device, speed_probe(cfg, model, data))
+        return resolve_precision(requested, device, probe())
     choice: list[str | None] = [None]
     if dist_info.is_main:
-        choice = [resolve_precision(requested, device, speed_probe(cfg, model, data))]
+        choice = [resolve_precision(requested, device, probe())]
     dist.broadcast_object_list(choice, src=0)
     return str(choice[0])
 
@@ -832,150 +1045,196 @@ def save_tokenizers(t: TokenizerPair, directory: Path) -> None:
         t.tgt.save(directory / "tgt.model")
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Train a model as configured; returns the final training state and stop reason."""
-    validate(cfg)
+@dataclass
+class Origin:
+    """The checkpoint a run resumes (``trainer.resume``) or fine-tunes (``trainer.init_from``),
+    found, loaded and checked before anything is written."""
+
+    warnings: list[logging.LogRecord]  # logged while looking; the run's log gets them too
+    resume_file: Path | None = None
+    resumed: dict[str, Any] | None = None  # the payload of resume_file
+    tokenizers: dict[str, Any] | None = None  # the checkpoint's tokenizers (state dict)
+    start_model: Seq2Seq | None = None  # fine-tuning: the model with the checkpoint's weights
+    init_info: dict[str, Any] = field(default_factory=dict)  # fine-tuning: file, step, sha256
+    replaced: list[str] = field(default_factory=list)  # fine-tuning: data options replaced
+
+
+def find_origin(cfg: DictConfig) -> Origin:
+    """The checkpoint named by ``trainer.resume`` or ``trainer.init_from``, if any; for
+    fine-tuning, ``cfg`` takes the checkpoint's tokenizer options and names its file."""
     t = cfg.trainer
-    dist_info = init_distributed(t.device)
-    outputs = Path(cfg.outputs)
     with held_warnings() as early:  # e.g. a damaged last.pt: the run's log gets them too
-        resume_file = find_resume_checkpoint(t.resume, outputs) if t.resume else None
+        resume_file = find_resume_checkpoint(t.resume, Path(cfg.outputs)) if t.resume else None
         resumed = load_checked_checkpoint(resume_file) if resume_file else None
         init_file = find_init_checkpoint(t.init_from) if t.init_from else None
         source = load_checked_checkpoint(init_file) if init_file else None
-    if resume_file is not None:
-        run_dir = resume_file.resolve().parent.parent  # continue in place
-    init_info: dict[str, Any] = {}
-    ignored: list[str] = []
-    start_model: Seq2Seq | None = None
-    if init_file is not None:  # fine-tuning: checked before anything is written
+    origin = Origin(early, resume_file, resumed, resumed["tokenizers"] if resumed else None)
+    if init_file is not None:
         check_same_architecture(cfg.model, source["checked_config"].model, init_file)
-        ignored = _take_tokenizer_settings(cfg.data, source["checked_config"].data)
+        origin.replaced = _take_tokenizer_settings(cfg.data, source["checked_config"].data)
         init_file = init_file.resolve()
-        start_model = load_start_model(cfg, source, init_file)
-        init_info = {
+        origin.start_model = load_start_model(cfg, source, init_file)
+        origin.tokenizers = source["tokenizers"]  # nothing else of the source's payload is kept
+        origin.init_info = {
             "checkpoint": str(init_file),
             "step": _checkpoint_step(source),
             "sha256": sha256_file(init_file),
         }
         t.init_from = str(init_file)  # config.yaml names the file, not a link that moves
-    setup_logging(run_dir / "train.log", dist_info.rank)
-    write_to_log_file(early)
-    if dist_info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        update_latest_link(outputs, run_dir)
-    log.info("run directory: %s", run_dir)
-    if resume_file is not None:
-        log.info("resuming from %s at step %d", resume_file, resumed["state"]["step"])
-        started = resumed["state"].get("init_from")
+    return origin
+
+
+def log_origin(origin: Origin) -> None:
+    """The run log's lines on where a resumed or fine-tuning run comes from."""
+    if origin.resumed is not None:
+        log.info("resuming from %s at step %d", origin.resume_file, origin.resumed["state"]["step"])
+        started = origin.resumed["state"].get("init_from")
         if started:
             log.info("this run was fine-tuned from %s (step %s)", started["checkpoint"],
                      started["step"])  # fmt: skip
-    if init_info:
+    info = origin.init_info
+    if info:
         log.info(
             "fine-tuning from %s (step %d, sha256 %s): a new run with its weights and tokenizers, "
             "a fresh optimizer and learning-rate schedule, from step 0",
-            init_file, init_info["step"], init_info["sha256"][:16],
+            info["checkpoint"], info["step"], info["sha256"][:16],
         )  # fmt: skip
         log.info(
             "the tokenizers come from the checkpoint, none is trained: %s are taken from it "
             "(%s)",
             ", ".join(f"data.{key}" for key in TOKENIZER_DATA_KEYS),
-            ", ".join(ignored) if ignored else "the config's values equal them",
+            ", ".join(origin.replaced) if origin.replaced else "the config's values equal them",
         )  # fmt: skip
 
+
+def open_run_dir(run_dir: Path, outputs: Path, dist_info: DistInfo, early: list) -> None:
+    """Start the run's log (with the warnings held until now); on the main rank make the run
+    directory and point ``<outputs>/latest`` at it."""
+    setup_logging(run_dir / "train.log", dist_info.rank)
+    write_to_log_file(early)
+    if dist_info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        update_latest_link(outputs, run_dir)
+    log.info("run directory: %s", run_dir)
+
+
+def training_device(t: DictConfig, dist_info: DistInfo) -> torch.device:
+    """The device of this rank (its own GPU under DDP); sets ``trainer.threads``."""
     device = pick_device(t.device)
     if dist_info.enabled and device.type == "cuda":
         device = torch.device("cuda", dist_info.local_rank)
     if t.threads > 0:
         torch.set_num_threads(t.threads)
-    seed_everything(t.seed)
-    origin = resumed or source  # the checkpoint whose tokenizers this run uses, if any
-    tokenizers = TokenizerPair.from_state_dict(origin["tokenizers"]) if origin else None
-    source = None  # a fine-tuning run uses nothing else of its source's payload
-    data = prepare_data(cfg.data, tokenizers)
+    return device
+
+
+def data_and_model(
+    cfg: DictConfig, origin: Origin, run_dir: Path, dist_info: DistInfo
+) -> tuple[PreparedData, Seq2Seq]:
+    """The run's data (with the checkpoint's tokenizers, if any, else newly trained ones, saved
+    in the run directory) and its model (fine-tuning's start, else a new one)."""
+    state = origin.tokenizers
+    data = prepare_data(cfg.data, TokenizerPair.from_state_dict(state) if state else None)
     if dist_info.is_main:
         save_tokenizers(data.tokenizers, run_dir / "tokenizer")
-    model = start_model if start_model is not None else build_model(cfg, data.tokenizers)
-    model.to(device)
-    precision = training_precision(cfg, model, data, device, dist_info, resumed)
-    if precision != str(t.precision):
-        log.info("trainer.precision=%s: using %s on %s", t.precision, precision, device)
-        t.precision = precision
-    log.info(
-        "model %s: %s parameters on %s", type(model).__name__, f"{model.num_parameters():,}", device
-    )
+    model = origin.start_model
+    return data, model if model is not None else build_model(cfg, data.tokenizers)
 
-    limit = time_limit(cfg, device)
-    trainer = Trainer(cfg, model, data, device, dist_info, run_dir, resumed, limit)
-    if init_info:
-        trainer.state.init_from = init_info
-    first = trainer.sampler.batches(trainer.state.epoch)
+
+def setup(cfg: DictConfig, run_dir: Path, functions: Functions) -> Setup:
+    """Everything before the first update, in the order that keeps runs reproducible.
+
+    Checks the config, finds the checkpoint to resume or fine-tune (before anything is written),
+    opens the run directory and its log, seeds, prepares data and model, resolves
+    ``trainer.precision``, and only then writes config.yaml, so that it holds the precision the
+    run trains in. The caller's ``cfg`` is left as it is.
+    """
+    validate(cfg)
+    cfg = copy.deepcopy(cfg)
+    dist_info = init_distributed(cfg.trainer.device)
+    origin = find_origin(cfg)
+    if origin.resume_file is not None:  # continue in place (outside a run: in this new one)
+        run_dir = checkpoint_run_dir(origin.resume_file) or run_dir
+    open_run_dir(run_dir, Path(cfg.outputs), dist_info, origin.warnings)
+    log_origin(origin)
+    device = training_device(cfg.trainer, dist_info)
+    seed_everything(cfg.trainer.seed)
+    data, model = data_and_model(cfg, origin, run_dir, dist_info)
+    model.to(device)
+    probe = partial(speed_probe, cfg, model, data, functions.probe)
+    precision = training_precision(cfg, device, dist_info, origin.resumed, probe)
+    if precision != str(cfg.trainer.precision):
+        log.info("trainer.precision=%s: using %s on %s", cfg.trainer.precision, precision, device)
+        cfg.trainer.precision = precision
+    if dist_info.is_main:
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    log.info("model %s: %s parameters on %s", type(model).__name__,
+             f"{model.num_parameters():,}", device)  # fmt: skip
+    return Setup(
+        cfg, run_dir, dist_info, device, data, model, time_limit(cfg, device),
+        origin.resume_file, origin.resumed, origin.init_info,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def run_training(trainer: Trainer) -> str:
+    """Log the run's start and its training data, train, and log the outcome; returns why
+    training stopped."""
+    s, data = trainer.state, trainer.run.data
+    first = trainer.sampler.batches(s.epoch)
+    padding = padding_share(data.train, first)
     log.info(
         "training data: %d pairs, %d batches per epoch per rank, padding share %.1f%%",
-        len(data.train), len(first), 100 * padding_share(data.train, first),
+        len(data.train), len(first), 100 * padding,
     )  # fmt: skip
+    trainer.log_start(
+        train_pairs=len(data.train), batches_per_epoch=len(first), padding_share=padding
+    )
     reason = trainer.fit()
-    s = trainer.state
     if s.history:
         log.info("%s; best validation BLEU %.2f at step %d", reason, s.best_bleu, s.best_step)
     else:
         log.info("%s at step %d (no validation yet)", reason, s.step)
+    return reason
+
+
+def finish(trainer: Trainer, reason: str) -> dict[str, Any]:
+    """After training: the averaged checkpoint, TensorBoard's hparams, the ``end`` event and
+    summary.json (derived from metrics.jsonl); returns the run's result."""
+    run, s = trainer.run, trainer.state
+    stopped = reason.startswith("stopped by")
     averaged = None
-    if t.average_last > 0 and dist_info.is_main and not reason.startswith("stopped by"):
+    if run.cfg.trainer.average_last > 0 and run.dist.is_main and not stopped:
         averaged = trainer.average_last()
     if trainer.writer is not None:
         final = {"best_bleu": s.best_bleu, "best_step": s.best_step}
-        log_hparams(trainer.writer, to_container(cfg), final, step=s.step)
+        log_hparams(trainer.writer, to_container(run.cfg), final, step=s.step)
         trainer.writer.close()
-    if reason.startswith("stopped by"):
-        log.warning('to continue this run: make train ARGS="trainer.resume=%s"', run_dir)
-    log.info("run directory: %s", run_dir)
-    result = {"state": asdict(s), "stop_reason": reason, "run_dir": str(run_dir)}
+    if stopped:
+        log.warning('to continue this run: make train ARGS="trainer.resume=%s"', run.run_dir)
+    log.info("run directory: %s", run.run_dir)
+    trainer.run_log.write(
+        "end", s.step, epoch=s.epoch, train_time=s.train_time, stop_reason=reason,
+        best_bleu=s.best_bleu, best_step=s.best_step,
+    )  # fmt: skip
+    if run.dist.is_main:
+        write_summary(run.run_dir)
+    result = {"state": asdict(s), "stop_reason": reason, "run_dir": str(run.run_dir)}
     if averaged is not None:
         result["averaged"] = averaged
-    if dist_info.is_main:
-        hardware = {
-            "device": device_name(device),
-            "device_type": device.type,
-            "world_size": dist_info.world_size,
-            "threads": torch.get_num_threads(),
-            "precision": str(t.precision),
-            "torch": torch.__version__,
-        }
-        write_summary(run_dir, s, reason, averaged, hardware)
     return result
 
 
-def write_summary(
-    run_dir: Path,
-    s: TrainState,
-    reason: str,
-    averaged: dict[str, float] | None = None,
-    hardware: dict[str, Any] | None = None,
-) -> None:
-    """A small JSON of the run's outcome (read by sweep summaries and scripts)."""
-    try:
-        overrides = list(HydraConfig.get().overrides.task)
-    except ValueError:  # called without Hydra (tests, scripts)
-        overrides = []
-    summary = {
-        "best_bleu": s.best_bleu,
-        "best_step": s.best_step,
-        "step": s.step,
-        "epoch": s.epoch,
-        "train_time": s.train_time,
-        "stop_reason": reason,
-        "overrides": overrides,
-    }
-    if averaged is not None:
-        summary["averaged_bleu"] = averaged["bleu"]
-    if s.init_from:
-        summary["init_from"] = s.init_from
-    if hardware is not None:
-        summary["hardware"] = hardware
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+def train(cfg: DictConfig, run_dir: Path, functions: Functions | None = None) -> dict[str, Any]:
+    """Train a model as configured; returns the final training state and stop reason.
+
+    ``functions`` replaces the loss, validation, clock or precision probe (tests).
+    """
+    functions = functions or Functions()
+    trainer = build_trainer(setup(cfg, run_dir, functions), functions)
+    return finish(trainer, run_training(trainer))
 
 
 def _drop_if_unused(hydra_dir: Path) -> None:

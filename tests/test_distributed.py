@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from nmt.checkpoint import load_checkpoint
+from nmt.runlog import of_kind, read_events
 from nmt.train import train
 
 from .helpers import DETERMINISTIC, REPO, compose_config, tiny_run_overrides
@@ -54,6 +56,11 @@ def test_two_process_ddp_equals_single_process_with_the_same_global_batch(corpus
     assert ddp["state"]["step"] == STEPS
     for key, value in one["model"].items():
         torch.testing.assert_close(ddp["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    # rank 0 alone writes the run's events and summary
+    events = read_events(ddp_dir)
+    assert [e["event"] for e in events].count("start") == 1
+    assert [e["step"] for e in of_kind(events, "checkpoint")] == [STEPS]
+    assert json.loads((ddp_dir / "summary.json").read_text())["hardware"]["world_size"] == 2
     # the checkpoint of the distributed run resumes in one process
     resumed = train(
         compose_config(

@@ -267,10 +267,10 @@ def test_the_probe_leaves_weights_gradients_mode_and_rng_as_they_were(kind: str)
 
 
 def test_training_records_the_measured_choice_and_a_resumed_run_keeps_it(
-    bf16_cpu, corpus, tmp_path, monkeypatch
+    bf16_cpu, corpus, tmp_path
 ) -> None:
     stub = StubProbe(300.0, 100.0)  # fp32 faster: the opposite of what native bf16 suggests
-    monkeypatch.setattr(train_mod, "probe_model", lambda *a, **k: stub.measure())
+    functions = train_mod.Functions(probe=lambda *a, **k: stub.measure())
     extra = (
         "trainer.precision=auto",
         "trainer.val_every=1000",
@@ -282,10 +282,12 @@ def test_training_records_the_measured_choice_and_a_resumed_run_keeps_it(
     )
     assert str(cfg.trainer.precision) == "auto"
     run_dir = tmp_path / "run"
-    train_mod.train(cfg, run_dir)
+    train_mod.train(cfg, run_dir, functions)
     assert stub.calls == 1
+    assert str(cfg.trainer.precision) == "auto"  # the caller's config is left as it was
     saved = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert saved["config"]["trainer"]["precision"] == "32"
+    assert OmegaConf.load(run_dir / "config.yaml").trainer.precision == "32"
     assert json.loads((run_dir / "summary.json").read_text())["hardware"]["precision"] == "32"
     assert list((tmp_path / "data" / "cache" / "precision").glob("*.json"))
 
@@ -299,7 +301,7 @@ def test_training_records_the_measured_choice_and_a_resumed_run_keeps_it(
             corpus, tmp_path, "trainer.max_steps=3", f"trainer.resume={run_dir}", *extra
         ),
     )
-    train_mod.train(resumed, tmp_path / "unused")
+    train_mod.train(resumed, tmp_path / "unused", functions)
     assert stub.calls == 0
     saved = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert saved["state"]["step"] == 3 and saved["config"]["trainer"]["precision"] == "32"
@@ -313,11 +315,9 @@ def _rank(rank: int, port: int, out: str) -> None:
     try:
         prec.native_bf16 = lambda device: True
         stub = StubProbe(100.0, 200.0) if rank == 0 else StubProbe(200.0, 100.0)
-        train_mod.speed_probe = lambda cfg, model, data: stub.probe()
         cfg = OmegaConf.create({"trainer": {"precision": "auto"}})
         info = DistInfo(rank=rank, world_size=2)
-        model = data = None  # not read: the probe is stubbed
-        choice = train_mod.training_precision(cfg, model, data, CPU, info, None)  # type: ignore
+        choice = train_mod.training_precision(cfg, CPU, info, None, stub.probe)
         Path(out, f"rank{rank}.json").write_text(json.dumps([choice, stub.calls]))
     finally:
         torch.distributed.destroy_process_group()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,14 +21,15 @@ from nmt import train as train_mod
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ConfigError, validate
 from nmt.inference import checkpoint_path
-from nmt.train import train
+from nmt.runlog import of_kind, read_events, summarize
+from nmt.train import Functions, train, validate_model
 
 from .helpers import REPO, compose_config, tiny_run_overrides
 
 
-def run(corpus, tmp_path, name, *extra):
+def run(corpus, tmp_path, name, *extra, functions=None):
     cfg = compose_config("train", tiny_run_overrides(corpus, tmp_path, *extra))
-    return train(cfg, tmp_path / "outputs" / "runs" / name)
+    return train(cfg, tmp_path / "outputs" / "runs" / name, functions)
 
 
 def weights(run_dir, name="last.pt"):
@@ -54,6 +56,100 @@ def test_resume_equals_uninterrupted_run_bit_for_bit(corpus, tmp_path):
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+    # metrics.jsonl: one history; each resumed session starts where its checkpoint was
+    events = read_events(half_dir)
+    starts = of_kind(events, "start")
+    assert [(e["step"], e.get("resumed_from")) for e in starts] == [
+        (0, None),
+        (9, "checkpoints/last.pt"),
+        (18, "checkpoints/last.pt"),
+    ]
+    full_events = read_events(tmp_path / "outputs" / "runs" / "full")
+    full_scores = {e["step"]: e["bleu"] for e in of_kind(full_events, "validation")}
+    scores = {e["step"]: e["bleu"] for e in of_kind(events, "validation")}
+    assert scores.keys() == {6, 9, 12, 18} and full_scores.keys() == {6, 12, 18}
+    assert all(scores[k] == full_scores[k] for k in (6, 12, 18))
+    summary = json.loads((half_dir / "summary.json").read_text())
+    assert summary == summarize(events)
+    assert (summary["step"], summary["epoch"]) == (18, again["state"]["epoch"])
+    assert summary["train_time"] == again["state"]["train_time"]
+    assert (summary["best_bleu"], summary["best_step"]) == (
+        again["state"]["best_bleu"],
+        again["state"]["best_step"],
+    )
+
+
+def test_resuming_a_checkpoint_kept_outside_a_run_continues_in_the_new_run(corpus, tmp_path):
+    first = run(corpus, tmp_path, "first", "trainer.max_steps=2", "trainer.average_last=0")
+    kept = tmp_path / "kept" / "model.pt"
+    kept.parent.mkdir()
+    shutil.copy(Path(first["run_dir"]) / "checkpoints" / "last.pt", kept)
+    new_dir = tmp_path / "outputs" / "runs" / "second"
+    second = run(
+        corpus, tmp_path, "second", "trainer.max_steps=3", f"trainer.resume={kept}",
+        "trainer.average_last=0",
+    )  # fmt: skip
+    assert second["run_dir"] == str(new_dir) and second["state"]["step"] == 3
+    assert load_checkpoint(new_dir / "checkpoints" / "last.pt")["state"]["step"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "kept", "outputs"]
+    start = of_kind(read_events(new_dir), "start")[0]
+    assert (start["step"], start["resumed_from"]) == (2, str(kept.resolve()))
+
+
+def test_metrics_jsonl_holds_the_runs_events_with_the_logged_numbers(corpus, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    extra = ("trainer.max_steps=7", "trainer.val_every=3", "trainer.log_every=2")
+    more = ("trainer.keep_last=2", "trainer.average_last=2")
+    result = run(corpus, tmp_path, "m", *extra, *more)
+    run_dir = Path(result["run_dir"])
+    events = read_events(run_dir)
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-2:] == ["averaged", "end"]
+    start = events[0]
+    log_text = (run_dir / "train.log").read_text()
+    assert (start["step"], start["precision"], start["device_type"]) == (0, "32", "cpu")
+    assert f"Transformer: {start['parameters']:,} parameters" in log_text
+    assert start["parameters"] > 0 and "resumed_from" not in start
+    # train events: every log window, with the numbers of the log line and of TensorBoard
+    trains = of_kind(events, "train")
+    assert [e["step"] for e in trains] == [2, 4, 6]
+    assert all(e["updates"] == 2 and e["tokens"] > 0 for e in trains)
+    for e in trains:
+        assert f"step {e['step']}: loss {e['loss']:.3f}, lr {e['lr']:.2e}" in log_text
+    board = EventAccumulator(str(run_dir / "tb"))
+    board.Reload()
+    tb_loss = [(v.step, v.value) for v in board.Scalars("train/loss")]
+    assert tb_loss == [(e["step"], pytest.approx(e["loss"], rel=1e-6)) for e in trains]
+    # validations at 3, 6 and at the end (7), each followed by its checkpoint
+    history = result["state"]["history"]
+    validations = of_kind(events, "validation")
+    assert [(e["step"], e["bleu"], e["loss"]) for e in validations] == [
+        (h["step"], h["bleu"], h["loss"]) for h in history
+    ]
+    assert [e["best"] for e in validations][0] is True
+    checkpoints = of_kind(events, "checkpoint")
+    assert [e["path"] for e in checkpoints] == [f"checkpoints/step_{n:08d}.pt" for n in (3, 6, 7)]
+    assert [e["best"] for e in checkpoints] == [e["best"] for e in validations]
+    averaged = of_kind(events, "averaged")[0]
+    assert averaged["checkpoints"] == ["step_00000006", "step_00000007"]
+    assert averaged["path"] == "checkpoints/averaged.pt"
+    assert averaged["bleu"] == result["averaged"]["bleu"]
+    end = events[-1]
+    assert end["stop_reason"] == result["stop_reason"] == "reached trainer.max_steps=7"
+    assert (end["step"], end["epoch"]) == (7, result["state"]["epoch"])
+    # summary.json is derived from the events and keeps the keys its readers use
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary == summarize(events)
+    state = result["state"]
+    assert (summary["best_bleu"], summary["best_step"]) == (state["best_bleu"], state["best_step"])
+    assert (summary["step"], summary["train_time"]) == (7, state["train_time"])
+    assert summary["averaged_bleu"] == result["averaged"]["bleu"]
+    assert summary["overrides"] == []  # called without Hydra
+    hardware = summary["hardware"]
+    assert hardware.keys() == {"device", "device_type", "world_size", "threads", "precision",
+                               "torch"}  # fmt: skip
+    assert (hardware["precision"], hardware["world_size"]) == ("32", 1)
 
 
 def test_accumulation_equals_one_big_batch(corpus, tmp_path):
@@ -87,66 +183,72 @@ def test_accumulation_equals_one_big_batch(corpus, tmp_path):
     assert (g_one - g_acc).norm() / g_one.norm() < 5e-3
 
 
-def test_non_finite_updates_are_skipped_then_stop_the_run(corpus, tmp_path, monkeypatch, caplog):
-    real = train_mod.loss_sum
+def test_non_finite_updates_are_skipped_then_stop_the_run(corpus, tmp_path, caplog):
     calls = {"n": 0}
 
     def sometimes_nan(model, batch, ls):
         calls["n"] += 1
-        loss = real(model, batch, ls)
+        loss = train_mod.loss_sum(model, batch, ls)
         return loss * float("nan") if calls["n"] == 3 or calls["n"] >= 10 else loss
 
-    monkeypatch.setattr(train_mod, "loss_sum", sometimes_nan)
     with pytest.raises(FloatingPointError, match="in a row"):
-        run(corpus, tmp_path, "nan", "trainer.max_steps=40", "trainer.val_every=100")
+        run(
+            corpus, tmp_path, "nan", "trainer.max_steps=40", "trainer.val_every=100",
+            functions=Functions(loss=sometimes_nan),
+        )  # fmt: skip
+    assert calls["n"] == 14  # updates 3 and 10..14 skipped: the fifth in a row stops the run
     assert "update skipped" in caplog.text
     assert "non-finite" in caplog.text
 
 
-def _nan_on_third_update(monkeypatch, on_nan) -> None:
-    """The third update's loss is NaN (its update is skipped); ``on_nan`` runs then."""
-    real, calls = train_mod.loss_sum, {"n": 0}
+def _nan_on_third_update(on_nan):
+    """A loss whose third update is NaN (the update is skipped); ``on_nan`` runs then."""
+    calls = {"n": 0}
 
     def nan_on_third(model, batch, ls):
         calls["n"] += 1
-        loss = real(model, batch, ls)
+        loss = train_mod.loss_sum(model, batch, ls)
         if calls["n"] != 3:
             return loss
         on_nan()
         return loss * float("nan")
 
-    monkeypatch.setattr(train_mod, "loss_sum", nan_on_third)
+    return nan_on_third
 
 
-def test_a_skipped_update_counts_toward_the_time_limit(corpus, tmp_path, monkeypatch):
+def test_a_skipped_update_counts_toward_the_time_limit(corpus, tmp_path):
     clock = {"now": 0.0}  # the trainer's clock stands still but for the skipped update
-    monkeypatch.setattr(train_mod, "time", SimpleNamespace(perf_counter=lambda: clock["now"]))
-    _nan_on_third_update(monkeypatch, lambda: clock.update(now=clock["now"] + 1000.0))
+    functions = Functions(
+        loss=_nan_on_third_update(lambda: clock.update(now=clock["now"] + 1000.0)),
+        clock=lambda: clock["now"],
+    )
     res = run(
         corpus, tmp_path, "t", "trainer.max_steps=20", "trainer.max_time=500",
-        "trainer.val_every=100",
+        "trainer.val_every=100", functions=functions,
     )  # fmt: skip
     assert res["state"]["train_time"] == pytest.approx(1000.0)
     assert res["stop_reason"].startswith("reached the time limit")
     assert res["state"]["step"] == 2  # stopped right after the skipped third update
 
 
-def test_a_signal_during_a_skipped_update_stops_there(corpus, tmp_path, monkeypatch):
-    _nan_on_third_update(monkeypatch, lambda: signal.raise_signal(signal.SIGTERM))
-    res = run(corpus, tmp_path, "s", "trainer.max_steps=20", "trainer.val_every=100")
+def test_a_signal_during_a_skipped_update_stops_there(corpus, tmp_path):
+    loss = _nan_on_third_update(lambda: signal.raise_signal(signal.SIGTERM))
+    res = run(
+        corpus, tmp_path, "s", "trainer.max_steps=20", "trainer.val_every=100",
+        functions=Functions(loss=loss),
+    )  # fmt: skip
     assert res["stop_reason"] == "stopped by SIGTERM"
     assert res["state"]["step"] == 2  # no further update after the signal
 
 
-def test_early_stopping_with_patience(corpus, tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        train_mod,
-        "validate_model",
-        lambda *a, **k: {"loss": 1.0, "ppl": 2.7, "bleu": 5.0, "chrf": 9.0, "seconds": 0.0},
-    )
+def test_early_stopping_with_patience(corpus, tmp_path):
+    def flat(*args):
+        return {"loss": 1.0, "ppl": 2.7, "bleu": 5.0, "chrf": 9.0, "seconds": 0.0}
+
     res = run(
-        corpus, tmp_path, "es", "trainer.max_steps=100", "trainer.val_every=2", "trainer.patience=3"
-    )
+        corpus, tmp_path, "es", "trainer.max_steps=100", "trainer.val_every=2",
+        "trainer.patience=3", functions=Functions(validation=flat),
+    )  # fmt: skip
     assert res["stop_reason"].startswith("early stopping")
     assert res["state"]["step"] == 8  # best at 2, then 3 validations without a gain
     assert res["state"]["best_step"] == 2
@@ -329,22 +431,22 @@ def test_multirun_sweep_gives_one_run_per_combination_and_a_summary(corpus, tmp_
     assert "Sweep summary" in proc.stdout
 
 
-def test_validation_decodes_in_decodings_own_precision(corpus, tmp_path, monkeypatch):
+def test_validation_decodes_in_decodings_own_precision(corpus, tmp_path):
     # bf16 training on a CPU validates with an fp32 decode: the BLEU nmt-eval gives the
     # checkpoint, and no new bf16 kernel shape at every decoding step
     from nmt.precision import resolve_precision
+    from nmt.search import translate_dataset
 
     seen: list[str] = []
-    real = train_mod.translate_dataset
 
     def spy(model, data, tokenizer, opts, device, limit=0):
         seen.append(opts.precision)
-        return real(model, data, tokenizer, opts, device, limit)
+        return translate_dataset(model, data, tokenizer, opts, device, limit)
 
-    monkeypatch.setattr(train_mod, "translate_dataset", spy)
     extra = ("trainer.max_steps=2", "trainer.val_every=2", "trainer.average_last=0")
-    run(corpus, tmp_path, "bf16", "trainer.precision=bf16", *extra)
-    run(corpus, tmp_path, "fp32", "trainer.precision=32", *extra)
+    functions = Functions(validation=partial(validate_model, translate=spy))
+    run(corpus, tmp_path, "bf16", "trainer.precision=bf16", *extra, functions=functions)
+    run(corpus, tmp_path, "fp32", "trainer.precision=32", *extra, functions=functions)
     assert len(seen) == 2
     assert resolve_precision(seen[0], torch.device("cpu")) == "32"
     assert seen[1] == "32"
