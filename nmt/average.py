@@ -21,8 +21,8 @@ from torch import Tensor
 
 from nmt.checkpoint import CheckpointError, save_checkpoint, step_checkpoints
 from nmt.cli import exit_on_error
-from nmt.inference import load_checked_checkpoint
 from nmt.runtime import resolve_run_dir, setup_logging
+from nmt.trained import load_checked_checkpoint
 
 log = logging.getLogger("nmt.average")
 

@@ -4,7 +4,8 @@ Every config group (data/, model/, optim/, trainer/) is backed by a dataclass re
 Hydra's ConfigStore, so a misspelt key, a value of the wrong type or a choice outside its Enum
 fails when the config is composed, before any data is read. The defaults are declared here only:
 a YAML file under configs/ sets just the values that make it differ. Checks that span several
-values live in :func:`validate`, which raises :class:`ConfigError` naming the offending key.
+values live in :func:`check_train_config`, which raises :class:`ConfigError` naming the
+offending key.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ else:  # pragma: no cover - Python 3.10
 # naming the key and the allowed names. Each name equals its value, and a member is a str, so
 # code compares it with plain strings and configs are stored with plain strings
 # (:func:`to_container`). Hydra parses ``32`` as an int, which an Enum field refuses, so
-# ``trainer.precision`` stays a str checked by :func:`validate`.
+# ``trainer.precision`` stays a str checked by :func:`check_train_config`.
 
 
 class Corpus(StrEnum):
@@ -430,7 +431,7 @@ def train_corpora(value: Any, key: str = "data.train") -> list[TrainCorpus]:
     return corpora
 
 
-def validate(cfg: DictConfig) -> None:
+def check_train_config(cfg: DictConfig) -> None:
     """Check values that the type system cannot; raise ConfigError naming the key."""
     d, o, t = cfg.data, cfg.optim, cfg.trainer
     if d.src_lang == d.tgt_lang:
@@ -504,7 +505,7 @@ def validate(cfg: DictConfig) -> None:
     check_decode(dec, "decode.")
     if dec.checkpoint == "averaged" and t.average_last == 0:
         raise ConfigError("decode.checkpoint=averaged needs trainer.average_last > 0")
-    validate_model(cfg.model)
+    check_model_config(cfg.model)
 
 
 def check_decode(d: Any, prefix: str = "") -> None:
@@ -520,7 +521,7 @@ def check_decode(d: Any, prefix: str = "") -> None:
     _choice(f"{prefix}precision", str(d.precision), ("auto", "32", "bf16", "16"))
 
 
-def validate_model(m: DictConfig) -> None:
+def check_model_config(m: DictConfig) -> None:
     """Model-specific checks, keyed by the fields a model config has."""
     _choice("model.arch", m.get("arch", "<missing>"), tuple(MODEL_SCHEMAS))
     for key, value in m.items():

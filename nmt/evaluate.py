@@ -30,11 +30,11 @@ from nmt.data.prepare import EvalSet, encode_texts, load_test_sets
 from nmt.data.tokenizer import TokenizerPair
 from nmt.engines import make_engine, translate_texts
 from nmt.export import load_for_decoding
-from nmt.inference import checkpoint_run_dir, decode_defaults
 from nmt.metrics import all_scores, check_bootstrap
 from nmt.package import is_package, model_argument
 from nmt.runtime import config_dir, pick_device, resolve_run_dir, setup_logging
 from nmt.search import DecodeOptions
+from nmt.trained import checkpoint_run_dir, decode_defaults
 
 log = logging.getLogger("nmt.eval")
 register_configs()

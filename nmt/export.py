@@ -23,14 +23,6 @@ from nmt.checkpoint import CheckpointError
 from nmt.cli import exit_on_error
 from nmt.config import ConfigError, to_container
 from nmt.decode_options import DecodeOptions
-from nmt.inference import (
-    Trained,
-    build_model,
-    checkpoint_path,
-    checkpoint_run_dir,
-    decode_defaults,
-    load_trained,
-)
 from nmt.models.base import Seq2Seq
 from nmt.package import (
     CARD,
@@ -49,6 +41,14 @@ from nmt.package import (
     verified_file,
 )
 from nmt.runtime import resolve_run_dir, setup_logging
+from nmt.trained import (
+    Trained,
+    build_model,
+    checkpoint_path,
+    checkpoint_run_dir,
+    decode_defaults,
+    load_trained,
+)
 
 log = logging.getLogger("nmt.export")
 

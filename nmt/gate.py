@@ -5,7 +5,7 @@ model package's ``config.yaml`` into the typed schema. An unknown key, a value o
 type, an impossible value, a ``${...}`` interpolation or a model ``arch`` that is not one of the
 registered models is a :class:`CheckpointError` naming the file and the key; no value in a file
 is ever imported, instantiated or evaluated. Keys that have moved since a file was written
-(:data:`MOVED_KEYS`) are read at their new place. :mod:`nmt.inference` re-exports these names; this
+(:data:`MOVED_KEYS`) are read at their new place. :mod:`nmt.trained` re-exports these names; this
 module imports neither PyTorch nor the models, so a CTranslate2 server can use the same gate.
 """
 
@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.cli import UserError
-from nmt.config import MODEL_SCHEMAS, ConfigError, TrainConfig, validate
+from nmt.config import MODEL_SCHEMAS, ConfigError, TrainConfig, check_train_config
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -124,7 +124,7 @@ def checked_train_config(raw: Any, source: str | Path) -> DictConfig:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointError(f"{source}: config key {key!r} is invalid: {reason}") from None
     try:
-        validate(cfg)
+        check_train_config(cfg)
     except ConfigError as e:
         raise CheckpointError(f"{source}: {e}") from None
     OmegaConf.set_struct(cfg, True)

@@ -13,7 +13,7 @@ A package holds everything decoding needs and nothing else, under fixed names::
                         vocabulary), optionally quantized
 
 Loading goes through the gate every checkpoint goes through: ``config.yaml`` is read by
-:func:`nmt.inference.load_run_config` (typed schema, registered models only) and the manifest is
+:func:`nmt.gate.load_run_config` (typed schema, registered models only) and the manifest is
 merged into its own typed schema, so an unknown key, a wrong type or an unregistered model is a
 :class:`CheckpointError` naming the file and the key. File names are fixed, never read from the
 package; every file is checked against the sha256 in the manifest before it is used.

@@ -37,10 +37,10 @@ from nmt.data.corpus import read_lines
 from nmt.data.prepare import encode_texts
 from nmt.explorer import document, explore_sentences, model_info, write_html
 from nmt.export import load_for_decoding
-from nmt.inference import Trained
 from nmt.package import is_package, model_argument
 from nmt.runtime import config_dir, pick_device, resolve_run_dir, setup_logging
 from nmt.search import DecodeOptions
+from nmt.trained import Trained
 from nmt.visualize import attend, save_png, sentence_views, view_title
 
 log = logging.getLogger("nmt.plot_attention")

@@ -25,7 +25,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.cli import exit_on_error, setup_logging
-from nmt.config import config_dir, register_configs, validate
+from nmt.config import check_train_config, config_dir, register_configs
 from nmt.data.binarize import ensure_prepared
 
 log = logging.getLogger("nmt.prepare")
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     with exit_on_error(log, HydraException, OmegaConfBaseException):
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
             cfg = compose(config_name="train", overrides=args.overrides)
-        validate(cfg)
+        check_train_config(cfg)
         cache = ensure_prepared(cfg.data, verify=args.verify)
     print(cache.path)
     return 0

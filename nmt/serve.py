@@ -123,8 +123,8 @@ def torch_backend(cfg: DictConfig) -> Backend:
     from nmt.data.batching import TokenDataset
     from nmt.engines import make_engine
     from nmt.export import load_for_decoding
-    from nmt.inference import decode_defaults
     from nmt.runtime import pick_device
+    from nmt.trained import decode_defaults
 
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)

@@ -39,18 +39,12 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from nmt import checkpoint as ckpt
 from nmt.average import average_checkpoints
 from nmt.cli import exit_on_error
-from nmt.config import ConfigError, register_configs, to_container, validate
+from nmt.config import ConfigError, check_train_config, register_configs, to_container
 from nmt.data.batching import Batch, TokenBatchSampler, eval_batches, make_batch, padding_share
 from nmt.data.corpus import sha256_file
 from nmt.data.prepare import EvalSet, PreparedData, prepare_data
 from nmt.data.tokenizer import TokenizerPair
 from nmt.explorer import TrainingExplorer, model_info
-from nmt.inference import (
-    build_model,
-    checkpoint_path,
-    checkpoint_run_dir,
-    load_checked_checkpoint,
-)
 from nmt.metrics import bleu, chrf
 from nmt.models.base import Seq2Seq
 from nmt.optim import build_optimizer, build_scheduler
@@ -77,6 +71,12 @@ from nmt.runtime import (
     write_to_log_file,
 )
 from nmt.search import DecodeOptions, translate_dataset
+from nmt.trained import (
+    build_model,
+    checkpoint_path,
+    checkpoint_run_dir,
+    load_checked_checkpoint,
+)
 from nmt.visualize import log_hparams, log_validation_views
 
 log = logging.getLogger("nmt.train")
@@ -211,7 +211,7 @@ def validation_options(cfg: DictConfig) -> DecodeOptions:
     )
 
 
-def validate_model(
+def validation_scores(
     model: Seq2Seq,
     data: PreparedData,
     cfg: DictConfig,
@@ -488,7 +488,7 @@ class Window:
 # --------------------------------------------------------------------------- what a run uses
 
 ValidationFn = Callable[[Seq2Seq, PreparedData, DictConfig, torch.device], dict[str, float]]
-"""(model, data, config, device) -> loss, ppl, bleu, chrf, seconds, as :func:`validate_model`."""
+"""(model, data, config, device) -> loss, ppl, bleu, chrf, seconds, as :func:`validation_scores`."""
 
 
 @dataclass(frozen=True)
@@ -499,7 +499,7 @@ class Functions:
     """
 
     loss: LossFn = loss_sum
-    validation: ValidationFn = validate_model
+    validation: ValidationFn = validation_scores
     clock: Callable[[], float] = time.perf_counter  # times the updates (trainer.max_time)
     probe: Callable[..., Measurement] = probe_model  # measures for trainer.precision=auto
 
@@ -1149,7 +1149,7 @@ def setup(cfg: DictConfig, run_dir: Path, functions: Functions) -> Setup:
     ``trainer.precision``, and only then writes config.yaml, so that it holds the precision the
     run trains in. The caller's ``cfg`` is left as it is.
     """
-    validate(cfg)
+    check_train_config(cfg)
     cfg = copy.deepcopy(cfg)
     dist_info = init_distributed(cfg.trainer.device)
     origin = find_origin(cfg)

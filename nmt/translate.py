@@ -28,10 +28,10 @@ from nmt.data.corpus import read_lines
 from nmt.data.prepare import encode_texts
 from nmt.engines import Engine, TorchEngine, make_engine
 from nmt.export import load_for_decoding
-from nmt.inference import Trained, decode_defaults
 from nmt.package import model_argument
 from nmt.runtime import config_dir, pick_device, setup_logging
 from nmt.search import DecodeOptions
+from nmt.trained import Trained, decode_defaults
 
 log = logging.getLogger("nmt.translate")
 register_configs()

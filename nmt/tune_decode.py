@@ -40,16 +40,16 @@ from nmt.checkpoint import CheckpointError, atomic_write_bytes
 from nmt.cli import exit_on_error
 from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, ConfigError
 from nmt.data.prepare import load_valid_set
-from nmt.inference import (
+from nmt.metrics import bleu, check_bootstrap, chrf, paired_bootstrap
+from nmt.runtime import pick_device, resolve_run_dir, setup_logging
+from nmt.search import DecodeOptions, translate_dataset
+from nmt.trained import (
     checkpoint_path,
     checkpoint_run_dir,
     decode_defaults,
     load_run_config,
     load_trained,
 )
-from nmt.metrics import bleu, check_bootstrap, chrf, paired_bootstrap
-from nmt.runtime import pick_device, resolve_run_dir, setup_logging
-from nmt.search import DecodeOptions, translate_dataset
 
 log = logging.getLogger("nmt.tune")
 

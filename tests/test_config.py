@@ -21,9 +21,9 @@ from nmt.config import (
     TrainerConfig,
     TransformerConfig,
     TranslateConfig,
+    check_train_config,
     register_configs,
     to_container,
-    validate,
 )
 from nmt.data.tokenizer import PAD_ID
 from nmt.models.registry import build_model
@@ -43,7 +43,7 @@ EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.y
 def test_every_model_config_builds(model):
 
     cfg = compose_config("train", [f"model={model}"])
-    validate(cfg)
+    check_train_config(cfg)
     net = build_model(
         cfg.model, src_vocab_size=300, tgt_vocab_size=300, pad_id=PAD_ID, shared_vocab=True
     )
@@ -54,13 +54,13 @@ def test_every_model_config_builds(model):
 @pytest.mark.parametrize("data", [d for d in DATA if d != "parallel"])
 def test_data_and_optim_configs_compose(data, optim):
     cfg = compose_config("train", [f"data={data}", f"optim={optim}", "trainer.max_steps=1000"])
-    validate(cfg)
+    check_train_config(cfg)
     assert cfg.optim.schedule in ("noam", "inverse_sqrt", "cosine", "linear", "constant")
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_experiment_presets_compose(experiment):
-    validate(compose_config("train", [f"experiment={experiment}"]))
+    check_train_config(compose_config("train", [f"experiment={experiment}"]))
 
 
 def test_parallel_config_needs_its_files():
@@ -68,7 +68,7 @@ def test_parallel_config_needs_its_files():
         "train",
         ["data=parallel", "data.src_lang=fr", "data.tgt_lang=en", "data.train=a", "data.valid=b"],
     )
-    validate(cfg)
+    check_train_config(cfg)
     assert cfg.data.corpus == "parallel"
 
 
@@ -112,7 +112,7 @@ def test_unknown_model_lists_choices():
 def test_invalid_values_fail_naming_the_key(override, key):
     cfg = compose_config("train", override)
     with pytest.raises(ConfigError) as err:
-        validate(cfg)
+        check_train_config(cfg)
     assert key in str(err.value)
 
 
@@ -169,13 +169,13 @@ def test_a_bad_choice_in_a_yaml_file_fails_at_compose_time(tmp_path: Path) -> No
 
 def test_precision_stays_a_checked_string():
     """Hydra parses 32 and 16 as ints, which an Enum field would refuse: the str field takes
-    them and validate() checks the value."""
+    them and check_train_config() checks the value."""
     for value in ("auto", "32", "bf16", "16"):
         cfg = compose_config("train", [f"trainer.precision={value}"])
-        validate(cfg)
+        check_train_config(cfg)
         assert str(cfg.trainer.precision) == value
     with pytest.raises(ConfigError, match="trainer.precision"):
-        validate(compose_config("train", ["trainer.precision=fp8"]))
+        check_train_config(compose_config("train", ["trainer.precision=fp8"]))
 
 
 @pytest.mark.parametrize(

@@ -19,11 +19,11 @@ from nmt.engines import TorchEngine, auto_choice, make_engine, probe_options, sy
 from nmt.engines import measure as measure_engines
 from nmt.export import export_package, load_package
 from nmt.export import main as export_main
-from nmt.inference import build_model, load_trained
 from nmt.metrics import bleu
 from nmt.package import CT2_DIR, WEIGHTS
 from nmt.search import DecodeOptions
 from nmt.train import train
+from nmt.trained import build_model, load_trained
 from nmt.translate import translate
 
 from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides

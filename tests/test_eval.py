@@ -21,8 +21,8 @@ from nmt.config import ConfigError, to_container
 from nmt.data.corpus import DataError
 from nmt.data.prepare import load_valid_set, prepare_data
 from nmt.evaluate import evaluate
-from nmt.inference import build_model, checkpoint_path, chosen_checkpoint, load_trained
 from nmt.metrics import bleu, chrf
+from nmt.trained import build_model, checkpoint_path, chosen_checkpoint, load_trained
 from nmt.translate import translate
 from nmt.tune_decode import (
     RUN_DECODE,

@@ -22,7 +22,7 @@ import torch
 from sacrebleu.metrics import BLEU
 
 from nmt import plot_attention as cli
-from nmt.config import ConfigError, validate
+from nmt.config import ConfigError, check_train_config
 from nmt.data.tokenizer import BOS_ID, EOS_ID
 from nmt.explorer import (
     QUANT,
@@ -33,9 +33,9 @@ from nmt.explorer import (
     encode_weights,
     render_html,
 )
-from nmt.inference import checkpoint_path, load_trained
 from nmt.plot_attention import plot_attention, quote_free_text
 from nmt.search import DecodeOptions, greedy_search, max_output_lengths
+from nmt.trained import checkpoint_path, load_trained
 
 from .helpers import compose_config, save_screenshot
 
@@ -254,7 +254,7 @@ def test_resumed_training_keeps_the_steps_before_it(tmp_path: Path) -> None:
 def test_attention_html_needs_validation_sentences() -> None:
     cfg = compose_config("train", ["trainer.attention_html=true", "trainer.attention_sentences=0"])
     with pytest.raises(ConfigError, match="trainer.attention_sentences=0: set it > 0"):
-        validate(cfg)
+        check_train_config(cfg)
     assert compose_config("train").trainer.attention_html is False  # off by default
 
 

@@ -21,12 +21,12 @@ import torch
 import yaml
 
 from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from nmt.config import ConfigError, to_container, validate
+from nmt.config import ConfigError, check_train_config, to_container
 from nmt.data.prepare import prepare_data
 from nmt.data.tokenizer import TokenizerPair
-from nmt.inference import build_model, load_trained
 from nmt.optim import schedule_fn
 from nmt.train import check_same_architecture, evaluate_loss, train
+from nmt.trained import build_model, load_trained
 
 from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
 
@@ -273,7 +273,7 @@ def test_init_from_with_resume_is_a_config_error(runs, tmp_path: Path) -> None:
         ),
     )
     with pytest.raises(ConfigError, match="trainer.init_from=.*trainer.resume="):
-        validate(cfg)
+        check_train_config(cfg)
     with pytest.raises(ConfigError, match="exclude each other"):
         train(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from nmt.bench import gpu_check as gc
-from nmt.config import validate
+from nmt.config import check_train_config
 from nmt.runlog import RunLog, read_events
 
 from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, write_subset
@@ -244,7 +244,7 @@ def test_run_history_reads_bleu_over_time_and_tokens_per_second(tmp_path, monkey
 
 def test_gpu_quick_preset():
     cfg = compose_config("train", ["experiment=gpu_quick"])
-    validate(cfg)
+    check_train_config(cfg)
     assert cfg.model.d_model == 256 and cfg.model.enc_layers == 3  # the default architecture
     assert str(cfg.trainer.precision) == "bf16"
     assert cfg.trainer.max_time == 180 and cfg.optim.decay_over == "time"

@@ -19,11 +19,11 @@ from nmt.config import ConfigError
 from nmt.data.prepare import encode_texts
 from nmt.evaluate import evaluate
 from nmt.export import export_package, load_package
-from nmt.inference import load_trained
 from nmt.package import CONFIG, MANIFEST, WEIGHTS, model_argument, sha256_file
 from nmt.plot_attention import plot_attention
 from nmt.search import DecodeOptions, decode_dataset
 from nmt.train import train
+from nmt.trained import load_trained
 from nmt.translate import translate
 
 from .helpers import REPO, TINY_TRANSFORMER, compose_config, tiny_run_overrides

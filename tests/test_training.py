@@ -19,10 +19,10 @@ from hydra.errors import ConfigCompositionException
 from nmt import optim
 from nmt import train as train_mod
 from nmt.checkpoint import load_checkpoint
-from nmt.config import ConfigError, validate
-from nmt.inference import checkpoint_path
+from nmt.config import ConfigError, check_train_config
 from nmt.runlog import of_kind, read_events, summarize
-from nmt.train import Functions, train, validate_model
+from nmt.train import Functions, train, validation_scores
+from nmt.trained import checkpoint_path
 
 from .helpers import REPO, compose_config, tiny_run_overrides
 
@@ -158,8 +158,8 @@ def test_accumulation_equals_one_big_batch(corpus, tmp_path):
     )
     from nmt.data.batching import make_batch
     from nmt.data.prepare import prepare_data
-    from nmt.inference import build_model
     from nmt.runtime import DistInfo
+    from nmt.trained import build_model
 
     data = prepare_data(cfg.data)
     idx = list(range(16))
@@ -360,7 +360,7 @@ def test_time_decay_without_warmup_starts_at_the_peak(corpus, tmp_path):
 
 def test_time_decay_needs_a_time_limit():
     with pytest.raises(ConfigError, match="trainer.max_time"):
-        validate(
+        check_train_config(
             compose_config(
                 "train",
                 ["optim=adam_linear", "optim.decay_over=time", "trainer.cpu_max_time=0"],
@@ -408,9 +408,11 @@ def test_average_last_writes_a_validated_average_that_eval_picks_by_default(corp
 
 def test_average_last_beyond_keep_last_is_a_config_error():
     with pytest.raises(ConfigError, match="trainer.average_last=6"):
-        validate(compose_config("train", ["trainer.average_last=6", "trainer.keep_last=5"]))
+        check_train_config(
+            compose_config("train", ["trainer.average_last=6", "trainer.keep_last=5"])
+        )
     with pytest.raises(ConfigError, match="decode.checkpoint=averaged"):
-        validate(compose_config("train", ["decode.checkpoint=averaged"]))
+        check_train_config(compose_config("train", ["decode.checkpoint=averaged"]))
 
 
 @pytest.mark.slow
@@ -444,7 +446,7 @@ def test_validation_decodes_in_decodings_own_precision(corpus, tmp_path):
         return translate_dataset(model, data, tokenizer, opts, device, limit)
 
     extra = ("trainer.max_steps=2", "trainer.val_every=2", "trainer.average_last=0")
-    functions = Functions(validation=partial(validate_model, translate=spy))
+    functions = Functions(validation=partial(validation_scores, translate=spy))
     run(corpus, tmp_path, "bf16", "trainer.precision=bf16", *extra, functions=functions)
     run(corpus, tmp_path, "fp32", "trainer.precision=32", *extra, functions=functions)
     assert len(seen) == 2

@@ -27,7 +27,10 @@ from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from nmt.config import CheckpointChoice, Schedule, to_container
 from nmt.data.prepare import prepare_data
 from nmt.evaluate import evaluate
-from nmt.inference import (
+from nmt.models import registry
+from nmt.plot_attention import plot_attention
+from nmt.train import train
+from nmt.trained import (
     build_model,
     checked_train_config,
     checkpoint_path,
@@ -36,9 +39,6 @@ from nmt.inference import (
     load_trained,
     run_decode_defaults,
 )
-from nmt.models import registry
-from nmt.plot_attention import plot_attention
-from nmt.train import train
 from nmt.translate import translate
 from nmt.tune_decode import apply_to_run, tune
 

@@ -406,8 +406,8 @@ def run_training(s: GpuCheckSettings, run_dir: Path) -> dict[str, Any]:
 
 def model_class(run_dir: Path) -> str:
     """The class name of the run's model (its config's ``model.arch``)."""
-    from nmt.inference import load_run_config
     from nmt.models.registry import MODELS
+    from nmt.trained import load_run_config
 
     arch = load_run_config(run_dir).model.arch
     return MODELS[arch].__name__ if arch in MODELS else str(arch)

@@ -80,9 +80,9 @@ from nmt.bench.timing import (
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.corpus import DataError, fetch_multi30k, read_lines
 from nmt.data.prepare import PreparedData, prepare_data
-from nmt.inference import build_model
 from nmt.runtime import cpu_model, native_bf16
 from nmt.search import DecodeOptions
+from nmt.trained import build_model
 
 CPU = torch.device("cpu")
 SCHEMA = "nmt-vs-joeynmt/1"

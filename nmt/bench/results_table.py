@@ -31,8 +31,8 @@ from typing import Any
 from nmt.bench.report import run_summary
 from nmt.config import to_container
 from nmt.evaluate import options_tag
-from nmt.inference import chosen_checkpoint, load_run_config, run_decode_defaults
 from nmt.search import DecodeOptions
+from nmt.trained import chosen_checkpoint, load_run_config, run_decode_defaults
 
 TEST_SET = "test_2016_flickr"
 

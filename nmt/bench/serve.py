@@ -54,11 +54,11 @@ from nmt.bench.report import say as _say
 from nmt.data.prepare import EvalSet, encode_texts, load_eval_set, load_test_sets
 from nmt.engines import TorchEngine, auto_choice, make_engine
 from nmt.export import export_package, load_package
-from nmt.inference import Trained, checkpoint_path
 from nmt.metrics import bleu
 from nmt.package import CT2_DIR
 from nmt.runtime import cpu_model
 from nmt.search import DecodeOptions
+from nmt.trained import Trained, checkpoint_path
 
 SCHEMA = "nmt-bench-serve/1"
 BEAM = 5

@@ -62,10 +62,10 @@ from nmt.bench.timing import (
 )
 from nmt.config import to_container
 from nmt.data.prepare import PreparedData, prepare_data
-from nmt.inference import build_model
 from nmt.precision import resolve_precision
 from nmt.runtime import config_dir, native_bf16, pick_device
 from nmt.search import DecodeOptions
+from nmt.trained import build_model
 
 MODELS = ("transformer", "gru_bahdanau")
 SCHEMA = "nmt-bench/1"

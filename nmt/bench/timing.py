@@ -29,7 +29,6 @@ from nmt.data.batching import TokenBatchSampler, TokenDataset, make_batch, paddi
 from nmt.data.prepare import EvalSet, PreparedData, load_test_sets
 from nmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from nmt.flops import TRAIN_FACTOR, forward_flops_breakdown
-from nmt.inference import build_model, load_trained
 from nmt.models.base import Seq2Seq
 from nmt.optim import build_optimizer, build_scheduler
 from nmt.precision import resolve_precision
@@ -40,6 +39,7 @@ from nmt.search import (
     decode_dataset,
 )
 from nmt.train import train_step
+from nmt.trained import build_model, load_trained
 
 TEST_SET = "test_2016_flickr"
 COMPILE_WARMUP = 3  # extra untimed steps for torch.compile: first shapes, then dynamic ones

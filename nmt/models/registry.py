@@ -2,7 +2,7 @@
 
 A model config names its architecture in ``arch``; :func:`build_model` looks the class up here
 and calls it with the config's typed fields. Configs read from checkpoints and run directories
-are checked against the schemas first (``nmt.inference.checked_train_config``), so no file can
+are checked against the schemas first (``nmt.gate.checked_train_config``), so no file can
 name a class, a function or anything else to call: only the entries of :data:`MODELS`.
 """
 

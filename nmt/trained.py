@@ -1,4 +1,5 @@
-"""Rebuilding a trained model, its tokenizers and its data config from a checkpoint alone.
+"""A trained model: finding its checkpoint, and rebuilding the model, its tokenizers and its data
+config from the checkpoint alone.
 
 Everything read from a file goes through one gate (:mod:`nmt.gate`, re-exported here):
 :func:`checked_train_config` merges a checkpoint's embedded config, or a run's ``config.yaml``,
