@@ -4,9 +4,10 @@ Training appends one JSON object per line (main rank only), each with ``event``,
 optimizer updates done) and ``time`` (Unix seconds):
 
 * ``start``: device (its name), device_type, precision, world_size, threads, torch, parameters,
-  overrides, train_pairs, batches_per_epoch (this rank's) and padding_share (of the first
-  epoch's batches), and ``resumed_from`` / ``init_from`` when the run continues or fine-tunes a
-  checkpoint; written when the data, model and batches are ready, before the first update;
+  overrides, train_pairs, batches_per_epoch (this rank's), padding_share (of the first epoch's
+  batches), data_time (Unix seconds when the data was ready), and ``resumed_from`` /
+  ``init_from`` when the run continues or fine-tunes a checkpoint; written when the data, model
+  and batches are ready, before the first update;
 * ``train`` (one per log window): epoch, train_time (seconds of training so far), loss (per
   target token), lr, grad_norm (mean over the window), tokens (target tokens, all ranks),
   updates, seconds (training time of the window), tokens_per_s;

@@ -518,6 +518,7 @@ class Setup:
     resume_file: Path | None = None  # the checkpoint a resumed run continues
     resumed: dict[str, Any] | None = None  # its payload
     init_info: dict[str, Any] = field(default_factory=dict)  # fine-tuning: file, step, sha256
+    data_time: float = 0.0  # when the data was ready (Unix seconds)
 
 
 @dataclass
@@ -1056,6 +1057,7 @@ class Origin:
     tokenizers: dict[str, Any] | None = None  # the checkpoint's tokenizers (state dict)
     start_model: Seq2Seq | None = None  # fine-tuning: the model with the checkpoint's weights
     init_info: dict[str, Any] = field(default_factory=dict)  # fine-tuning: file, step, sha256
+    data_time: float = 0.0  # when the data was ready (Unix seconds)
     replaced: list[str] = field(default_factory=list)  # fine-tuning: data options replaced
 
 
@@ -1130,15 +1132,17 @@ def training_device(t: DictConfig, dist_info: DistInfo) -> torch.device:
 
 def data_and_model(
     cfg: DictConfig, origin: Origin, run_dir: Path, dist_info: DistInfo
-) -> tuple[PreparedData, Seq2Seq]:
+) -> tuple[PreparedData, float, Seq2Seq]:
     """The run's data (with the checkpoint's tokenizers, if any, else newly trained ones, saved
-    in the run directory) and its model (fine-tuning's start, else a new one)."""
+    in the run directory), the time (Unix seconds) it was ready, and the run's model
+    (fine-tuning's start, else a new one)."""
     state = origin.tokenizers
     data = prepare_data(cfg.data, TokenizerPair.from_state_dict(state) if state else None)
+    data_time = time.time()
     if dist_info.is_main:
         save_tokenizers(data.tokenizers, run_dir / "tokenizer")
     model = origin.start_model
-    return data, model if model is not None else build_model(cfg, data.tokenizers)
+    return data, data_time, model if model is not None else build_model(cfg, data.tokenizers)
 
 
 def setup(cfg: DictConfig, run_dir: Path, functions: Functions) -> Setup:
@@ -1159,7 +1163,7 @@ def setup(cfg: DictConfig, run_dir: Path, functions: Functions) -> Setup:
     log_origin(origin)
     device = training_device(cfg.trainer, dist_info)
     seed_everything(cfg.trainer.seed)
-    data, model = data_and_model(cfg, origin, run_dir, dist_info)
+    data, data_time, model = data_and_model(cfg, origin, run_dir, dist_info)
     model.to(device)
     probe = partial(speed_probe, cfg, model, data, functions.probe)
     precision = training_precision(cfg, device, dist_info, origin.resumed, probe)
@@ -1172,7 +1176,7 @@ def setup(cfg: DictConfig, run_dir: Path, functions: Functions) -> Setup:
              f"{model.num_parameters():,}", device)  # fmt: skip
     return Setup(
         cfg, run_dir, dist_info, device, data, model, time_limit(cfg, device),
-        origin.resume_file, origin.resumed, origin.init_info,
+        origin.resume_file, origin.resumed, origin.init_info, data_time,
     )  # fmt: skip
 
 
@@ -1190,8 +1194,9 @@ def run_training(trainer: Trainer) -> str:
         len(data.train), len(first), 100 * padding,
     )  # fmt: skip
     trainer.log_start(
-        train_pairs=len(data.train), batches_per_epoch=len(first), padding_share=padding
-    )
+        train_pairs=len(data.train), batches_per_epoch=len(first), padding_share=padding,
+        data_time=round(trainer.run.data_time, 3),
+    )  # fmt: skip
     reason = trainer.fit()
     if s.history:
         log.info("%s; best validation BLEU %.2f at step %d", reason, s.best_bleu, s.best_step)

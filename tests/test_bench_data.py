@@ -13,10 +13,35 @@ from pathlib import Path
 import pytest
 
 from nmt.bench import soak
+from nmt.bench.data_scale import event_time, watch
 from nmt.bench.memory import TreeSampler, descendants, kill_tree, pss, rss
 from nmt.runlog import RunLog, read_events
 
 from .helpers import REPO, TINY_TRANSFORMER
+
+
+def test_watch_follows_the_runs_events_and_stops_it(tmp_path: Path) -> None:
+    """Marks and the stop come from metrics.jsonl, not from the command's output; the command
+    (a stand-in for nmt-train that never ends by itself) is killed at the awaited event."""
+    code = (
+        "import sys, time; from nmt.runlog import RunLog; log = RunLog(sys.argv[1]); "
+        "print('step 1: loss 9', flush=True); time.sleep(0.3); "
+        "log.write('start', 0, data_time=time.time() - 0.2); time.sleep(0.3); "
+        "[log.write('train', s, loss=1.0) for s in (1, 2, 3)]; time.sleep(120)"
+    )
+    tic = time.monotonic()
+    run = watch(
+        [sys.executable, "-c", code, str(tmp_path)], dict(os.environ), REPO, tmp_path,
+        until=event_time("train", step=2),
+        marks={"data": event_time("start", "data_time"), "ready": event_time("start"),
+               "first": event_time("train", step=1)},
+    )  # fmt: skip
+    assert run.matched and time.monotonic() - tic < 60  # stopped, not waited for
+    assert run.returncode != 0  # killed
+    assert run.marks["data"] < run.marks["ready"] <= run.marks["first"] <= run.seconds
+    assert run.marks["ready"] - run.marks["data"] >= 0.15
+    assert set(run.marks_pss) == {"data", "ready", "first"}
+    assert "step 1: loss" in run.tail  # its output is kept for an error message
 
 
 def test_tree_sampler_sees_a_child_and_its_memory() -> None:

@@ -39,13 +39,13 @@ import collections
 import json
 import os
 import platform
-import re
 import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from nmt.bench.report import say as _say
 from nmt.bench.report import table
 from nmt.data.corpus import fetch_multi30k, read_parallel
 from nmt.data.synthetic import count_pairs, write_numbered_copies
+from nmt.runlog import METRICS_FILE
 
 SCHEMA = "nmt-bench-data/1"
 MB = 1 << 20
@@ -92,26 +93,52 @@ class Watched:
     series: list[tuple[float, int]]  # (seconds from start, summed PSS) of every sample
 
 
+EventTime = Callable[[dict[str, Any]], float | None]  # an event -> a Unix time, or None
+
+
+def event_time(kind: str, key: str = "time", step: int = 0) -> EventTime:
+    """A mark: the ``key`` time of the first ``kind`` event at ``step`` or later."""
+    return lambda e: e.get(key) if e["event"] == kind and e["step"] >= step else None
+
+
+class EventFollower:
+    """Reads the events a running training appends to ``<run>/metrics.jsonl``, as they come."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / METRICS_FILE
+        self.offset = 0
+
+    def new(self) -> list[dict[str, Any]]:
+        """The events whose lines were completed since the last call."""
+        if not self.path.is_file():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+
+
 def watch(
     cmd: list[str],
     env: dict[str, str],
     cwd: Path,
-    until: str | None = None,
+    run_dir: Path | None = None,
+    until: EventTime | None = None,
     select: Any = None,
     timeout: float = 3600,
-    marks: dict[str, str] | None = None,
+    marks: dict[str, EventTime] | None = None,
 ) -> Watched:
-    """Run ``cmd``, sampling its process tree; with ``until``, stop it (SIGKILL to its
-    process group) as soon as a line of its output matches that regex. ``marks``: regexes
-    whose first matching line's time is recorded."""
-    pattern = re.compile(until) if until else None
-    watched = {name: re.compile(regex) for name, regex in (marks or {}).items()}
+    """Run ``cmd``, sampling its process tree and following the events of the training run it
+    writes into ``run_dir``; with ``until``, stop it (its whole process tree) as soon as an event
+    gives that time. ``marks``: the times, from start, that the first event giving each records
+    (the summed PSS is sampled when the event is seen)."""
+    marks = marks or {}
     seen: dict[str, float] = {}
     seen_pss: dict[str, tuple[int, int, int]] = {}
-    sampler_box: list[TreeSampler] = []
     tail: collections.deque[str] = collections.deque(maxlen=60)
-    hit = threading.Event()
-    start = time.monotonic()
+    start, wall = time.monotonic(), time.time()
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
@@ -121,38 +148,44 @@ def watch(
         text=True,
         start_new_session=True,
     )
-    matched_at: list[float] = []
 
-    def read() -> None:
+    def read() -> None:  # the output is kept only for an error message
         assert proc.stdout is not None
         for line in proc.stdout:
             tail.append(line)
-            for name, regex in watched.items():
-                if name not in seen and regex.search(line):
-                    seen[name] = time.monotonic() - start
-                    if sampler_box:
-                        m = sampler_box[0].sample()
-                        seen_pss[name] = (m.last_pss_sum, m.last_pss_anon, m.last_pss_file)
-            if pattern is not None and not hit.is_set() and pattern.search(line):
-                matched_at.append(time.monotonic())
-                hit.set()
 
     sampler = TreeSampler(proc.pid, interval=0.05, select=select)
-    sampler_box.append(sampler)
+    follower = EventFollower(run_dir) if run_dir is not None else None
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    matched_at: float | None = None
     main_peak = pss_at_match = 0
+
+    def follow() -> bool:
+        """Record the marks of new events; True once ``until`` is met."""
+        for event in follower.new() if follower is not None else []:
+            for name, mark in marks.items():
+                when = mark(event)
+                if name not in seen and when is not None:
+                    seen[name] = when - wall
+                    m = sampler.sample()
+                    seen_pss[name] = (m.last_pss_sum, m.last_pss_anon, m.last_pss_file)
+            if until is not None and until(event) is not None:
+                return True
+        return False
+
     try:
         with sampler:
-            if pattern is not None:
+            if until is not None:
                 deadline = start + timeout
-                while not hit.wait(0.02):
-                    if proc.poll() is not None or time.monotonic() > deadline:
+                while proc.poll() is None and time.monotonic() < deadline:
+                    if follow():
+                        matched_at = time.monotonic()
+                        main_peak = rss(proc.pid)[1]
+                        sampler.sample()
+                        pss_at_match = sampler.peak.last_pss_sum
                         break
-                if hit.is_set():
-                    main_peak = rss(proc.pid)[1]
-                    sampler.sample()
-                    pss_at_match = sampler.peak.last_pss_sum
+                    time.sleep(0.02)
                 if proc.poll() is None:
                     kill_tree(proc.pid)
                 proc.wait()
@@ -166,11 +199,11 @@ def watch(
             kill_tree(proc.pid)
             proc.wait()
     reader.join(timeout=10)
-    end = matched_at[0] if matched_at else time.monotonic()
+    end = matched_at if matched_at is not None else time.monotonic()
     return Watched(
         returncode=code,
         seconds=end - start,
-        matched=bool(matched_at),
+        matched=matched_at is not None,
         tail="".join(tail),
         main_peak_rss=main_peak,
         tree_rss=sampler.peak.rss_sum,
@@ -258,19 +291,22 @@ def bench_size(pairs: int, s: DataScaleSettings, base: Path, valid: Path) -> dic
     ]  # fmt: skip
     say(f"{pairs:,} pairs: a training run on the prepared data, to its first update")
     before = load_average()
+    run_dir = work / "outputs" / "one"
+    shutil.rmtree(run_dir, ignore_errors=True)  # events of an earlier run are not this one's
     run = watch(
-        [sys.executable, "-m", "nmt.train", *train, f"hydra.run.dir={work / 'outputs' / 'one'}"],
+        [sys.executable, "-m", "nmt.train", *train, f"hydra.run.dir={run_dir}"],
         env,
         s.cwd,
-        until=r"\] step 1: loss",
-        marks={"data": r"\] val: \d+ sentences", "ready": r"\] training data: "},
+        run_dir,
+        until=event_time("train", step=1),
+        marks={"data": event_time("start", "data_time"), "ready": event_time("start")},
     )
     if not run.matched:
         raise SystemExit(f"training never reached its first update:\n{run.tail}")
     result["train"] = {
         "startup_seconds": run.seconds,
         # process start to: data prepared and valid set read; model, optimizer and sampler
-        # built (the "training data:" log line); the first update is what follows
+        # built (the start event); the first update is what follows (its train event)
         "data_seconds": run.marks.get("data"),
         "ready_seconds": run.marks.get("ready"),
         "peak_rss_bytes": run.main_peak_rss,
@@ -281,6 +317,9 @@ def bench_size(pairs: int, s: DataScaleSettings, base: Path, valid: Path) -> dic
     if s.ddp_steps:
         say(f"{pairs:,} pairs: 2 DDP ranks (gloo) to update {s.ddp_steps}")
         before = load_average()
+
+        ddp_dir = work / "outputs" / "ddp"
+        shutil.rmtree(ddp_dir, ignore_errors=True)
 
         def is_rank(pid: int) -> bool:
             line = cmdline(pid)
@@ -297,13 +336,14 @@ def bench_size(pairs: int, s: DataScaleSettings, base: Path, valid: Path) -> dic
                 "nmt.train",
                 *train,
                 "trainer.threads=1",
-                f"hydra.run.dir={work / 'outputs' / 'ddp'}",
+                f"hydra.run.dir={ddp_dir}",
             ],  # fmt: skip
             {**env, "OMP_NUM_THREADS": "1"},
             s.cwd,
-            until=rf"\] step {s.ddp_steps}: loss",
+            ddp_dir,
+            until=event_time("train", step=s.ddp_steps),
             select=is_rank,
-            marks={"ready": r"\] training data: ", "first": r"\] step 1: loss"},
+            marks={"ready": event_time("start"), "first": event_time("train", step=1)},
         )
         if not ddp.matched:
             raise SystemExit(f"DDP training never reached update {s.ddp_steps}:\n{ddp.tail}")
