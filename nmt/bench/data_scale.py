@@ -9,8 +9,9 @@ de-en corpus of N distinct pairs from Multi30k's training split (numbered copies
   (the encoding workers included) of the summed RSS and of the summed PSS, sampled every 50 ms;
   the preparation's own phase timings from its manifest;
 * ``train``: a training run on the prepared cache (``nmt-train``, the second run on the data):
-  seconds from process start to its first update (and to the log lines saying that its data
-  is read and that its model and batches are ready), its peak resident memory until then;
+  seconds from process start to its first update (and to the moments its data was read and its
+  model and batches were ready), from the run's events (``metrics.jsonl``: the start event's
+  ``data_time`` and time, the first train event), its peak resident memory until then;
 * ``ddp``: two DDP ranks (torchrun, gloo, CPU) on the same cache, run to rank 0's update
   ``--ddp-steps``: the summed PSS of the two ranks (``/proc/<pid>/smaps_rollup``; shared
   pages, such as the memory-mapped cache and the libraries, count once in total) when rank 0
