@@ -25,9 +25,9 @@ from typing import Protocol
 import torch
 
 from nmt import ct2
+from nmt.atomic import atomic_write_bytes
 from nmt.config import ConfigError
 from nmt.data.batching import TokenDataset
-from nmt.data.corpus import atomic_write_bytes
 from nmt.package import CT2_DIR, is_package, read_manifest, verified_file
 from nmt.precision import machine_key
 from nmt.search import DecodeOptions, Hypothesis, decode_dataset

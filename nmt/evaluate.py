@@ -22,7 +22,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt.checkpoint import atomic_write_bytes
+from nmt.atomic import atomic_write_bytes
 from nmt.cli import exit_on_error
 from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import DataError, read_lines, strip_lines

@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from sacrebleu.metrics import BLEU
 from torch import Tensor
 
-from nmt.checkpoint import atomic_write_bytes
+from nmt.atomic import atomic_write_bytes
 from nmt.data.batching import make_batch
 from nmt.data.prepare import EvalSet, encode_texts
 from nmt.data.tokenizer import BOS_ID, EOS_ID, TokenizerPair
@@ -69,12 +69,6 @@ def encode_weights(layers: Sequence[Tensor]) -> dict[str, Any]:
         "shape": list(stacked.shape),
         "data": base64.b64encode(quantised.tobytes()).decode("ascii"),
     }
-
-
-def decode_weights(entry: dict[str, Any]) -> np.ndarray:
-    """Inverse of :func:`encode_weights`: (L, H, Tq, Tk) float32."""
-    raw = np.frombuffer(base64.b64decode(entry["data"]), dtype="<u2")
-    return (raw.astype(np.float32) / QUANT).reshape(entry["shape"])
 
 
 def sentence_bleu(hypothesis: str, reference: str | None) -> float | None:

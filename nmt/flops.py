@@ -154,10 +154,3 @@ def forward_flops(
 ) -> int:
     """Total forward FLOPs of a batch (matrix products only, padding excluded)."""
     return sum(forward_flops_breakdown(model, src_lens, tgt_lens, tgt_vocab).values())
-
-
-def training_flops(
-    model: Mapping[str, Any], src_lens: Lengths, tgt_lens: Lengths, tgt_vocab: int
-) -> int:
-    """FLOPs of one training step (forward and backward) over a batch."""
-    return TRAIN_FACTOR * forward_flops(model, src_lens, tgt_lens, tgt_vocab)

@@ -29,7 +29,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from nmt.checkpoint import atomic_write_bytes
+from nmt.atomic import atomic_write_bytes
 from nmt.cli import exit_on_error
 from nmt.config import ConfigError, register_configs
 from nmt.data.batching import make_batch
@@ -40,7 +40,7 @@ from nmt.export import load_for_decoding
 from nmt.package import is_package, model_argument
 from nmt.runtime import config_dir, pick_device, resolve_run_dir, setup_logging
 from nmt.search import DecodeOptions
-from nmt.trained import Trained
+from nmt.trained import Trained, checkpoint_run_dir
 from nmt.visualize import attend, save_png, sentence_views, view_title
 
 log = logging.getLogger("nmt.plot_attention")
@@ -51,11 +51,6 @@ FREE_TEXT_KEYS = ("sentence", "reference")
 FORMATS = ("png", "html")
 _BEFORE_QUOTE = re.compile(r"(\\*)'")  # a quote and the backslashes before it
 _BACKSLASHES_AT_END = re.compile(r"(\\+)$")
-
-
-def source_sentences(cfg: DictConfig) -> list[str]:
-    """The non-empty sentences of ``sentence=`` or ``input=`` (at most ``max_sentences``)."""
-    return read_inputs(cfg)[0]
 
 
 def _references(cfg: DictConfig, n_lines: int) -> list[str] | None:
@@ -117,9 +112,7 @@ def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
         return Path(cfg.out)
     if is_package(ckpt):  # a package is handed on as it is: nothing is written into it
         return Path("outputs") / "attention" / ckpt.resolve().name
-    ckpt = ckpt.resolve()
-    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
-    return run_dir / "attention"
+    return (checkpoint_run_dir(ckpt) or ckpt.resolve().parent) / "attention"
 
 
 def plot_sentences(

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nmt.atomic import atomic_write_bytes
 from nmt.data.batching import Batch, TokenDataset, make_batch
-from nmt.data.corpus import atomic_write_bytes
 from nmt.runtime import autocast, cpu_model, native_bf16
 
 log = logging.getLogger("nmt.precision")

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nmt.atomic import atomic_write_bytes
+
 log = logging.getLogger("nmt.runlog")
 
 METRICS_FILE = "metrics.jsonl"
@@ -135,5 +137,5 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
 def write_summary(run_dir: Path) -> dict[str, Any]:
     """Derive ``summary.json`` from ``metrics.jsonl`` and write it; returns the summary."""
     summary = summarize(read_events(run_dir))
-    (Path(run_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    atomic_write_bytes(Path(run_dir) / SUMMARY_FILE, json.dumps(summary, indent=2).encode())
     return summary

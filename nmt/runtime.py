@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from nmt.atomic import atomic_write_bytes
 from nmt.cli import CONFIG_DIR, config_dir, setup_logging  # noqa: F401 (re-exported)
 from nmt.config import ConfigError
 
@@ -154,7 +155,7 @@ def update_latest_link(outputs: Path, run_dir: Path) -> None:
         os.replace(tmp, link)
     except OSError as e:  # e.g. a filesystem without symlinks: record the path instead
         log.warning("could not update %s (%s); writing its path to %s.txt", link, e, link)
-        (outputs / "latest.txt").write_text(str(run_dir.resolve()) + "\n")
+        atomic_write_bytes(outputs / "latest.txt", (str(run_dir.resolve()) + "\n").encode())
 
 
 def resolve_run_dir(path: str | Path) -> Path:

@@ -41,7 +41,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt.config import ConfigError
 from nmt.data.batching import TokenDataset, eval_batches, make_batch
 from nmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from nmt.decode_options import DecodeOptions  # re-exported: callers import it from here
@@ -454,19 +453,3 @@ def translate_dataset(
     """
     hyps = decode_dataset(model, data, opts, device, limit)
     return [tokenizer.decode(h.tokens) for h in hyps]
-
-
-def translate_dataset_nbest(
-    model: Seq2Seq,
-    data: TokenDataset,
-    tokenizer: Tokenizer,
-    opts: DecodeOptions,
-    device: torch.device,
-    n_best: int,
-    limit: int = 0,
-) -> list[list[tuple[str, float]]]:
-    """Up to ``n_best`` (<= beam) detokenized translations per sentence with their scores."""
-    if n_best > opts.beam:
-        raise ConfigError(f"n_best={n_best} needs beam >= {n_best} (beam={opts.beam})")
-    hyps = decode_dataset(model, data, opts, device, limit)
-    return [[(tokenizer.decode(t), s) for t, s in h.nbest[:n_best]] for h in hyps]

@@ -10,6 +10,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from nmt.atomic import atomic_write_bytes
+
 log = logging.getLogger("nmt.sweep")
 
 
@@ -41,5 +43,5 @@ class SweepSummary(Callback):
         rows = collect(sweep_dir)
         if not rows:
             return
-        (sweep_dir / "summary.json").write_text(json.dumps(rows, indent=2))
+        atomic_write_bytes(sweep_dir / "summary.json", json.dumps(rows, indent=2).encode())
         print(f"\nSweep summary ({sweep_dir / 'summary.json'}):\n{format_table(rows)}")

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from nmt import checkpoint as ckpt
+from nmt.atomic import atomic_write_bytes
 from nmt.average import average_checkpoints
 from nmt.cli import exit_on_error
 from nmt.config import ConfigError, check_train_config, register_configs, to_container
@@ -1171,7 +1172,7 @@ def setup(cfg: DictConfig, run_dir: Path, functions: Functions) -> Setup:
         log.info("trainer.precision=%s: using %s on %s", cfg.trainer.precision, precision, device)
         cfg.trainer.precision = precision
     if dist_info.is_main:
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        atomic_write_bytes(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
     log.info("model %s: %s parameters on %s", type(model).__name__,
              f"{model.num_parameters():,}", device)  # fmt: skip
     return Setup(

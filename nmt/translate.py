@@ -21,7 +21,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from nmt.checkpoint import atomic_write_bytes
+from nmt.atomic import atomic_write_bytes
 from nmt.cli import exit_on_error
 from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import read_lines

@@ -36,7 +36,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import CheckpointError, atomic_write_bytes
+from nmt.atomic import atomic_write_bytes
+from nmt.checkpoint import CheckpointError
 from nmt.cli import exit_on_error
 from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, ConfigError
 from nmt.data.prepare import load_valid_set

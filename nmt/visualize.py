@@ -255,17 +255,6 @@ def sentence_views(
     return views
 
 
-def attention_views(
-    model: Seq2Seq,
-    src: Tensor,
-    src_lens: Tensor,
-    tokenizers: TokenizerPair,
-    layers: LayerSpec = "last",
-) -> list[list[AttentionView]]:
-    """Views of every sentence of a batch, src (B, S), src_lens (B,): one list per sentence."""
-    return [sentence_views(s, tokenizers, layers) for s in attend(model, src, src_lens)]
-
-
 # ----------------------------------------------------------------------------- drawing
 
 

@@ -8,6 +8,7 @@ file URL in a browser context without network.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import sys
@@ -28,7 +29,6 @@ from nmt.explorer import (
     QUANT,
     STEPS_FILE,
     TrainingExplorer,
-    decode_weights,
     document,
     encode_weights,
     render_html,
@@ -38,6 +38,14 @@ from nmt.search import DecodeOptions, greedy_search, max_output_lengths
 from nmt.trained import checkpoint_path, load_trained
 
 from .helpers import compose_config, save_screenshot
+
+
+def decode_weights(entry: dict[str, Any]) -> np.ndarray:
+    """What the page's script does with a packed attention map: (L, H, Tq, Tk) float32, the
+    inverse of :func:`nmt.explorer.encode_weights`."""
+    raw = np.frombuffer(base64.b64decode(entry["data"]), dtype="<u2")
+    return (raw.astype(np.float32) / QUANT).reshape(entry["shape"])
+
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -36,12 +36,12 @@ from nmt.search import DecodeOptions
 from nmt.train import validation_options
 from nmt.visualize import (
     attend,
-    attention_views,
     flatten_config,
     log_hparams,
     log_validation_views,
     sample_markdown,
     select_layers,
+    sentence_views,
 )
 
 from .helpers import compose_config
@@ -106,6 +106,11 @@ def evalset(tokenizers: TokenizerPair) -> EvalSet:
     )
 
 
+def _views(model, src, src_lens, tokenizers, layers="last"):
+    """The views of every sentence of a batch, src (B, S), src_lens (B,): one list each."""
+    return [sentence_views(s, tokenizers, layers) for s in attend(model, src, src_lens)]
+
+
 def build(kind: str, vocab: int = VOCAB) -> Seq2Seq:
     torch.manual_seed(0)
     schema, sizes = TINY[kind]
@@ -127,7 +132,7 @@ def read_events(logdir: Path) -> EventAccumulator:
 def test_views_are_distributions_with_labels(kind: str, tokenizers, evalset) -> None:
     model = build(kind)
     batch = make_batch(evalset.data, [0, 1])
-    per_sentence = attention_views(model, batch.src, batch.src_lens, tokenizers, layers="last")
+    per_sentence = _views(model, batch.src, batch.src_lens, tokenizers, layers="last")
     assert len(per_sentence) == 2
     for views in per_sentence:
         names = {v.name for v in views}
@@ -144,7 +149,7 @@ def test_views_are_distributions_with_labels(kind: str, tokenizers, evalset) -> 
 def test_transformer_alignment_matches_teacher_forced_last_layer(tokenizers, evalset) -> None:
     """The greedy alignment equals the head-averaged last layer of the forced hypothesis."""
     batch = make_batch(evalset.data, [0])
-    views = attention_views(build("transformer"), batch.src, batch.src_lens, tokenizers)
+    views = _views(build("transformer"), batch.src, batch.src_lens, tokenizers)
     by_name = {v.name: v for v in views[0]}
     assert by_name["cross"].weights == pytest.approx(by_name["cross_layer1"].weights, abs=1e-5)
 
@@ -156,7 +161,7 @@ def test_empty_hypothesis_gives_one_row(tokenizers, evalset) -> None:
     batch = make_batch(evalset.data, [0])
     (sent,) = attend(model, batch.src, batch.src_lens)
     assert sent.hypothesis.tokens == []
-    (views,) = attention_views(model, batch.src, batch.src_lens, tokenizers)
+    (views,) = _views(model, batch.src, batch.src_lens, tokenizers)
     assert views[0].weights.shape == (1, 1, 6) and views[0].query_labels == ["</s>"]
 
 
