@@ -618,14 +618,14 @@ class Trainer:
                 log_validation_views(
                     self.writer, self.model, run.data.valid, run.data.tokenizers, step,
                     run.device, t.attention_sentences, t.attention_layers,
-                    opts=validation_options(self.cfg),
+                    opts=validation_options(run.cfg),
                 )  # fmt: skip
             self.writer.flush()
         if self.explorer is not None:
             self.explorer.add(
                 step, self.model, run.data.valid, run.data.tokenizers, run.device,
                 t.attention_sentences, f"validation BLEU {metrics['bleu']:.2f}",
-                opts=validation_options(self.cfg),
+                opts=validation_options(run.cfg),
             )  # fmt: skip
 
     # ----------------------------------------------------------------- logging
