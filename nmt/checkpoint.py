@@ -160,3 +160,59 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+# parts of a checkpoint's training state that measure wall-clock time, not the run's course
+_CLOCK_KEYS = ("train_time", "decay_start")
+
+
+def content_digest(payload: dict[str, Any]) -> dict[str, str]:
+    """A sha256 (hex, first 16 digits) of each deterministic part of a checkpoint.
+
+    The parts: model, optimizer, scheduler, scaler, rng, state (without its clock fields),
+    history (the validations, without their durations) and tokenizers. Two runs of the same
+    code, config and seed on the same machine give equal digests; a change that claims not to
+    alter training must keep them equal. The config is left out: it names the run's folders.
+    """
+    state = dict(payload.get("state") or {})
+    history = [{k: v for k, v in e.items() if k != "seconds"} for e in state.pop("history", [])]
+    for key in _CLOCK_KEYS:
+        state.pop(key, None)
+    parts = {
+        "model": payload.get("model"),
+        "optimizer": payload.get("optimizer"),
+        "scheduler": payload.get("scheduler"),
+        "scaler": payload.get("scaler"),
+        "rng": payload.get("rng"),
+        "state": state,
+        "history": history,
+        "tokenizers": payload.get("tokenizers"),
+    }
+    digests = {}
+    for name, value in parts.items():
+        h = hashlib.sha256()
+        _feed(h, value)
+        digests[name] = h.hexdigest()[:16]
+    return digests
+
+
+def _feed(h: Any, value: Any) -> None:
+    """Hash a nested value: tensors by dtype, shape and bytes; containers in key order."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{t.dtype}{tuple(value.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, dict):
+        for key in sorted(value, key=str):
+            h.update(repr(key).encode())
+            _feed(h, value[key])
+    elif isinstance(value, (list, tuple)):
+        h.update(b"[")
+        for item in value:
+            _feed(h, item)
+        h.update(b"]")
+    else:
+        h.update(repr(value).encode())
