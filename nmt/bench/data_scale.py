@@ -121,6 +121,44 @@ class EventFollower:
         return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
 
 
+class _Marks:
+    """The marks a watched run's events give: seconds from start, and the summed PSS then."""
+
+    def __init__(self, marks: dict[str, EventTime], sampler: TreeSampler, wall: float) -> None:
+        self.marks, self.sampler, self.wall = marks, sampler, wall
+        self.seen: dict[str, float] = {}
+        self.pss: dict[str, tuple[int, int, int]] = {}
+
+    def note(self, event: dict[str, Any]) -> None:
+        for name, mark in self.marks.items():
+            when = mark(event)
+            if name not in self.seen and when is not None:
+                self.seen[name] = when - self.wall
+                m = self.sampler.sample()
+                self.pss[name] = (m.last_pss_sum, m.last_pss_anon, m.last_pss_file)
+
+
+def _launch(
+    cmd: list[str], env: dict[str, str], cwd: Path
+) -> tuple[subprocess.Popen, collections.deque[str], threading.Thread]:
+    """Start ``cmd`` in a session of its own; its output's last lines are kept (for an error
+    message) by a reader thread."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    tail: collections.deque[str] = collections.deque(maxlen=60)
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return proc, tail, reader
+
+
 def watch(
     cmd: list[str],
     env: dict[str, str],
@@ -135,74 +173,36 @@ def watch(
     writes into ``run_dir``; with ``until``, stop it (its whole process tree) as soon as an event
     gives that time. ``marks``: the times, from start, that the first event giving each records
     (the summed PSS is sampled when the event is seen)."""
-    marks = marks or {}
-    seen: dict[str, float] = {}
-    seen_pss: dict[str, tuple[int, int, int]] = {}
-    tail: collections.deque[str] = collections.deque(maxlen=60)
     start, wall = time.monotonic(), time.time()
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-    def read() -> None:  # the output is kept only for an error message
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            tail.append(line)
-
+    proc, tail, reader = _launch(cmd, env, cwd)
     sampler = TreeSampler(proc.pid, interval=0.05, select=select)
+    seen = _Marks(marks or {}, sampler, wall)
     follower = EventFollower(run_dir) if run_dir is not None else None
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
     matched_at: float | None = None
     main_peak = pss_at_match = 0
-
-    def follow() -> bool:
-        """Record the marks of new events; True once ``until`` is met."""
-        for event in follower.new() if follower is not None else []:
-            for name, mark in marks.items():
-                when = mark(event)
-                if name not in seen and when is not None:
-                    seen[name] = when - wall
-                    m = sampler.sample()
-                    seen_pss[name] = (m.last_pss_sum, m.last_pss_anon, m.last_pss_file)
-            if until is not None and until(event) is not None:
-                return True
-        return False
-
     try:
         with sampler:
-            if until is not None:
-                deadline = start + timeout
-                while proc.poll() is None and time.monotonic() < deadline:
-                    if follow():
-                        matched_at = time.monotonic()
-                        main_peak = rss(proc.pid)[1]
-                        sampler.sample()
-                        pss_at_match = sampler.peak.last_pss_sum
-                        break
-                    time.sleep(0.02)
-                if proc.poll() is None:
-                    kill_tree(proc.pid)
-                proc.wait()
-                code = proc.returncode
-            else:
+            if until is None:
                 code, main_peak = wait_with_rusage(proc.pid)
                 proc.returncode = code
-    finally:
-        # an interrupted benchmark leaves no process behind (torchrun's ranks included)
+            else:
+                while proc.poll() is None and time.monotonic() < start + timeout:
+                    events = follower.new() if follower is not None else []
+                    for event in events:
+                        seen.note(event)
+                    if any(until(e) is not None for e in events):
+                        matched_at, main_peak = time.monotonic(), rss(proc.pid)[1]
+                        pss_at_match = sampler.sample().last_pss_sum
+                        break
+                    time.sleep(0.02)
+    finally:  # an interrupted benchmark leaves no process behind (torchrun's ranks included)
         if proc.poll() is None:
             kill_tree(proc.pid)
-            proc.wait()
+        proc.wait()
     reader.join(timeout=10)
     end = matched_at if matched_at is not None else time.monotonic()
     return Watched(
-        returncode=code,
+        returncode=proc.returncode,
         seconds=end - start,
         matched=matched_at is not None,
         tail="".join(tail),
@@ -210,8 +210,8 @@ def watch(
         tree_rss=sampler.peak.rss_sum,
         tree_pss=sampler.peak.pss_sum,
         pss_at_match=pss_at_match,
-        marks=seen,
-        marks_pss=seen_pss,
+        marks=seen.seen,
+        marks_pss=seen.pss,
         series=[(t - start, v) for t, v in sampler.peak.series],
     )
 
@@ -251,27 +251,47 @@ def write_valid(base: Path, work: Path) -> Path:
 
 def bench_size(pairs: int, s: DataScaleSettings, base: Path, valid: Path) -> dict[str, Any]:
     """Preparation, start-up and DDP memory at one corpus size."""
-    work = s.work
-    prefix = make_corpus(base, work, pairs)
-    root = work / f"root_{pairs}"
+    prefix = make_corpus(base, s.work, pairs)
+    root = s.work / f"root_{pairs}"
     shutil.rmtree(root, ignore_errors=True)  # a first preparation: no caches at all
     data = [
         "data=parallel", "data.src_lang=de", "data.tgt_lang=en", f"data.train={prefix}",
         f"data.valid={valid}", "data.test=[]", f"data.root={root}",
         f"data.num_workers={s.workers}", *s.overrides,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     text_bytes = sum(Path(f"{prefix}.{lang}").stat().st_size for lang in ("de", "en"))
     result: dict[str, Any] = {"pairs": pairs, "text_bytes": text_bytes}
-
     say(f"{pairs:,} pairs: first preparation")
+    result["prepare"] = measure_preparation(data, s)
+    train = [
+        *data, "trainer.device=cpu", f"trainer.precision={s.precision}",
+        "trainer.log_every=1", "trainer.val_every=1000000",
+        "trainer.max_steps=1000000", "trainer.progress=false", "trainer.attention_sentences=0",
+        f"outputs={s.work / 'outputs'}",
+    ]  # fmt: skip
+    say(f"{pairs:,} pairs: a training run on the prepared data, to its first update")
+    result["train"] = measure_startup(train, s)
+    if s.ddp_steps:
+        say(f"{pairs:,} pairs: 2 DDP ranks (gloo) to update {s.ddp_steps}")
+        result["ddp"] = measure_ddp(train, s)
+    if not s.keep_caches:
+        shutil.rmtree(root, ignore_errors=True)
+    return result
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def measure_preparation(data: list[str], s: DataScaleSettings) -> dict[str, Any]:
+    """A first ``nmt-prepare`` with the ``data`` overrides: time, memory, phases, cache size."""
     before = load_average()
-    prep = watch([sys.executable, "-m", "nmt.prepare", *data], env, s.cwd)
+    prep = watch([sys.executable, "-m", "nmt.prepare", *data], _env(), s.cwd)
     if prep.returncode != 0:
         raise SystemExit(f"nmt-prepare failed:\n{prep.tail}")
     cache = Path(prep.tail.strip().splitlines()[-1])
     manifest = json.loads((cache / "manifest.json").read_text())
-    result["prepare"] = {
+    return {
         "seconds": prep.seconds,
         "peak_rss_bytes": prep.main_peak_rss,
         "tree_peak_rss_sum_bytes": prep.tree_rss,
@@ -284,19 +304,15 @@ def bench_size(pairs: int, s: DataScaleSettings, base: Path, valid: Path) -> dic
         "load_after": load_average(),
     }
 
-    train = [
-        *data, "trainer.device=cpu", f"trainer.precision={s.precision}",
-        "trainer.log_every=1", "trainer.val_every=1000000",
-        "trainer.max_steps=1000000", "trainer.progress=false", "trainer.attention_sentences=0",
-        f"outputs={work / 'outputs'}",
-    ]  # fmt: skip
-    say(f"{pairs:,} pairs: a training run on the prepared data, to its first update")
+
+def measure_startup(train: list[str], s: DataScaleSettings) -> dict[str, Any]:
+    """A training run on the prepared data, stopped at its first update: the seconds to it."""
     before = load_average()
-    run_dir = work / "outputs" / "one"
+    run_dir = s.work / "outputs" / "one"
     shutil.rmtree(run_dir, ignore_errors=True)  # events of an earlier run are not this one's
     run = watch(
         [sys.executable, "-m", "nmt.train", *train, f"hydra.run.dir={run_dir}"],
-        env,
+        _env(),
         s.cwd,
         run_dir,
         until=event_time("train", step=1),
@@ -304,7 +320,7 @@ def bench_size(pairs: int, s: DataScaleSettings, base: Path, valid: Path) -> dic
     )
     if not run.matched:
         raise SystemExit(f"training never reached its first update:\n{run.tail}")
-    result["train"] = {
+    return {
         "startup_seconds": run.seconds,
         # process start to: data prepared and valid set read; model, optimizer and sampler
         # built (the start event); the first update is what follows (its train event)
@@ -315,63 +331,56 @@ def bench_size(pairs: int, s: DataScaleSettings, base: Path, valid: Path) -> dic
         "load_after": load_average(),
     }
 
-    if s.ddp_steps:
-        say(f"{pairs:,} pairs: 2 DDP ranks (gloo) to update {s.ddp_steps}")
-        before = load_average()
 
-        ddp_dir = work / "outputs" / "ddp"
-        shutil.rmtree(ddp_dir, ignore_errors=True)
+def _is_rank(pid: int) -> bool:
+    """A DDP rank process (not the torchrun launcher)."""
+    line = cmdline(pid)
+    return "nmt.train" in line and "torch.distributed.run" not in line
 
-        def is_rank(pid: int) -> bool:
-            line = cmdline(pid)
-            return "nmt.train" in line and "torch.distributed.run" not in line
 
-        ddp = watch(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node=2",
-                f"--master-port={free_port()}",
-                "-m",
-                "nmt.train",
-                *train,
-                "trainer.threads=1",
-                f"hydra.run.dir={ddp_dir}",
-            ],  # fmt: skip
-            {**env, "OMP_NUM_THREADS": "1"},
-            s.cwd,
-            ddp_dir,
-            until=event_time("train", step=s.ddp_steps),
-            select=is_rank,
-            marks={"ready": event_time("start"), "first": event_time("train", step=1)},
-        )
-        if not ddp.matched:
-            raise SystemExit(f"DDP training never reached update {s.ddp_steps}:\n{ddp.tail}")
-        result["ddp"] = {
-            "ranks": 2,
-            "steps": s.ddp_steps,
-            # summed PSS when rank 0 has its data, model and batches (before any update):
-            # total, anonymous (heap) and file-backed (mapped cache and libraries) parts
-            "ready_pss_sum_bytes": ddp.marks_pss.get("ready", (None,) * 3)[0],
-            "ready_pss_anon_bytes": ddp.marks_pss.get("ready", (None,) * 3)[1],
-            "ready_pss_file_bytes": ddp.marks_pss.get("ready", (None,) * 3)[2],
-            "pss_sum_bytes": ddp.pss_at_match,
-            # the lowest summed PSS from update 1 to the last: what stays between the updates'
-            # activations (model, optimizer, data), the steadiest of these figures
-            "steady_pss_sum_bytes": min(
-                (v for t, v in ddp.series if ddp.marks.get("first", 1e9) <= t <= ddp.seconds),
-                default=None,
-            ),
-            "peak_pss_sum_bytes": ddp.tree_pss,
-            "peak_rss_sum_bytes": ddp.tree_rss,
-            "seconds": ddp.seconds,
-            "load_before": before,
-            "load_after": load_average(),
-        }
-    if not s.keep_caches:
-        shutil.rmtree(root, ignore_errors=True)
-    return result
+def measure_ddp(train: list[str], s: DataScaleSettings) -> dict[str, Any]:
+    """Two DDP ranks (torchrun, gloo) run to update ``s.ddp_steps``: their summed memory."""
+    before = load_average()
+    ddp_dir = s.work / "outputs" / "ddp"
+    shutil.rmtree(ddp_dir, ignore_errors=True)
+    launch = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        f"--master-port={free_port()}", "-m", "nmt.train", *train, "trainer.threads=1",
+        f"hydra.run.dir={ddp_dir}",
+    ]  # fmt: skip
+    ddp = watch(
+        launch,
+        {**_env(), "OMP_NUM_THREADS": "1"},
+        s.cwd,
+        ddp_dir,
+        until=event_time("train", step=s.ddp_steps),
+        select=_is_rank,
+        marks={"ready": event_time("start"), "first": event_time("train", step=1)},
+    )
+    if not ddp.matched:
+        raise SystemExit(f"DDP training never reached update {s.ddp_steps}:\n{ddp.tail}")
+    ready = ddp.marks_pss.get("ready", (None, None, None))
+    first = ddp.marks.get("first", 1e9)
+    return {
+        "ranks": 2,
+        "steps": s.ddp_steps,
+        # summed PSS when rank 0 has its data, model and batches (before any update):
+        # total, anonymous (heap) and file-backed (mapped cache and libraries) parts
+        "ready_pss_sum_bytes": ready[0],
+        "ready_pss_anon_bytes": ready[1],
+        "ready_pss_file_bytes": ready[2],
+        "pss_sum_bytes": ddp.pss_at_match,
+        # the lowest summed PSS from update 1 to the last: what stays between the updates'
+        # activations (model, optimizer, data), the steadiest of these figures
+        "steady_pss_sum_bytes": min(
+            (v for t, v in ddp.series if first <= t <= ddp.seconds), default=None
+        ),
+        "peak_pss_sum_bytes": ddp.tree_pss,
+        "peak_rss_sum_bytes": ddp.tree_rss,
+        "seconds": ddp.seconds,
+        "load_before": before,
+        "load_after": load_average(),
+    }
 
 
 # ------------------------------------------------------------------------------ report
