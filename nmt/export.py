@@ -174,11 +174,7 @@ def model_card(
     trained: Trained, decode: dict[str, Any], licence: str | None, ct2: dict | None
 ) -> str:
     """The package's README.md."""
-    cfg = trained.cfg
-    m, d = cfg.model, cfg.data
-    sizes = ", ".join(f"{k}={v}" for k, v in m.items() if k != "arch")
-    opts = DecodeOptions.of_run(decode)
-    params = trained.model.num_parameters()
+    d = trained.cfg.data
     if licence is None:
         licence = (
             MULTI30K_LICENCE
@@ -187,24 +183,7 @@ def model_card(
             "(nmt-export --data-licence states it)"
         )
     lines = [
-        f"# {m.arch} {d.src_lang}->{d.tgt_lang} (nmt model package)",
-        "",
-        "## Model",
-        "",
-        f"- architecture: `{m.arch}` ({sizes})",
-        f"- parameters: {params:,} (a tied matrix counted, and stored, once)",
-        f"- training step: {trained.step}; source checkpoint: `{trained.path.name}`",
-        f"- vocabulary: sentencepiece {d.spm_model_type}, "
-        f"{'one joint model' if trained.tokenizers.joint else 'one model per side'}, "
-        f"{trained.tokenizers.src.vocab_size} / {trained.tokenizers.tgt.vocab_size} pieces",
-        f"- decoding defaults: beam {opts.beam}, length penalty {opts.length_penalty}",
-    ]
-    if ct2 is not None:
-        lines.append(
-            f"- CTranslate2 model in `ctranslate2/`: {ct2['quantization']} weights, "
-            f"written by CTranslate2 {ct2['version']}"
-        )
-    lines += [
+        *_card_model(trained, decode, ct2),
         "",
         "## Data",
         "",
@@ -218,26 +197,7 @@ def model_card(
         training_command(trained),
         "```",
         "",
-        "## Scores",
-        "",
-    ]
-    reports = eval_reports(trained)
-    if not reports:
-        lines += [
-            "Not evaluated before export: `nmt-eval model=<this folder>` scores it (sacreBLEU).",
-            "",
-        ]
-    for report in reports:
-        opts = report.get("options", {})
-        search = f"beam {opts.get('beam')}, length penalty {opts.get('length_penalty')}"
-        for name, entry in report.get("sets", {}).items():
-            lines.append(f"{name} ({entry.get('sentences')} sentences, {search}):")
-            lines.append("")
-            for metric, s in entry.get("scores", {}).items():
-                score = s.get("score", float("nan"))
-                lines.append(f"- {metric} {score:.2f} `{s.get('signature')}`")
-            lines.append("")
-    lines += [
+        *_card_scores(trained),
         "## Use",
         "",
         "```",
@@ -248,6 +208,54 @@ def model_card(
         "",
     ]
     return "\n".join(lines)
+
+
+def _card_model(trained: Trained, decode: dict[str, Any], ct2: dict | None) -> list[str]:
+    """The model card's "Model" section."""
+    m, d = trained.cfg.model, trained.cfg.data
+    sizes = ", ".join(f"{k}={v}" for k, v in m.items() if k != "arch")
+    opts = DecodeOptions.of_run(decode)
+    lines = [
+        f"# {m.arch} {d.src_lang}->{d.tgt_lang} (nmt model package)",
+        "",
+        "## Model",
+        "",
+        f"- architecture: `{m.arch}` ({sizes})",
+        f"- parameters: {trained.model.num_parameters():,} (a tied matrix counted, and stored, "
+        "once)",
+        f"- training step: {trained.step}; source checkpoint: `{trained.path.name}`",
+        f"- vocabulary: sentencepiece {d.spm_model_type}, "
+        f"{'one joint model' if trained.tokenizers.joint else 'one model per side'}, "
+        f"{trained.tokenizers.src.vocab_size} / {trained.tokenizers.tgt.vocab_size} pieces",
+        f"- decoding defaults: beam {opts.beam}, length penalty {opts.length_penalty}",
+    ]
+    if ct2 is not None:
+        lines.append(
+            f"- CTranslate2 model in `ctranslate2/`: {ct2['quantization']} weights, "
+            f"written by CTranslate2 {ct2['version']}"
+        )
+    return lines
+
+
+def _card_scores(trained: Trained) -> list[str]:
+    """The model card's "Scores" section: the run's evaluations with their signatures."""
+    lines = ["## Scores", ""]
+    reports = eval_reports(trained)
+    if not reports:
+        lines += [
+            "Not evaluated before export: `nmt-eval model=<this folder>` scores it (sacreBLEU).",
+            "",
+        ]
+    for report in reports:
+        opts = report.get("options", {})
+        search = f"beam {opts.get('beam')}, length penalty {opts.get('length_penalty')}"
+        for name, entry in report.get("sets", {}).items():
+            lines += [f"{name} ({entry.get('sentences')} sentences, {search}):", ""]
+            for metric, s in entry.get("scores", {}).items():
+                score = s.get("score", float("nan"))
+                lines.append(f"- {metric} {score:.2f} `{s.get('signature')}`")
+            lines.append("")
+    return lines
 
 
 def source_name(ckpt: Path) -> str:
@@ -270,18 +278,8 @@ def export_package(
     """Write the package of checkpoint ``ckpt`` into the folder ``out`` (created whole, then
     moved into place, so a failed export leaves nothing under ``out``). ``ctranslate2_only``
     leaves the PyTorch weights out: the smallest package, decoded by CTranslate2 alone."""
-    if ctranslate2_only and fmt != "ctranslate2":
-        raise ConfigError("--ctranslate2-only needs --format ctranslate2")
-    if fmt not in FORMATS:
-        raise ConfigError(f"--format {fmt!r} is not one of: {', '.join(FORMATS)}")
-    if quantize is not None and fmt != "ctranslate2":
-        raise ConfigError("--quantize applies to --format ctranslate2 only")
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise ConfigError(f"--quantize {quantize!r} is not one of: {', '.join(QUANTIZATIONS)}")
     out = Path(out)
-    if out.exists() and not (force and is_package(out)):
-        why = "use --force to replace it" if is_package(out) else "and is not a package"
-        raise ConfigError(f"--out {out} already exists ({why})")
+    _check_export_options(out, fmt, quantize, force, ctranslate2_only)
     trained = load_trained(Path(ckpt), torch.device("cpu"))
     ct2 = None
     if fmt == "ctranslate2":
@@ -292,38 +290,7 @@ def export_package(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        config = package_config(trained)
-        atomic_write_bytes(tmp / CONFIG, yaml.safe_dump(config, sort_keys=False).encode("utf-8"))
-        if not ctranslate2_only:
-            from safetensors.torch import save_file
-
-            weights = unique_weights(trained.model)
-            save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        toks = trained.tokenizers
-        protos = [toks.src.proto] if toks.joint else [toks.src.proto, toks.tgt.proto]
-        for name, proto in zip(tokenizer_files(toks.joint), protos, strict=True):
-            atomic_write_bytes(tmp / name, proto)
-        if ct2 is not None:
-            from nmt import ct2 as ct2_module
-
-            ct2_module.convert(trained.model, toks, tmp / CT2_DIR, ct2["quantization"])
-        card = model_card(trained, config["decode"], licence, ct2)
-        atomic_write_bytes(tmp / CARD, card.encode("utf-8"))
-        written = [p for p in sorted(tmp.rglob("*")) if p.is_file()]
-        files = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in written}
-        manifest = {
-            "format": FORMAT,
-            "arch": trained.cfg.model.arch,
-            "step": trained.step,
-            "joint_vocab": toks.joint,
-            "parameters": trained.model.num_parameters(),
-            "source_checkpoint": source_name(Path(ckpt)),
-            "source_sha256": sha256_file(Path(ckpt)),
-            "files": files,
-            "ctranslate2": ct2,
-            "torch_weights": not ctranslate2_only,
-        }
-        atomic_write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))
+        _write_package(tmp, trained, Path(ckpt), licence, ct2, ctranslate2_only)
         # what was written loads through the gate
         files = read_package(tmp)
         for name in files.manifest.files:
@@ -338,6 +305,65 @@ def export_package(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _check_export_options(
+    out: Path, fmt: str, quantize: str | None, force: bool, ctranslate2_only: bool
+) -> None:
+    """Refuse option combinations that cannot be exported, and an ``out`` that is in the way."""
+    if ctranslate2_only and fmt != "ctranslate2":
+        raise ConfigError("--ctranslate2-only needs --format ctranslate2")
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r} is not one of: {', '.join(FORMATS)}")
+    if quantize is not None and fmt != "ctranslate2":
+        raise ConfigError("--quantize applies to --format ctranslate2 only")
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ConfigError(f"--quantize {quantize!r} is not one of: {', '.join(QUANTIZATIONS)}")
+    if out.exists() and not (force and is_package(out)):
+        why = "use --force to replace it" if is_package(out) else "and is not a package"
+        raise ConfigError(f"--out {out} already exists ({why})")
+
+
+def _write_package(
+    tmp: Path,
+    trained: Trained,
+    ckpt: Path,
+    licence: str | None,
+    ct2: dict | None,
+    ctranslate2_only: bool,
+) -> None:
+    """Every file of the package into the folder ``tmp``, the manifest (with each file's
+    sha256) last."""
+    config = package_config(trained)
+    atomic_write_bytes(tmp / CONFIG, yaml.safe_dump(config, sort_keys=False).encode("utf-8"))
+    if not ctranslate2_only:
+        from safetensors.torch import save_file
+
+        save_file(unique_weights(trained.model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+    toks = trained.tokenizers
+    protos = [toks.src.proto] if toks.joint else [toks.src.proto, toks.tgt.proto]
+    for name, proto in zip(tokenizer_files(toks.joint), protos, strict=True):
+        atomic_write_bytes(tmp / name, proto)
+    if ct2 is not None:
+        from nmt import ct2 as ct2_module
+
+        ct2_module.convert(trained.model, toks, tmp / CT2_DIR, ct2["quantization"])
+    card = model_card(trained, config["decode"], licence, ct2)
+    atomic_write_bytes(tmp / CARD, card.encode("utf-8"))
+    written = [p for p in sorted(tmp.rglob("*")) if p.is_file()]
+    manifest = {
+        "format": FORMAT,
+        "arch": trained.cfg.model.arch,
+        "step": trained.step,
+        "joint_vocab": toks.joint,
+        "parameters": trained.model.num_parameters(),
+        "source_checkpoint": source_name(ckpt),
+        "source_sha256": sha256_file(ckpt),
+        "files": {p.relative_to(tmp).as_posix(): sha256_file(p) for p in written},
+        "ctranslate2": ct2,
+        "torch_weights": not ctranslate2_only,
+    }
+    atomic_write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))
 
 
 # ---------------------------------------------------------------------------------- command
