@@ -433,7 +433,17 @@ def train_corpora(value: Any, key: str = "data.train") -> list[TrainCorpus]:
 
 def check_train_config(cfg: DictConfig) -> None:
     """Check values that the type system cannot; raise ConfigError naming the key."""
-    d, o, t = cfg.data, cfg.optim, cfg.trainer
+    _check_data(cfg.data)
+    _check_optim(cfg.optim, cfg.trainer)
+    _check_trainer(cfg.trainer)
+    dec = cfg.decode
+    check_decode(dec, "decode.")
+    if dec.checkpoint == "averaged" and cfg.trainer.average_last == 0:
+        raise ConfigError("decode.checkpoint=averaged needs trainer.average_last > 0")
+    check_model_config(cfg.model)
+
+
+def _check_data(d: DictConfig) -> None:
     if d.src_lang == d.tgt_lang:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {d.src_lang!r}")
     if d.corpus == "multi30k":
@@ -453,6 +463,9 @@ def check_train_config(cfg: DictConfig) -> None:
             f"data.max_tokens={d.max_tokens} is smaller than one sentence of data.max_len="
             f"{d.max_len} tokens (+2 for BOS/EOS); raise data.max_tokens or lower data.max_len"
         )
+
+
+def _check_optim(o: DictConfig, t: DictConfig) -> None:
     _positive("optim.lr", o.lr)
     _positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
     _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
@@ -468,18 +481,14 @@ def check_train_config(cfg: DictConfig) -> None:
         raise ConfigError(
             "optim.decay_over=time decays to the training-time limit: set trainer.max_time > 0"
         )
+
+
+def _check_trainer(t: DictConfig) -> None:
     _choice("trainer.precision", str(t.precision), ("auto", "32", "bf16", "16"))
-    _positive("trainer.accumulate", t.accumulate)
-    _positive("trainer.log_every", t.log_every)
-    _positive("trainer.val_every", t.val_every)
-    for key in (
-        "max_steps",
-        "max_epochs",
-        "max_time",
-        "cpu_max_time",
-        "patience",
-        "clip_grad_norm",
-    ):
+    for key in ("accumulate", "log_every", "val_every", "keep_last"):
+        _positive(f"trainer.{key}", t[key])
+    for key in ("max_steps", "max_epochs", "max_time", "cpu_max_time", "patience",
+                "clip_grad_norm", "average_last"):  # fmt: skip
         _positive(f"trainer.{key}", t[key], allow_zero=True)
     if not 0 <= t.label_smoothing < 1:
         raise ConfigError(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
@@ -494,18 +503,11 @@ def check_train_config(cfg: DictConfig) -> None:
             "trainer.attention_html=true shows the first trainer.attention_sentences validation "
             f"sentences, but trainer.attention_sentences={t.attention_sentences}: set it > 0"
         )
-    _positive("trainer.keep_last", t.keep_last)
-    _positive("trainer.average_last", t.average_last, allow_zero=True)
     if t.average_last > t.keep_last:
         raise ConfigError(
             f"trainer.average_last={t.average_last} needs trainer.keep_last>={t.average_last} "
             "step checkpoints on disk"
         )
-    dec = cfg.decode
-    check_decode(dec, "decode.")
-    if dec.checkpoint == "averaged" and t.average_last == 0:
-        raise ConfigError("decode.checkpoint=averaged needs trainer.average_last > 0")
-    check_model_config(cfg.model)
 
 
 def check_decode(d: Any, prefix: str = "") -> None:
