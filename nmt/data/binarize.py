@@ -693,6 +693,29 @@ def _save_tokenizers(tmp: Path, tokenizers: TokenizerPair) -> dict:
     return entry
 
 
+def _new_tokenizers(
+    corpora: Sequence[TrainSplit], cfg: Any, timings: dict[str, float]
+) -> TokenizerPair:
+    """Sentencepiece trained on a uniform sample of the cleaned training pairs (the sampling
+    and training times go into ``timings``)."""
+    tic = time.perf_counter()
+    sample = _sample(corpora, int(cfg.spm_sample), cfg)
+    timings["sample_seconds"] = time.perf_counter() - tic
+    log.info("sentencepiece sample: %d of %d cleaned training pairs", len(sample.src), sample.seen)
+    tic = time.perf_counter()
+    tokenizers = train_tokenizers(
+        sample.src,
+        sample.tgt,
+        Path(cfg.root) / "cache" / "spm",
+        joint=bool(cfg.joint_vocab),
+        vocab_size=int(cfg.vocab_size),
+        model_type=str(cfg.spm_model_type),
+        character_coverage=float(cfg.character_coverage),
+    )
+    timings["spm_seconds"] = time.perf_counter() - tic
+    return tokenizers
+
+
 def _build(
     final: Path,
     spec: Spec,
@@ -708,26 +731,7 @@ def _build(
     try:
         timings: dict[str, float] = {}
         if tokenizers is None:
-            tic = time.perf_counter()
-            sample = _sample(corpora, int(cfg.spm_sample), cfg)
-            timings["sample_seconds"] = time.perf_counter() - tic
-            log.info(
-                "sentencepiece sample: %d of %d cleaned training pairs",
-                len(sample.src),
-                sample.seen,
-            )
-            tic = time.perf_counter()
-            tokenizers = train_tokenizers(
-                sample.src,
-                sample.tgt,
-                Path(cfg.root) / "cache" / "spm",
-                joint=bool(cfg.joint_vocab),
-                vocab_size=int(cfg.vocab_size),
-                model_type=str(cfg.spm_model_type),
-                character_coverage=float(cfg.character_coverage),
-            )
-            timings["spm_seconds"] = time.perf_counter() - tic
-            del sample
+            tokenizers = _new_tokenizers(corpora, cfg, timings)
         tok_entry = _save_tokenizers(tmp, tokenizers)
         workers = _worker_count(cfg, corpora)
         tic = time.perf_counter()
@@ -749,24 +753,32 @@ def _build(
         atomic_write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         tic = time.perf_counter()
         open_prepared(tmp, full=True, key=final.name)
-        fsync_dir(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-            log.info("%s was prepared meanwhile by another process; using it", final)
-            shutil.rmtree(tmp, ignore_errors=True)
-            return
-        fsync_dir(final.parent)
-        log.info(
-            "prepared %d training pairs in %.1fs (%d encoding process%s, verified in %.1fs) -> %s",
-            manifest["pairs"], time.perf_counter() - start, workers, "es" if workers > 1 else "",
-            time.perf_counter() - tic, final,
-        )  # fmt: skip
+        if _move_into_place(tmp, final):
+            log.info(
+                "prepared %d training pairs in %.1fs (%d encoding process%s, verified in "
+                "%.1fs) -> %s",
+                manifest["pairs"], time.perf_counter() - start, workers,
+                "es" if workers > 1 else "", time.perf_counter() - tic, final,
+            )  # fmt: skip
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _move_into_place(tmp: Path, final: Path) -> bool:
+    """Rename the verified ``tmp`` to ``final`` durably; False (and ``tmp`` removed) when
+    another process prepared ``final`` meanwhile."""
+    fsync_dir(tmp)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+        log.info("%s was prepared meanwhile by another process; using it", final)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    fsync_dir(final.parent)
+    return True
 
 
 # --------------------------------------------------------------------------- entry point
