@@ -80,6 +80,17 @@ class AttentionScore(StrEnum):
     scaled_dot = "scaled_dot"
 
 
+class Engine(StrEnum):
+    auto = "auto"  # the faster of the two for the model and search, measured once (nmt.engines)
+    torch = "torch"  # our PyTorch search
+    ctranslate2 = "ctranslate2"  # a package exported with --format ctranslate2
+
+
+class AttentionFormat(StrEnum):
+    png = "png"  # heatmap images
+    html = "html"  # the explorer page (nmt.explorer)
+
+
 class CheckpointChoice(StrEnum):
     best = "best"
     last = "last"
@@ -281,7 +292,7 @@ class EvalConfig(DecodeConfig):
     ckpt: str | None = None
     # a model package (nmt-export) instead of run/ckpt; `model=DIR` on the command line
     model_dir: str | None = None
-    engine: str = "auto"  # auto | torch | ctranslate2 (a package exported with it)
+    engine: Engine = Engine.auto  # ctranslate2: a package exported with it
     # extra test sets: "src_file:ref_file" pairs; default: the run's own test split(s)
     test: list[str] = field(default_factory=list)
     device: str = "auto"
@@ -299,7 +310,7 @@ class TranslateConfig(DecodeConfig):
     run: str = "outputs/latest"
     ckpt: str | None = None  # as in nmt-eval
     model_dir: str | None = None  # a model package, as in nmt-eval (`model=DIR`)
-    engine: str = "auto"  # auto | torch | ctranslate2, as in nmt-eval
+    engine: Engine = Engine.auto  # as in nmt-eval
     input: str | None = None  # default: stdin (an interactive prompt when it is a terminal)
     output: str | None = None  # default: stdout
     n_best: int = 1  # > 1: print "index<TAB>score<TAB>translation" for the n best (<= beam)
@@ -323,7 +334,7 @@ class AttentionConfig(DecodeConfig):
     # with one line per line of input=
     reference: str | None = None
     references: str | None = None
-    format: str = "png"  # png: heatmap images; html: the explorer page (nmt.explorer)
+    format: AttentionFormat = AttentionFormat.png
     words: bool = False  # format=html: open the page with pieces joined into words
     out: str | None = None  # default: <run dir>/attention
     layers: Any = "last"  # self-attention layers drawn: last | all | none | 2 | [0, 2]
@@ -341,7 +352,7 @@ class ServeConfig(DecodeConfig):
     model_dir: str | None = None  # the package (`model=DIR` on the command line) ...
     run: str = "outputs/latest"  # ... or a run / checkpoint, as in nmt-eval
     ckpt: str | None = None
-    engine: str = "auto"  # auto | torch | ctranslate2 (no PyTorch in the process)
+    engine: Engine = Engine.auto  # ctranslate2: no PyTorch in the process
     host: str = "127.0.0.1"
     port: int = 8080  # 0: any free port (printed at start)
     device: str = "auto"

@@ -48,7 +48,6 @@ register_configs()
 
 BATCH_SENTENCES = 16
 FREE_TEXT_KEYS = ("sentence", "reference")
-FORMATS = ("png", "html")
 _BEFORE_QUOTE = re.compile(r"(\\*)'")  # a quote and the backslashes before it
 _BACKSLASHES_AT_END = re.compile(r"(\\+)$")
 
@@ -97,8 +96,6 @@ def check_request(cfg: DictConfig) -> DecodeOptions:
     opts = DecodeOptions.from_config(cfg)
     if opts.beam != 1:
         raise ConfigError(f"beam={opts.beam}: the attention drawn is greedy search's (beam=1)")
-    if cfg.format not in FORMATS:
-        raise ConfigError(f"format={cfg.format!r} is not one of: {', '.join(FORMATS)}")
     if not cfg.ckpt and not cfg.get("model_dir") and not resolve_run_dir(cfg.run).is_dir():
         raise ConfigError(
             f"run={cfg.run}: no such run directory (train a model first, or give ckpt=FILE)"

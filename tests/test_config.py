@@ -150,6 +150,27 @@ def test_a_bad_choice_fails_at_compose_time_naming_the_key(extra, key, allowed):
     assert all(value in message for value in allowed)
 
 
+COMMAND_CHOICES = [
+    ("eval", "engine", ["auto", "torch", "ctranslate2"]),
+    ("translate", "engine", ["auto", "torch", "ctranslate2"]),
+    ("serve", "engine", ["auto", "torch", "ctranslate2"]),
+    ("attention", "format", ["png", "html"]),
+]
+
+
+@pytest.mark.parametrize(("command", "key", "allowed"), COMMAND_CHOICES)
+def test_a_commands_choices_are_checked_at_compose_time(command, key, allowed):
+    for value in allowed:
+        cfg = compose_config(command, [f"{key}={value}"])
+        assert cfg[key] == value and type(to_container(cfg)[key]) is str
+    for bad in ("nonsense", value.upper()):
+        with pytest.raises(ConfigCompositionException) as err:
+            compose_config(command, [f"{key}={bad}"])
+        message = f"{err.value} {err.value.__cause__}"
+        assert key in message and bad in message
+        assert all(v in message for v in allowed)
+
+
 def test_a_bad_choice_in_a_yaml_file_fails_at_compose_time(tmp_path: Path) -> None:
     """The typed field also checks what a config file sets, not only the command line."""
     (tmp_path / "optim").mkdir()

@@ -189,8 +189,6 @@ def test_command_writes_the_page_into_the_run(trained_runs, tmp_path, monkeypatc
     [
         (["sentence=''"], "sentence='': no non-empty sentence"),
         (["sentence='  '"], "sentence='  ': no non-empty sentence"),
-        (["format=htm", "sentence=x"], "format='htm' is not one of: png, html"),
-        (["format=HTML", "sentence=x"], "format='HTML' is not one of"),
         (["sentence=x", "reference=y", "input=FILE"], "not both"),
         (["input=FILE", "reference=y"], "reference= goes with sentence="),
         (["sentence=x", "references=FILE"], "references=FILE goes with input=FILE"),
