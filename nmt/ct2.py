@@ -17,17 +17,17 @@ Decoding options map as follows (:class:`CTranslate2Engine`):
   sentences of several caps with the largest of them (on CPU, calls of about ``CALL_ROWS``
   hypotheses, of sentences sorted by cap: larger calls decode slower), and a sentence keeps that
   result only where it provably equals the one its own cap gives; the others are decoded again,
-  those of each cap together (:meth:`CTranslate2Engine.decode_ids`). Greedy search: the output stopped before its
-  own cap. Beam search with alpha > 0: CTranslate2 ends a sentence at the step where its pool
-  of finished hypotheses reaches ``beam * patience``, and up to that step a larger cap changes
-  nothing; we ask for the whole pool (``num_hypotheses = beam * patience``), whose longest
-  hypothesis was finished at that last step, and keep the result when that hypothesis is
-  shorter than the own cap (with EOS counted), i.e. the search ended before the own cap could
-  act. The ``beam`` best of that pool, in CTranslate2's order, are exactly what a call asking
-  for ``beam`` hypotheses returns. With alpha = 0 CTranslate2 stops once the top beam has
-  finished and ``num_hypotheses`` hypotheses have, so asking for the pool would change the
-  stop: the sentences of each cap are decoded together. At the cap our search
-  closes a hypothesis with EOS and adds that EOS's log-probability to its score; CTranslate2
+  those of each cap together (:meth:`CTranslate2Engine.decode_ids`). Greedy search: the output
+  stopped before its own cap. Beam search with alpha > 0: CTranslate2 ends a sentence at the
+  step where its pool of finished hypotheses reaches ``beam * patience``, and up to that step a
+  larger cap changes nothing; we ask for the whole pool (``num_hypotheses = beam * patience``),
+  whose longest hypothesis was finished at that last step, and keep the result when that
+  hypothesis is shorter than the own cap (with EOS counted), i.e. the search ended before the
+  own cap could act. The ``beam`` best of that pool, in CTranslate2's order, are exactly what a
+  call asking for ``beam`` hypotheses returns. With alpha = 0 CTranslate2 stops once the top
+  beam has finished and ``num_hypotheses`` hypotheses have, so asking for the pool would change
+  the stop: the sentences of each cap are decoded together. At the cap our search closes a
+  hypothesis with EOS and adds that EOS's log-probability to its score; CTranslate2
   stops without it, so scores of capped outputs differ by that term (tokens do not);
 * ``length_penalty``: CTranslate2 divides by ``length ** alpha``, we by the GNMT
   ``((5 + length) / 6) ** alpha``; no alpha maps one onto the other. CTranslate2's beam stops
