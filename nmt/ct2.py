@@ -13,11 +13,21 @@ Decoding options map as follows (:class:`CTranslate2Engine`):
 
 * ``beam`` -> ``beam_size``; ``min_output_len`` -> ``min_decoding_length``;
 * the output cap (:meth:`~nmt.decode_options.DecodeOptions.caps`, the same as our search's) is
-  per sentence here
-  and per call in CTranslate2 (``max_decoding_length``): greedy search decodes all sentences
-  with the largest cap and decodes again, with their own cap, the few whose output ran past it;
-  beam search decodes the sentences of each cap together. At the cap our search
-  closes a hypothesis with EOS and adds that EOS's log-probability to its score; CTranslate2
+  per sentence here and per call in CTranslate2 (``max_decoding_length``). One call decodes
+  sentences of several caps with the largest of them (on CPU, calls of about ``CALL_ROWS``
+  hypotheses, of sentences sorted by cap: larger calls decode slower), and a sentence keeps that
+  result only where it provably equals the one its own cap gives; the others are decoded again,
+  those of each cap together (:meth:`CTranslate2Engine.decode_ids`). Greedy search: the output
+  stopped before its own cap. Beam search with alpha > 0: CTranslate2 ends a sentence at the
+  step where its pool of finished hypotheses reaches ``beam * patience``, and up to that step a
+  larger cap changes nothing; we ask for the whole pool (``num_hypotheses = beam * patience``),
+  whose longest hypothesis was finished at that last step, and keep the result when that
+  hypothesis is shorter than the own cap (with EOS counted), i.e. the search ended before the
+  own cap could act. The ``beam`` best of that pool, in CTranslate2's order, are exactly what a
+  call asking for ``beam`` hypotheses returns. With alpha = 0 CTranslate2 stops once the top
+  beam has finished and ``num_hypotheses`` hypotheses have, so asking for the pool would change
+  the stop: the sentences of each cap are decoded together. At the cap our search closes a
+  hypothesis with EOS and adds that EOS's log-probability to its score; CTranslate2
   stops without it, so scores of capped outputs differ by that term (tokens do not);
 * ``length_penalty``: CTranslate2 divides by ``length ** alpha``, we by the GNMT
   ``((5 + length) / 6) ** alpha``; no alpha maps one onto the other. CTranslate2's beam stops
@@ -37,6 +47,7 @@ Decoding options map as follows (:class:`CTranslate2Engine`):
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +72,10 @@ log = logging.getLogger("nmt.ct2")
 # CTranslate2's beam stops at beam * patience finished hypotheses: 2 gave our outputs on every
 # sentence of a small trained model where 1 missed 10 of 120 (BLEU 91.7 instead of 95.2)
 BEAM_PATIENCE = 2.0
+# sentences * beam of one call on CPU: on 1,000 test sentences of a trained cpu_quick model, one
+# call of all (split by max_tokens=8192) ran beam 5 at 0.7x and greedy at 0.8x the speed of
+# calls of 32 (beam 5) or 64-160 (greedy) sentences of similar length
+CALL_ROWS = 160
 VERSION = "4.8.5"  # the CTranslate2 release the converter was written and tested against
 MISSING_EXTRA = (
     "CTranslate2 is not installed: it comes with the optional extra, "
@@ -224,6 +239,31 @@ class Decoded:
     nbest: list[tuple[list[int], float]] = field(default_factory=list)  # best first
 
 
+def pool_size(opts: DecodeOptions) -> int:
+    """``num_hypotheses`` asked of CTranslate2: with beam search and alpha > 0 its whole pool
+    of finished hypotheses (``beam * patience``, rounded as CTranslate2 does), else ``beam``
+    (with alpha = 0 the count is part of CTranslate2's stopping rule)."""
+    if opts.beam > 1 and opts.length_penalty != 0:
+        return int(math.floor(opts.beam * BEAM_PATIENCE + 0.5))
+    return opts.beam
+
+
+def ended_before_cap(result: Any, opts: DecodeOptions, cap: int) -> bool:
+    """Whether a CTranslate2 result decoded with a larger cap is the one ``cap`` gives.
+
+    Both calls run alike until the last step of the smaller cap (step ``cap - 1``, where
+    CTranslate2 closes every hypothesis). A hypothesis is finished at the step of its last
+    piece (EOS counted), and the search ends at a step where one is; beam search ends when its
+    pool first holds :func:`pool_size` hypotheses, so fewer than that came before the last
+    step and one of that step is among the best :func:`pool_size` returned: the longest
+    returned hypothesis gives the last step. Greedy search picks
+    the same token at the last step whichever the cap, so ending there is still the same;
+    beam search closes its other hypotheses there, so it must have ended a step earlier.
+    """
+    longest = max(len(pieces) for pieces in result.hypotheses)  # = the last step + 1
+    return longest <= cap if opts.beam == 1 else longest < cap
+
+
 def gnmt_penalty(length: int, alpha: float) -> float:
     """:func:`nmt.search.length_penalty` of one length (EOS counted)."""
     return 1.0 if alpha == 0 else float(((5.0 + length) / 6.0) ** alpha)
@@ -256,6 +296,10 @@ class CTranslate2Engine:
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt)}
         self.eos_piece = tgt[EOS_ID]
         self.max_positions = max_positions
+        self.calls = 0  # translate_batch calls made, for tests and benchmarks
+        self.redone = 0  # sentences decoded again with their own cap
+        # on CPU, calls of about CALL_ROWS hypotheses decode faster than larger ones
+        self.call_rows = CALL_ROWS if device_type != "cuda" else 0
 
     def _source(self, ids: list[int]) -> list[str]:
         """Source pieces with EOS appended, cut to the position table as ours are."""
@@ -273,12 +317,13 @@ class CTranslate2Engine:
         self, sources: list[list[str]], opts: DecodeOptions, cap: int, keep_attention: bool
     ) -> list[Any]:
         greedy = opts.beam == 1
+        self.calls += 1
         return self.translator.translate_batch(
             sources,
             max_batch_size=opts.max_tokens,
             batch_type="tokens",
             beam_size=opts.beam,
-            num_hypotheses=opts.beam,
+            num_hypotheses=pool_size(opts),
             # greedy: raw summed log-probabilities; beam: CTranslate2's length ** alpha,
             # undone and replaced by ours in _decoded (alpha = 0 keeps its exact stop)
             length_penalty=0.0 if greedy else opts.length_penalty,
@@ -294,7 +339,8 @@ class CTranslate2Engine:
     def _decoded(self, result: Any, opts: DecodeOptions, src_len: int, keep: bool) -> Decoded:
         alpha = opts.length_penalty if opts.beam > 1 else 0.0
         nbest = []
-        for k, pieces in enumerate(result.hypotheses):
+        # the best beam of the pool in CTranslate2's order: what num_hypotheses=beam returns
+        for k, pieces in enumerate(result.hypotheses[: opts.beam]):
             score = float(result.scores[k])
             if alpha != 0:
                 raw = score * max(len(pieces), 1) ** alpha  # CTranslate2 divided by this
@@ -308,10 +354,22 @@ class CTranslate2Engine:
         return Decoded(nbest[0][0], nbest[0][1], attention, [(t, s) for t, s, _ in nbest])
 
     def decode_ids(
-        self, sources: list[list[int]], opts: DecodeOptions, keep_attention: bool = False
+        self,
+        sources: list[list[int]],
+        opts: DecodeOptions,
+        keep_attention: bool = False,
+        per_cap: bool = False,
     ) -> list[Decoded]:
         """Outputs for source token ids (without EOS), in order; an empty source gives an
-        empty output (score 0) without being decoded."""
+        empty output (score 0) without being decoded.
+
+        The sentences, sorted by cap, are decoded in calls of ``call_rows // beam`` (on CPU;
+        all in one on CUDA), each with the largest cap among its sentences; a sentence whose
+        search did not provably end before its own cap could act (:func:`ended_before_cap`) is
+        decoded again with its own cap, together with the others of that cap. ``per_cap``
+        decodes every sentence with its own cap (one call per cap): the reference the shared
+        calls equal.
+        """
         out: list[Decoded | None] = [None] * len(sources)
         rows = [i for i, ids in enumerate(sources) if len(ids) > 0]
         for i, ids in enumerate(sources):
@@ -321,13 +379,20 @@ class CTranslate2Engine:
         lens = np.asarray([len(p) for p in pieces], dtype=np.int64)
         caps_list = opts.caps(lens, self.max_positions).tolist()  # as our search's caps
         groups: dict[int, list[int]] = defaultdict(list)  # cap -> positions in rows
-        if opts.beam == 1 and rows:  # one call up to the largest cap; outputs past their own redone
-            results = self._translate(pieces, opts, max(caps_list), keep_attention)
-            for j, result in enumerate(results):
-                if len(self._ids(result.hypotheses[0])) > caps_list[j]:
-                    groups[caps_list[j]].append(j)
-                else:
-                    out[rows[j]] = self._decoded(result, opts, int(lens[j]), keep_attention)
+        shared = rows and not per_cap and (opts.beam == 1 or opts.length_penalty != 0)
+        if shared:  # one call up to the largest cap; the results it cannot vouch for redone
+            order = sorted(range(len(rows)), key=lambda j: caps_list[j])
+            size = max(1, self.call_rows // opts.beam) if self.call_rows else len(order)
+            for start in range(0, len(order), size):
+                chunk = order[start : start + size]
+                top = caps_list[chunk[-1]]
+                results = self._translate([pieces[j] for j in chunk], opts, top, keep_attention)
+                for j, result in zip(chunk, results, strict=True):
+                    if caps_list[j] == top or ended_before_cap(result, opts, caps_list[j]):
+                        out[rows[j]] = self._decoded(result, opts, int(lens[j]), keep_attention)
+                    else:
+                        groups[caps_list[j]].append(j)
+            self.redone += sum(len(members) for members in groups.values())
         elif rows:
             for j, cap in enumerate(caps_list):
                 groups[cap].append(j)

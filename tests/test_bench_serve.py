@@ -22,7 +22,8 @@ def runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
     steps = ("trainer.max_steps=6", "trainer.val_every=6", "trainer.device=cpu")
     out = {}
     overrides = tiny_run_overrides(corpus, root, *steps)  # one data root: one tokenizer
-    train(compose_config("train", overrides), root / "t")
+    # the package's search is beam 5: the load test runs it and greedy search
+    train(compose_config("train", [*overrides, "decode.beam=5"]), root / "t")
     out["transformer"] = root / "t" / "checkpoints" / "best.pt"
     gru = [o for o in overrides if o not in TINY_TRANSFORMER]
     gru += ["model=gru_bahdanau", "model.emb_dim=32", "model.hidden_dim=32", "model.attn_dim=32"]
@@ -51,16 +52,24 @@ def test_bench_serve_quick_run(runs: dict[str, Path], tmp_path: Path) -> None:
         for beam in (1, 5)
     }
     assert transformer["parity"]["greedy_identical_share"] >= 0.99
-    assert {r["tgt_tokens"] for r in result["models"]["transformer_base"]["runs"].values()} == {
+    base_runs = result["models"]["transformer_base"]["runs"].values()
+    assert {r["tgt_tokens"] for r in base_runs} == {
         6 * 6  # fixed length: 5 tokens and EOS for every sentence, whichever engine
     }
+    for run in base_runs:  # and once with the natural lengths, for a BLEU that means something
+        assert run["natural_length"]["tgt_tokens"] != 6 * 6 and run["natural_length"]["bleu"] >= 0
+    assert transformer["runs"]["ctranslate2-float32.beam5"]["ctranslate2_calls"] >= 1
     assert set(result["models"]["gru"]["runs"]) == {
         "torch.beam1", "torch-int8.beam1", "torch.beam5", "torch-int8.beam5"
     }  # fmt: skip
+    beams = [5, 1]
+    assert result["server"]["decode"]["beam"] == 5
     for engine in ("torch", "ctranslate2"):
         server = result["server"][engine]
-        assert [level["errors"] for level in server["levels"]] == [0, 0]
-        assert [level["answered"] for level in server["levels"]] == [12, 12]
+        levels = [(level["beam"], level["clients"]) for level in server["levels"]]
+        assert levels == [(beam, clients) for beam in beams for clients in (1, 4)]
+        assert [level["errors"] for level in server["levels"]] == [0] * len(levels)
+        assert [level["answered"] for level in server["levels"]] == [12] * len(levels)
         assert server["malformed"]["all_4xx"] and server["malformed"]["then_serves"]
         assert server["exit_code_after_sigterm"] == 0
     assert result["server"]["ctranslate2_rss_vs_torch"] < 1

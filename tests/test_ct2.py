@@ -3,8 +3,11 @@ decodes a small trained model as our search does, and its quantized forms stay c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -175,6 +178,63 @@ def test_beam_scores_close_to_ours(trained: dict, alpha: float) -> None:
         assert len(b.nbest) == 5 and b.nbest == sorted(b.nbest, key=lambda x: -x[1])
 
 
+def ct2_engine(trained: dict, quantization: str = "float32") -> tuple[ct2.CTranslate2Engine, list]:
+    """The CTranslate2 engine of a package and the source ids of the 120 training sentences."""
+    package = load_package(trained["packages"][quantization], CPU)
+    data = encode_texts(package.tokenizers, trained["src"], trained["ref"])
+    engine = make_engine("ctranslate2", package, DecodeOptions(), CPU)
+    return engine, [data.src(i).tolist() for i in range(len(data))]
+
+
+# short caps: many sentences meet theirs, where a larger cap would give another output
+SHORT_CAPS = {"max_output_len_a": 0.6, "max_output_len_b": 2}
+
+
+@pytest.mark.parametrize("call_rows", [ct2.CALL_ROWS, 0])  # 0: all sentences in one call
+@pytest.mark.parametrize("caps", ["default", "short"])
+@pytest.mark.parametrize("beam", [1, 2, 3, 5])
+def test_one_call_at_the_largest_cap_equals_one_call_per_cap(
+    trained: dict, beam: int, caps: str, call_rows: int
+) -> None:
+    engine, sources = ct2_engine(trained)
+    engine.call_rows = call_rows
+    opts = DecodeOptions(beam=beam, length_penalty=1.0, **(SHORT_CAPS if caps == "short" else {}))
+    lens = [len(s) + 1 for s in sources]
+    cap_of = opts.caps(lens, engine.max_positions).tolist()
+    assert len(set(cap_of)) >= 8  # sources of many lengths, hence many caps, in one call
+    reference = engine.decode_ids(sources, opts, keep_attention=True, per_cap=True)
+    assert engine.calls == len(set(cap_of))
+    engine.calls = engine.redone = 0
+    shared = engine.decode_ids(sources, opts, keep_attention=True)
+    # the calls differ in batch mates only: equal outputs, scores to float rounding
+    for i, (a, b) in enumerate(zip(reference, shared, strict=True)):
+        assert a.tokens == b.tokens, (i, cap_of[i])
+        assert [t for t, _ in a.nbest] == [t for t, _ in b.nbest], (i, cap_of[i])
+        assert max(abs(x - y) for (_, x), (_, y) in zip(a.nbest, b.nbest, strict=True)) < 1e-4
+        assert a.attention.shape == b.attention.shape
+    if caps == "short":  # outputs that met their own cap below their call's are redone
+        capped = sum(len(h.tokens) >= c for h, c in zip(reference, cap_of, strict=True))
+        assert capped > 30
+        if call_rows == 0:
+            assert engine.redone >= capped - cap_of.count(max(cap_of))
+    else:  # the model stops by itself: most results of the shared calls are kept
+        assert engine.redone < len(sources) / 4 and engine.calls < len(set(cap_of)) / 2
+
+
+def test_without_length_penalty_beam_search_decodes_per_cap(trained: dict) -> None:
+    """With alpha = 0 the number of hypotheses asked for is part of CTranslate2's stopping
+    rule, so the pool cannot be asked for: one call per cap, as the reference."""
+    engine, sources = ct2_engine(trained)
+    opts = DecodeOptions(beam=3, length_penalty=0.0)
+    shared = engine.decode_ids(sources, opts)
+    caps = set(opts.caps([len(s) + 1 for s in sources], engine.max_positions).tolist())
+    assert engine.calls == len(caps) and ct2.pool_size(opts) == 3
+    assert ct2.pool_size(replace(opts, length_penalty=1.0)) == round(3 * ct2.BEAM_PATIENCE)
+    assert [h.tokens for h in shared] == [
+        h.tokens for h in engine.decode_ids(sources, opts, per_cap=True)
+    ]
+
+
 # BLEU bounds of the quantized models on the 120 training pairs of a 64-wide model (measured:
 # int8 -1.3 greedy and +0.1 beam 5, int16 +0.3 and 0.0); narrow models lose the most to int8
 BLEU_BOUND = {"int8": 2.0, "int16": 0.5}
@@ -263,3 +323,69 @@ def test_a_ctranslate2_only_package_decodes_without_pytorch_weights(
         translate(compose_config("translate", [f"model_dir={only}", "engine=torch"]))
     with pytest.raises(CheckpointError, match="only a CTranslate2 model"):
         load_package(only, CPU)
+
+
+def test_a_server_batch_of_many_caps_takes_fewer_ctranslate2_calls(trained: dict) -> None:
+    """Single-sentence requests that queue while a first one decodes share the next decode:
+    its sentences have many caps, CTranslate2 decodes them in fewer calls than that, and each
+    answer is the sentence's translation alone."""
+    from aiohttp.test_utils import TestClient
+
+    from nmt.serve import load_backend, make_app
+
+    from .test_serve import run_app, until
+
+    cfg = compose_config(
+        "serve",
+        [f"model_dir={trained['packages']['float32']}", "engine=ctranslate2", "threads=1"],
+    )
+    backend = load_backend(cfg)
+    engine = backend.decode.__self__
+    batches: list[tuple[int, int]] = []  # (sentences, CTranslate2 calls) of each decode
+    started, release = threading.Event(), threading.Event()
+
+    def counted(sources: list[list[int]], opts: DecodeOptions, attention: bool) -> list:
+        if not started.is_set():
+            started.set()
+            release.wait(60)  # the first decode lasts until the others are queued
+        before = engine.calls
+        outputs = engine.decode_ids(sources, opts, attention)
+        batches.append((len(sources), engine.calls - before))
+        return outputs
+
+    texts = trained["src"][:40]
+    search = {"beam": 5, "length_penalty": 1.0}
+    opts = DecodeOptions(**search)
+    tgt = backend.tokenizers.tgt
+    alone = [
+        tgt.decode(engine.decode_ids([ids], opts)[0].tokens)
+        for ids in backend.tokenizers.src.encode_batch(texts)
+    ]
+    lens = [len(ids) + 1 for ids in backend.tokenizers.src.encode_batch(texts[1:])]
+    caps = len(set(opts.caps(lens, engine.max_positions).tolist()))
+    assert caps >= 10
+
+    async def scenario(client: TestClient) -> None:
+        first = asyncio.ensure_future(client.post("/translate", json={"text": texts[:1], **search}))
+
+        async def decoding() -> bool:
+            return started.is_set()
+
+        await until(decoding, "the first request is being decoded")
+        others = [
+            asyncio.ensure_future(client.post("/translate", json={"text": [t], **search}))
+            for t in texts[1:]
+        ]
+
+        async def queued() -> bool:
+            health = await (await client.get("/health")).json()
+            return health["queued"] == len(texts) - 1
+
+        await until(queued, "the other requests wait")
+        release.set()
+        bodies = [await (await r).json() for r in (first, *others)]
+        assert [b["translations"][0] for b in bodies] == alone
+        assert batches[0] == (1, 1) and batches[1][0] == len(texts) - 1
+        assert batches[1][1] < caps / 2  # one call at the largest cap, a few redone by cap
+
+    run_app(make_app(replace(backend, decode=counted), cfg), scenario)

@@ -8,7 +8,9 @@ In one run on this machine, for the checkpoints given (each exported to a packag
   Transformer checkpoints (``--transformer``, ``--transformer-base``); for the GRU
   (``--gru``) our search in fp32 and with PyTorch dynamic int8 quantization of its linear and
   recurrent layers. ``--fixed-length N`` (used for ``--transformer-base``: 20) forces every
-  output to exactly N tokens, so engines do equal work whatever the weights;
+  output to exactly N tokens, so engines do equal work whatever the weights; a model decoded
+  so is also decoded once with its natural output lengths, for its BLEU
+  (``natural_length``);
 * parity: the share of sentences whose CTranslate2 float32 greedy output equals ours (and
   the others, with whether they reached the length cap), the beam-5 BLEU difference;
 * what ``engine=auto`` picks for each search (its probe, cached under the work folder);
@@ -17,7 +19,8 @@ In one run on this machine, for the checkpoints given (each exported to a packag
   fp32 package, the ctranslate2 engine on the int8 CTranslate2-only package): resident memory
   after start and after the load test, time from start to the first answer, then 1, 8 and 32
   concurrent clients sending single sentences (bounded by ``--requests`` per level and
-  ``--level-seconds``): throughput, p50/p99 latency, errors, and
+  ``--level-seconds``), with the package's search and with greedy search (``beam`` of each
+  level): throughput, p50/p99 latency, errors, and
   the throughput against the same engine's offline batched figure; then ``--malformed``
   malformed requests (statuses, and that the server still answers), and a SIGTERM.
 
@@ -140,12 +143,17 @@ def timed_decode(engine: Any, ds: EvalSet, opts: DecodeOptions, rounds: int) -> 
     engine.hypotheses(ds.data, opts, limit=min(16, len(ds)))
     seconds, outputs = [], []
     for _ in range(rounds):
+        calls = getattr(engine, "calls", 0)
         start = time.perf_counter()
         outputs = engine.hypotheses(ds.data, opts)
         seconds.append(time.perf_counter() - start)
     best = min(seconds)
     tokens = sum(len(h.tokens) + 1 for h in outputs)
+    extra = {}
+    if hasattr(engine, "calls"):  # CTranslate2: translate_batch calls of one decode of the set
+        extra["ctranslate2_calls"] = engine.calls - calls
     return {
+        **extra,
         "seconds": round(best, 4),
         "seconds_all": [round(s, 4) for s in seconds],
         "sentences_per_s": round(len(ds) / best, 2),
@@ -232,12 +240,26 @@ def bench_model(
             run = timed_decode(engine, ds, opts, s.rounds)
             outputs[name, beam] = run.pop("outputs")
             run["bleu"] = score(outputs[name, beam], trained, ds)
+            if fixed:  # the forced length makes BLEU meaningless: once with natural lengths
+                natural = replace(DecodeOptions(max_tokens=8192), beam=beam, length_penalty=1.0)
+                start = time.perf_counter()
+                hyps = engine.hypotheses(ds.data, natural)
+                run["natural_length"] = {
+                    "bleu": score(hyps, trained, ds),
+                    "seconds": round(time.perf_counter() - start, 4),
+                    "tgt_tokens": sum(len(h.tokens) + 1 for h in hyps),
+                }
             result["runs"][f"{name}.beam{beam}"] = run
     ours = {beam: result["runs"][f"torch.beam{beam}"] for beam in (1, BEAM)}
     for key, run in result["runs"].items():
         beam = int(key.rsplit("beam", 1)[1])
         run["speed_vs_torch"] = round(run["sentences_per_s"] / ours[beam]["sentences_per_s"], 3)
         run["bleu_vs_torch"] = round(run["bleu"] - ours[beam]["bleu"], 2)
+        if "natural_length" in run:
+            natural = run["natural_length"]
+            natural["bleu_vs_torch"] = round(
+                natural["bleu"] - ours[beam]["natural_length"]["bleu"], 2
+            )
     if ("ctranslate2-float32", 1) in outputs:
         result["parity"] = parity(outputs, ds, base)
         result["auto"] = {}
@@ -292,9 +314,11 @@ async def post(session: Any, url: str, body: Any, raw: bool = False) -> tuple[in
         return r.status, time.perf_counter() - start
 
 
-async def load_level(url: str, sentences: list[str], clients: int, n: int, limit_s: float) -> dict:
-    """``clients`` concurrent clients, each sending one sentence at a time, until ``n``
-    requests were sent or ``limit_s`` passed."""
+async def load_level(
+    url: str, sentences: list[str], clients: int, n: int, limit_s: float, beam: int
+) -> dict:
+    """``clients`` concurrent clients, each sending one sentence at a time (search ``beam``),
+    until ``n`` requests were sent or ``limit_s`` passed."""
     import aiohttp
 
     latencies: list[float] = []
@@ -309,7 +333,7 @@ async def load_level(url: str, sentences: list[str], clients: int, n: int, limit
             sent += 1
             try:
                 status, seconds = await post(
-                    session, url, {"text": [sentences[i % len(sentences)]]}
+                    session, url, {"text": [sentences[i % len(sentences)]], "beam": beam}
                 )
             except aiohttp.ClientError:
                 errors += 1
@@ -326,6 +350,7 @@ async def load_level(url: str, sentences: list[str], clients: int, n: int, limit
     latencies.sort()
     pick = lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 4)  # noqa: E731
     return {
+        "beam": beam,
         "clients": clients,
         "requests": sent,
         "answered": len(latencies),
@@ -374,10 +399,11 @@ def bench_server(
     package: Path,
     engine: str,
     sentences: list[str],
-    offline: float | None,
+    offline: dict[int, float | None],
     s: ServeSettings,
 ) -> dict[str, Any]:
-    """Start nmt-serve on ``package``, measure it, stop it with SIGTERM."""
+    """Start nmt-serve on ``package``, measure it (each search of ``offline``: beam -> the
+    engine's offline batched sentences/s), stop it with SIGTERM."""
     import urllib.request
 
     say(f"server, engine {engine}")
@@ -402,7 +428,8 @@ def bench_server(
         first = time.perf_counter() - start
         before = rss_kib(proc.pid)
         levels = [
-            asyncio.run(load_level(url, sentences, int(c), s.requests, s.level_seconds))
+            asyncio.run(load_level(url, sentences, int(c), s.requests, s.level_seconds, beam))
+            for beam in offline
             for c in s.levels.split(",")
         ]
         after = rss_kib(proc.pid)
@@ -414,12 +441,14 @@ def bench_server(
             "rss_kib_after_load": after,
             "rss_peak_kib": rss_kib(proc.pid, peak=True),
             "levels": levels,
-            "offline_batched_sentences_per_s": offline,
+            "offline_batched_sentences_per_s": {f"beam{b}": v for b, v in offline.items()},
             "malformed": bad,
         }
-        if offline:
-            for level in levels:
-                level["vs_offline_batched"] = round(level["sentences_per_s"] / offline, 3)
+        for level in levels:
+            if offline[level["beam"]]:
+                level["vs_offline_batched"] = round(
+                    level["sentences_per_s"] / offline[level["beam"]], 3
+                )
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -468,8 +497,11 @@ def run(s: ServeSettings) -> dict[str, Any]:
             ("torch", "transformer-torch", "torch"),
             ("ctranslate2", "transformer-ct2-int8-only", "ctranslate2-int8"),
         )
+        beams = dict.fromkeys((decode.beam or 1, 1))  # the package's search, then greedy
         for engine, package, offline_key in servers:
-            offline = runs.get(f"{offline_key}.beam{decode.beam}", {}).get("sentences_per_s")
+            offline = {
+                b: runs.get(f"{offline_key}.beam{b}", {}).get("sentences_per_s") for b in beams
+            }
             server = bench_server(work / package, engine, sentences, offline, s)
             result["server"][engine] = {"package": str(work / package), **server}
         torch_rss = result["server"]["torch"]["rss_kib_after_load"]
@@ -497,8 +529,9 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                 "first answer s": server["first_answer_after_start_s"],
                 "rss MiB": round((server["rss_kib_after_load"] or 0) / 1024, 1),
                 "levels": {
-                    lv["clients"]: f"{lv['sentences_per_s']} sent/s p99 {lv['latency_p99_s']}s "
-                    f"errors {lv['errors']}"
+                    f"beam {lv['beam']}, {lv['clients']} clients": f"{lv['sentences_per_s']} "
+                    f"sent/s ({lv.get('vs_offline_batched')} of offline) p99 "
+                    f"{lv['latency_p99_s']}s errors {lv['errors']}"
                     for lv in server["levels"]
                 },
                 "malformed all 4xx": server["malformed"]["all_4xx"],
