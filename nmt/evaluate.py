@@ -89,7 +89,6 @@ def evaluate(cfg: DictConfig) -> dict:
     trained = load_for_decoding(cfg, device)
     path = trained.path
     opts = DecodeOptions.from_config(cfg, decode_defaults(trained))
-    engine = make_engine(cfg.engine, trained, opts, device)
     out_dir = output_dir(cfg, path)
     if cfg.test:
         sets = [file_test_set(spec, trained.tokenizers) for spec in cfg.test]
@@ -99,6 +98,7 @@ def evaluate(cfg: DictConfig) -> dict:
     for ds in sets:
         if len(ds) == 0:
             raise DataError(f"test set {ds.name} has no sentences")
+    engine = make_engine(cfg.engine, trained, opts, device, sample=sets[0].data)
     print(f"{'package' if is_package(path) else 'checkpoint'} {path} (step {trained.step})")
     print(f"engine: {engine.name}")
     print("decoding: " + " ".join(f"{k}={v}" for k, v in asdict(opts).items()))

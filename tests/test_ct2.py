@@ -298,6 +298,22 @@ def test_engine_auto_measures_once_then_reads_the_cache(
             {"torch": 3.0, "ctranslate2": 2.0},
         )
     assert len(probes) == 3 and len(list(tmp_path.glob("*.json"))) == 1
+    # with the command's own sentences the probe decodes them as asked, cached apart
+    seen = []
+
+    def spy(engines, data, opts, rounds=3):
+        seen.append((len(data), opts))
+        return {"torch": 5.0, "ctranslate2": 4.0}, True
+
+    monkeypatch.setattr("nmt.engines.measure", spy)
+    sample = synthetic_data(package.tokenizers.src.vocab_size)
+    assert auto_choice(package, opts, CPU, tmp_path, sample=sample)[:2] == (
+        "torch",
+        {"torch": 5.0, "ctranslate2": 4.0},
+    )
+    assert seen == [(len(sample), opts)]  # natural lengths: the options as given
+    assert len(list(tmp_path.glob("*.json"))) == 2  # beside the synthetic probe's entry
+    assert auto_choice(package, opts, CPU, tmp_path, sample=sample)[2] is True
     # without a CTranslate2 model there is nothing to choose from
     assert make_engine("auto", trained["model"], opts, CPU).name == "torch"
     with pytest.raises(ConfigError, match="--format ctranslate2"):

@@ -266,7 +266,9 @@ def bench_model(
         for beam in (1, BEAM):
             opts = replace(base, beam=beam)
             pkg = load_package(work / f"{label}-ct2-float32", CPU)
-            choice, speeds, cached = auto_choice(pkg, opts, CPU, work / "engine-cache")
+            choice, speeds, cached = auto_choice(
+                pkg, opts, CPU, work / "engine-cache", sample=ds.data
+            )
             result["auto"][f"beam{beam}"] = {"choice": choice, "probe": speeds, "cached": cached}
     return result
 
