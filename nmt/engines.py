@@ -31,6 +31,7 @@ import torch
 from nmt import ct2
 from nmt.atomic import atomic_write_bytes
 from nmt.config import ConfigError
+from nmt.config import Engine as EngineName
 from nmt.data.batching import TokenDataset
 from nmt.package import CT2_DIR, is_package, read_manifest, verified_file
 from nmt.precision import machine_key
@@ -39,7 +40,7 @@ from nmt.trained import Trained
 
 log = logging.getLogger("nmt.engines")
 
-ENGINES = ("auto", "torch", "ctranslate2")
+ENGINES = tuple(EngineName)  # the names engine= takes (the config schema's)
 CACHE_VERSION = 2
 PROBE_SENTENCES, PROBE_SOURCE, PROBE_OUTPUT = 32, 16, 16  # synthetic batch, fixed length
 PROBE_SAMPLE = 256  # sentences of the command's own input, decoded as asked

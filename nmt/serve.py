@@ -143,8 +143,6 @@ def torch_backend(cfg: DictConfig) -> Backend:
 
 
 def load_backend(cfg: DictConfig) -> Backend:
-    if cfg.engine not in ("auto", "torch", "ctranslate2"):
-        raise ConfigError(f"engine={cfg.engine!r} is not one of: auto, torch, ctranslate2")
     package = cfg.model_dir or (cfg.run if is_package(cfg.run) and not cfg.ckpt else None)
     if cfg.engine == "ctranslate2":
         if package is None:

@@ -611,6 +611,7 @@ class Trainer:
     def _show_validation(self, metrics: dict[str, float]) -> None:
         """A validation's scores and attention views in TensorBoard and the explorer page."""
         t, run, step = self.t, self.run, self.state.step
+        opts = validation_options(run.cfg)  # the attention drawn is the validation's decoding
         if self.writer is not None:
             for key in ("loss", "ppl", "bleu", "chrf"):
                 self.writer.add_scalar(f"val/{key}", metrics[key], step)
@@ -618,14 +619,14 @@ class Trainer:
                 log_validation_views(
                     self.writer, self.model, run.data.valid, run.data.tokenizers, step,
                     run.device, t.attention_sentences, t.attention_layers,
-                    opts=validation_options(run.cfg),
+                    opts=opts,
                 )  # fmt: skip
             self.writer.flush()
         if self.explorer is not None:
             self.explorer.add(
                 step, self.model, run.data.valid, run.data.tokenizers, run.device,
                 t.attention_sentences, f"validation BLEU {metrics['bleu']:.2f}",
-                opts=validation_options(run.cfg),
+                opts=opts,
             )  # fmt: skip
 
     # ----------------------------------------------------------------- logging
