@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,6 +265,13 @@ def ended_before_cap(result: Any, opts: DecodeOptions, cap: int) -> bool:
     return longest <= cap if opts.beam == 1 else longest < cap
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def gnmt_penalty(length: int, alpha: float) -> float:
     """:func:`nmt.search.length_penalty` of one length (EOS counted)."""
     return 1.0 if alpha == 0 else float(((5.0 + length) / 6.0) ** alpha)
@@ -284,19 +292,26 @@ class CTranslate2Engine:
     ) -> None:
         ct2 = require()
         device_type, index = (device.type, device.index) if hasattr(device, "type") else (device, 0)
+        cuda = device_type == "cuda"
+        # On CPU, `threads` workers of one thread each decode whole calls side by side, sharing
+        # the weights (inter_threads), rather than one worker splitting each operation over
+        # `threads` OpenMP threads (intra_threads). On a 2-core CPU, cpu_quick's 1,000 test
+        # sentences decoded at 496 sentences/s greedy and 212 beam 5 with two workers, 139 and
+        # 95 with one worker of two threads, 234 and 97 with one worker of one thread.
+        self.workers = 1 if cuda else max(1, threads or usable_cores())
         self.translator = ct2.Translator(
             str(model_dir),
-            device="cuda" if device_type == "cuda" else "cpu",
+            device="cuda" if cuda else "cpu",
             device_index=index or 0,
-            intra_threads=threads,
-            inter_threads=1,
+            intra_threads=threads if cuda else 1,
+            inter_threads=self.workers,
         )
         self.src_pieces = vocabulary(tokenizers, "src")
         tgt = vocabulary(tokenizers, "tgt")
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt)}
         self.eos_piece = tgt[EOS_ID]
         self.max_positions = max_positions
-        self.calls = 0  # translate_batch calls made, for tests and benchmarks
+        self.calls = 0  # translate_batch calls submitted, for tests and benchmarks
         self.redone = 0  # sentences decoded again with their own cap
         # on CPU, calls of about CALL_ROWS hypotheses decode faster than larger ones
         self.call_rows = CALL_ROWS if device_type != "cuda" else 0
@@ -313,9 +328,10 @@ class CTranslate2Engine:
         ended = bool(pieces) and pieces[-1] == self.eos_piece
         return [self.tgt_ids[p] for p in (pieces[:-1] if ended else pieces)]
 
-    def _translate(
+    def _submit(
         self, sources: list[list[str]], opts: DecodeOptions, cap: int, keep_attention: bool
     ) -> list[Any]:
+        """One call, queued for the workers: an asynchronous result per source."""
         greedy = opts.beam == 1
         self.calls += 1
         return self.translator.translate_batch(
@@ -334,6 +350,7 @@ class CTranslate2Engine:
             min_decoding_length=min(opts.min_output_len, cap),
             return_scores=True,
             return_attention=keep_attention,
+            asynchronous=True,
         )
 
     def _decoded(self, result: Any, opts: DecodeOptions, src_len: int, keep: bool) -> Decoded:
@@ -383,11 +400,16 @@ class CTranslate2Engine:
         if shared:  # one call up to the largest cap; the results it cannot vouch for redone
             order = sorted(range(len(rows)), key=lambda j: caps_list[j])
             size = max(1, self.call_rows // opts.beam) if self.call_rows else len(order)
-            for start in range(0, len(order), size):
-                chunk = order[start : start + size]
+            size = min(size, math.ceil(len(order) / self.workers))  # every worker gets a call
+            chunks = [order[start : start + size] for start in range(0, len(order), size)]
+            calls = [
+                self._submit([pieces[j] for j in chunk], opts, caps_list[chunk[-1]], keep_attention)
+                for chunk in chunks
+            ]
+            for chunk, pending in zip(chunks, calls, strict=True):
                 top = caps_list[chunk[-1]]
-                results = self._translate([pieces[j] for j in chunk], opts, top, keep_attention)
-                for j, result in zip(chunk, results, strict=True):
+                for j, waiting in zip(chunk, pending, strict=True):
+                    result = waiting.result()
                     if caps_list[j] == top or ended_before_cap(result, opts, caps_list[j]):
                         out[rows[j]] = self._decoded(result, opts, int(lens[j]), keep_attention)
                     else:
@@ -396,10 +418,13 @@ class CTranslate2Engine:
         elif rows:
             for j, cap in enumerate(caps_list):
                 groups[cap].append(j)
+        calls = {
+            cap: self._submit([pieces[j] for j in members], opts, cap, keep_attention)
+            for cap, members in groups.items()
+        }
         for cap, members in groups.items():
-            results = self._translate([pieces[j] for j in members], opts, cap, keep_attention)
-            for j, result in zip(members, results, strict=True):
-                out[rows[j]] = self._decoded(result, opts, int(lens[j]), keep_attention)
+            for j, waiting in zip(members, calls[cap], strict=True):
+                out[rows[j]] = self._decoded(waiting.result(), opts, int(lens[j]), keep_attention)
         return [d for d in out if d is not None]
 
     def hypotheses(

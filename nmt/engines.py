@@ -41,7 +41,7 @@ from nmt.trained import Trained
 log = logging.getLogger("nmt.engines")
 
 ENGINES = tuple(EngineName)  # the names engine= takes (the config schema's)
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: CTranslate2 on CPU decodes with `threads` workers
 PROBE_SENTENCES, PROBE_SOURCE, PROBE_OUTPUT = 32, 16, 16  # synthetic batch, fixed length
 PROBE_SAMPLE = 256  # sentences of the command's own input, decoded as asked
 PROBE_ROUNDS = 3

@@ -221,6 +221,31 @@ def test_one_call_at_the_largest_cap_equals_one_call_per_cap(
         assert engine.redone < len(sources) / 4 and engine.calls < len(set(cap_of)) / 2
 
 
+@pytest.mark.parametrize("beam", [1, 5])
+def test_two_workers_decode_calls_side_by_side_with_the_same_outputs(
+    trained: dict, beam: int
+) -> None:
+    """threads=2 on CPU: two single-threaded workers, each given calls of its own (a small
+    decode too), and every output as one worker gives it."""
+    one, sources = ct2_engine(trained)
+    package = load_package(trained["packages"]["float32"], CPU)
+    folder = trained["packages"]["float32"] / CT2_DIR
+    two = ct2.CTranslate2Engine(folder, package.tokenizers, one.max_positions, "cpu", threads=2)
+    assert (one.workers, two.workers) == (1, 2)
+    opts = DecodeOptions(beam=beam, length_penalty=1.0)
+    by_length: dict[int, list] = {}
+    for ids in sources:
+        by_length.setdefault(len(ids), []).append(ids)
+    same_cap = max(by_length.values(), key=len)[:6]  # nothing is redone: the calls are counted
+    assert len(same_cap) == 6
+    for batch in (sources, same_cap):
+        calls = (one.calls, two.calls)
+        for x, y in zip(one.decode_ids(batch, opts), two.decode_ids(batch, opts), strict=True):
+            assert [t for t, _ in x.nbest] == [t for t, _ in y.nbest]
+            assert max(abs(p - q) for (_, p), (_, q) in zip(x.nbest, y.nbest, strict=True)) < 1e-4
+    assert one.calls - calls[0] == 1 and two.calls - calls[1] == 2  # the 6 sentences: 3 + 3
+
+
 def test_without_length_penalty_beam_search_decodes_per_cap(trained: dict) -> None:
     """With alpha = 0 the number of hypotheses asked for is part of CTranslate2's stopping
     rule, so the pool cannot be asked for: one call per cap, as the reference."""

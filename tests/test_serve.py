@@ -12,10 +12,12 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from aiohttp.test_utils import TestClient, TestServer
@@ -189,6 +191,42 @@ def test_each_malformed_request_gets_a_4xx_with_a_message(package: Path) -> None
         assert state["rejected"] == len(cases) + 1 and state["requests"] == 1
 
     run_app(app, scenario)
+
+
+def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(
+    package: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PyTorch runs only on the decode thread (an OpenMP team started on the main thread
+    slows every other thread's teams), and answers reach the event loop without tensors."""
+    import nmt.serve
+
+    loaded_on = []
+
+    def load(cfg: Any) -> Any:
+        loaded_on.append(threading.current_thread())
+        return load_backend(cfg)
+
+    monkeypatch.setattr(nmt.serve, "load_backend", load)
+    cfg = serve_config(package, "engine=torch")
+    backend, executor = nmt.serve.start_backend(cfg)
+    decoded_on = []
+
+    def decode(sources: list, opts: DecodeOptions, attention: bool) -> list:
+        decoded_on.append(threading.current_thread())
+        return backend.decode(sources, opts, attention)
+
+    async def scenario(client: TestClient) -> None:
+        response = await client.post("/translate", json={"text": SENTENCES, "attention": True})
+        body = await response.json()
+        assert response.status == 200 and len(body["attention"]) == len(SENTENCES)
+
+    run_app(make_app(replace(backend, decode=decode), cfg, executor=executor), scenario)
+    assert loaded_on[0] is not threading.main_thread()
+    assert decoded_on == [loaded_on[0]]
+    ids = backend.tokenizers.src.encode_batch(SENTENCES)
+    with ThreadPoolExecutor(1) as pool:
+        outputs = pool.submit(backend.decode, ids, DecodeOptions(beam=2), True).result()
+    assert all(isinstance(o.attention, np.ndarray) for o in outputs)
 
 
 # ------------------------------------------------------------------------- the process
