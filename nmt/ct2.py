@@ -39,6 +39,11 @@ Decoding options map as follows (:class:`CTranslate2Engine`):
   output on 10 of 120 sentences of a small trained model, with patience 2 (``BEAM_PATIENCE``,
   used whenever alpha > 0) on none. With ``length_penalty=0`` both return the hypothesis with
   the best summed log-probability, and CTranslate2 stops as exactly as ours (patience 1).
+* attention (``keep_attention``): CTranslate2's beam search returns the right weights only for
+  a batch of one sentence, so beam search with attention makes one call per sentence (greedy
+  search's are right in any batch);
+* threads: on CPU, ``threads`` workers of one thread each (``inter_threads``) decode calls side
+  by side, and a decode's calls are queued for them together;
 * sources longer than the position table are cut as ours are (:func:`nmt.search.clip_sources`);
   ``max_tokens`` becomes ``max_batch_size`` with ``batch_type="tokens"`` (source tokens only);
   ``precision`` has no equivalent: the weight type is the package's (``--quantize``).
@@ -49,6 +54,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -299,6 +305,10 @@ class CTranslate2Engine:
         # sentences decoded at 496 sentences/s greedy and 212 beam 5 with two workers, 139 and
         # 95 with one worker of two threads, 234 and 97 with one worker of one thread.
         self.workers = 1 if cuda else max(1, threads or usable_cores())
+        # CTranslate2 sets the calling thread's OpenMP thread count, which a PyTorch loaded in
+        # the same process shares: it is put back (else our search runs on one thread)
+        torch = sys.modules.get("torch")
+        torch_threads = torch.get_num_threads() if torch is not None else 0
         self.translator = ct2.Translator(
             str(model_dir),
             device="cuda" if cuda else "cpu",
@@ -306,6 +316,8 @@ class CTranslate2Engine:
             intra_threads=threads if cuda else 1,
             inter_threads=self.workers,
         )
+        if torch is not None:
+            torch.set_num_threads(torch_threads)
         self.src_pieces = vocabulary(tokenizers, "src")
         tgt = vocabulary(tokenizers, "tgt")
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt)}
@@ -385,7 +397,8 @@ class CTranslate2Engine:
         search did not provably end before its own cap could act (:func:`ended_before_cap`) is
         decoded again with its own cap, together with the others of that cap. ``per_cap``
         decodes every sentence with its own cap (one call per cap): the reference the shared
-        calls equal.
+        calls equal. Beam search with attention decodes each sentence in a call of its own. On
+        CPU the calls are queued for the workers together, and each worker gets one.
         """
         out: list[Decoded | None] = [None] * len(sources)
         rows = [i for i, ids in enumerate(sources) if len(ids) > 0]
@@ -396,7 +409,10 @@ class CTranslate2Engine:
         lens = np.asarray([len(p) for p in pieces], dtype=np.int64)
         caps_list = opts.caps(lens, self.max_positions).tolist()  # as our search's caps
         groups: dict[int, list[int]] = defaultdict(list)  # cap -> positions in rows
-        shared = rows and not per_cap and (opts.beam == 1 or opts.length_penalty != 0)
+        # CTranslate2's beam search gives a sentence's attention right only in a batch of one
+        # (in a batch of 40, up to 0.74 apart from the sentence alone): one call each
+        alone = keep_attention and opts.beam > 1
+        shared = rows and not per_cap and not alone and (opts.beam == 1 or opts.length_penalty != 0)
         if shared:  # one call up to the largest cap; the results it cannot vouch for redone
             order = sorted(range(len(rows)), key=lambda j: caps_list[j])
             size = max(1, self.call_rows // opts.beam) if self.call_rows else len(order)
@@ -418,12 +434,15 @@ class CTranslate2Engine:
         elif rows:
             for j, cap in enumerate(caps_list):
                 groups[cap].append(j)
-        calls = {
-            cap: self._submit([pieces[j] for j in members], opts, cap, keep_attention)
-            for cap, members in groups.items()
-        }
-        for cap, members in groups.items():
-            for j, waiting in zip(members, calls[cap], strict=True):
+        batches = list(groups.values())
+        if alone:  # one sentence per call, each with its own cap
+            batches = [[j] for members in batches for j in members]
+        calls = [
+            self._submit([pieces[j] for j in members], opts, caps_list[members[0]], keep_attention)
+            for members in batches
+        ]
+        for members, pending in zip(batches, calls, strict=True):
+            for j, waiting in zip(members, pending, strict=True):
                 out[rows[j]] = self._decoded(waiting.result(), opts, int(lens[j]), keep_attention)
         return [d for d in out if d is not None]
 
