@@ -46,6 +46,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="timed runs per measurement (best kept)")
     p.add_argument("--serve", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--levels", default="1,8,32", help="concurrent clients of the load test")
+    p.add_argument(
+        "--per-request",
+        type=int,
+        default=8,
+        help="sentences per request of one more level, at the most clients (0: no such level)",
+    )
     p.add_argument("--requests", type=int, default=400, help="requests per load level")
     p.add_argument("--level-seconds", type=float, default=30.0, help="time bound of a level")
     p.add_argument("--malformed", type=int, default=1000, help="malformed requests sent")

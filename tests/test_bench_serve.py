@@ -38,7 +38,8 @@ def test_bench_serve_quick_run(runs: dict[str, Path], tmp_path: Path) -> None:
         sys.executable, "scripts/bench_serve.py", "--quick", "--threads", "1",
         "--transformer", str(runs["transformer"]), "--transformer-base", str(runs["transformer"]),
         "--gru", str(runs["gru"]), "--sentences", "12", "--base-sentences", "6",
-        "--fixed-length", "5", "--levels", "1,4", "--requests", "12", "--malformed", "18",
+        "--fixed-length", "5", "--levels", "1,4", "--per-request", "3", "--requests", "12",
+        "--malformed", "18",
         "--work", str(tmp_path / "work"), "--out", str(out),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -66,10 +67,19 @@ def test_bench_serve_quick_run(runs: dict[str, Path], tmp_path: Path) -> None:
     assert result["server"]["decode"]["beam"] == 5
     for engine in ("torch", "ctranslate2"):
         server = result["server"][engine]
-        levels = [(level["beam"], level["clients"]) for level in server["levels"]]
-        assert levels == [(beam, clients) for beam in beams for clients in (1, 4)]
+        levels = [
+            (level["beam"], level["clients"], level["sentences_per_request"])
+            for level in server["levels"]
+        ]
+        assert levels == [(b, c, n) for b in beams for c, n in ((1, 1), (4, 1), (4, 3))]
         assert [level["errors"] for level in server["levels"]] == [0] * len(levels)
         assert [level["answered"] for level in server["levels"]] == [12] * len(levels)
         assert server["malformed"]["all_4xx"] and server["malformed"]["then_serves"]
         assert server["exit_code_after_sigterm"] == 0
+        assert set(server["offline_in_batches_of_4_sentences_per_s"]) == {"beam5", "beam1"}
+        assert all(  # the 4 single-sentence clients against batches of 4 sentences
+            ("vs_offline_in_batches_of_4" in level)
+            == (level["clients"] == 4 and level["sentences_per_request"] == 1)
+            for level in server["levels"]
+        )
     assert result["server"]["ctranslate2_rss_vs_torch"] < 1

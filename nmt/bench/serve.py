@@ -20,8 +20,11 @@ In one run on this machine, for the checkpoints given (each exported to a packag
   after start and after the load test, time from start to the first answer, then 1, 8 and 32
   concurrent clients sending single sentences (bounded by ``--requests`` per level and
   ``--level-seconds``), with the package's search and with greedy search (``beam`` of each
-  level): throughput, p50/p99 latency, errors, and
-  the throughput against the same engine's offline batched figure; then ``--malformed``
+  level): throughput, p50/p99 latency, errors, and the throughput against the same engine's
+  offline batched figure and against the test set decoded by that engine in consecutive
+  batches of as many sentences as the largest level has clients (the most a server fed by that
+  many single-sentence clients could give); then the most clients again, each sending
+  ``--per-request`` sentences per request; then ``--malformed``
   malformed requests (statuses, and that the server still answers), and a SIGTERM.
 
 ::
@@ -90,6 +93,7 @@ class ServeSettings:
     rounds: int = 2  # timed runs per measurement (best kept)
     serve: bool = True
     levels: str = "1,8,32"  # concurrent clients of the load test
+    per_request: int = 8  # sentences per request of one more level at the most clients (0: none)
     requests: int = 400  # requests per load level
     level_seconds: float = 30.0
     malformed: int = 1000
@@ -161,6 +165,22 @@ def timed_decode(engine: Any, ds: EvalSet, opts: DecodeOptions, rounds: int) -> 
         "tgt_tokens": tokens,
         "outputs": outputs,
     }
+
+
+def batches_of(engine: Any, ds: EvalSet, opts: DecodeOptions, size: int, rounds: int) -> float:
+    """Sentences/s decoding the set in consecutive batches of ``size`` sentences, in the
+    set's order (best of ``rounds``): what a server whose every batch holds the single
+    sentences of ``size`` clients could give at most."""
+    n = len(ds)
+    batches = [ds.data.subset(range(i, min(n, i + size))) for i in range(0, n, size)]
+    engine.hypotheses(batches[0], opts)  # warm-up
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for batch in batches:
+            engine.hypotheses(batch, opts)
+        best = min(best, time.perf_counter() - start)
+    return round(n / best, 2)
 
 
 def score(outputs: list, trained: Trained, ds: EvalSet) -> float:
@@ -317,10 +337,17 @@ async def post(session: Any, url: str, body: Any, raw: bool = False) -> tuple[in
 
 
 async def load_level(
-    url: str, sentences: list[str], clients: int, n: int, limit_s: float, beam: int
+    url: str,
+    sentences: list[str],
+    clients: int,
+    n: int,
+    limit_s: float,
+    beam: int,
+    per_request: int = 1,
 ) -> dict:
-    """``clients`` concurrent clients, each sending one sentence at a time (search ``beam``),
-    until ``n`` requests were sent or ``limit_s`` passed."""
+    """``clients`` concurrent clients, each sending ``per_request`` sentences at a time (search
+    ``beam``), until ``n`` requests were sent or ``limit_s`` passed. Throughput and latency
+    count sentences and requests."""
     import aiohttp
 
     latencies: list[float] = []
@@ -331,12 +358,11 @@ async def load_level(
     async def client(session: Any) -> None:
         nonlocal errors, sent
         while sent < n and time.perf_counter() - start < limit_s:
-            i = sent
+            i = sent * per_request
             sent += 1
+            text = [sentences[j % len(sentences)] for j in range(i, i + per_request)]
             try:
-                status, seconds = await post(
-                    session, url, {"text": [sentences[i % len(sentences)]], "beam": beam}
-                )
+                status, seconds = await post(session, url, {"text": text, "beam": beam})
             except aiohttp.ClientError:
                 errors += 1
                 continue
@@ -354,11 +380,12 @@ async def load_level(
     return {
         "beam": beam,
         "clients": clients,
+        "sentences_per_request": per_request,
         "requests": sent,
         "answered": len(latencies),
         "errors": errors,
         "seconds": round(elapsed, 3),
-        "sentences_per_s": round(len(latencies) / elapsed, 2),
+        "sentences_per_s": round(len(latencies) * per_request / elapsed, 2),
         "latency_p50_s": pick(0.5) if latencies else None,
         "latency_p99_s": pick(0.99) if latencies else None,
     }
@@ -403,9 +430,11 @@ def bench_server(
     sentences: list[str],
     offline: dict[int, float | None],
     s: ServeSettings,
+    in_batches: dict[int, float] | None = None,
 ) -> dict[str, Any]:
     """Start nmt-serve on ``package``, measure it (each search of ``offline``: beam -> the
-    engine's offline batched sentences/s), stop it with SIGTERM."""
+    engine's offline batched sentences/s; ``in_batches``: beam -> :func:`batches_of` the
+    largest level's clients), stop it with SIGTERM."""
     import urllib.request
 
     say(f"server, engine {engine}")
@@ -429,10 +458,16 @@ def bench_server(
             r.read()
         first = time.perf_counter() - start
         before = rss_kib(proc.pid)
+        most = max(int(c) for c in s.levels.split(","))
+        shapes = [(int(c), 1) for c in s.levels.split(",")]
+        if s.per_request > 1:
+            shapes.append((most, s.per_request))
         levels = [
-            asyncio.run(load_level(url, sentences, int(c), s.requests, s.level_seconds, beam))
+            asyncio.run(
+                load_level(url, sentences, clients, s.requests, s.level_seconds, beam, size)
+            )
             for beam in offline
-            for c in s.levels.split(",")
+            for clients, size in shapes
         ]
         after = rss_kib(proc.pid)
         bad = asyncio.run(malformed(url, s.malformed))
@@ -446,10 +481,18 @@ def bench_server(
             "offline_batched_sentences_per_s": {f"beam{b}": v for b, v in offline.items()},
             "malformed": bad,
         }
+        if in_batches:
+            result[f"offline_in_batches_of_{most}_sentences_per_s"] = {
+                f"beam{b}": v for b, v in in_batches.items()
+            }
         for level in levels:
             if offline[level["beam"]]:
                 level["vs_offline_batched"] = round(
                     level["sentences_per_s"] / offline[level["beam"]], 3
+                )
+            if in_batches and (level["clients"], level["sentences_per_request"]) == (most, 1):
+                level[f"vs_offline_in_batches_of_{most}"] = round(
+                    level["sentences_per_s"] / in_batches[level["beam"]], 3
                 )
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -488,23 +531,42 @@ def run(s: ServeSettings) -> dict[str, Any]:
             result["models"][label] = bench_model(label, ckpt, s, work, fixed, limit)
     if s.serve and s.transformer:
         trained = load_package(work / "transformer-torch", CPU)
-        sentences = test_set(trained, s, s.sentences).src_text
+        ds = test_set(trained, s, s.sentences)
+        sentences = ds.src_text
+        most = max(int(c) for c in s.levels.split(","))
+        base = DecodeOptions(max_tokens=8192)  # as the offline figures
+        if s.fixed_length_all:
+            n = s.fixed_length_all
+            base = replace(base, max_output_len_a=0.0, max_output_len_b=n, min_output_len=n)
         decode = trained.cfg.decode
         result["server"] = {
             "decode": {"beam": decode.beam, "length_penalty": decode.length_penalty}
         }
         runs = result["models"]["transformer"]["runs"]
         # each engine as it would be deployed: the fp32 package, the int8 CTranslate2-only one
+        # (its int8 model is the one of the package the offline figures come from)
         servers = (
-            ("torch", "transformer-torch", "torch"),
-            ("ctranslate2", "transformer-ct2-int8-only", "ctranslate2-int8"),
+            ("torch", "transformer-torch", "torch", "transformer-torch"),
+            (
+                "ctranslate2",
+                "transformer-ct2-int8-only",
+                "ctranslate2-int8",
+                "transformer-ct2-int8",
+            ),
         )
         beams = dict.fromkeys((decode.beam or 1, 1))  # the package's search, then greedy
-        for engine, package, offline_key in servers:
+        for engine, package, offline_key, same_model in servers:
             offline = {
                 b: runs.get(f"{offline_key}.beam{b}", {}).get("sentences_per_s") for b in beams
             }
-            server = bench_server(work / package, engine, sentences, offline, s)
+            decoder = make_engine(engine, load_package(work / same_model, CPU), base, CPU)
+            say(f"{engine}: the test set in batches of {most} sentences")
+            searches = {b: replace(base, beam=b, length_penalty=1.0) for b in beams}
+            in_batches = {
+                b: batches_of(decoder, ds, o, most, s.rounds) for b, o in searches.items()
+            }
+            del decoder
+            server = bench_server(work / package, engine, sentences, offline, s, in_batches)
             result["server"][engine] = {"package": str(work / package), **server}
         torch_rss = result["server"]["torch"]["rss_kib_after_load"]
         ct2_rss = result["server"]["ctranslate2"]["rss_kib_after_load"]
@@ -531,7 +593,8 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                 "first answer s": server["first_answer_after_start_s"],
                 "rss MiB": round((server["rss_kib_after_load"] or 0) / 1024, 1),
                 "levels": {
-                    f"beam {lv['beam']}, {lv['clients']} clients": f"{lv['sentences_per_s']} "
+                    f"beam {lv['beam']}, {lv['clients']} clients x "
+                    f"{lv['sentences_per_request']} sentences": f"{lv['sentences_per_s']} "
                     f"sent/s ({lv.get('vs_offline_batched')} of offline) p99 "
                     f"{lv['latency_p99_s']}s errors {lv['errors']}"
                     for lv in server["levels"]
