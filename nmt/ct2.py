@@ -302,8 +302,8 @@ class CTranslate2Engine:
         # On CPU, `threads` workers of one thread each decode whole calls side by side, sharing
         # the weights (inter_threads), rather than one worker splitting each operation over
         # `threads` OpenMP threads (intra_threads). On a 2-core CPU, cpu_quick's 1,000 test
-        # sentences decoded at 496 sentences/s greedy and 212 beam 5 with two workers, 139 and
-        # 95 with one worker of two threads, 234 and 97 with one worker of one thread.
+        # sentences decoded at 676 sentences/s greedy and 205 beam 5 with two workers, at 162
+        # and 66 with one worker of two threads, at 293 and 86 with one worker of one thread.
         self.workers = 1 if cuda else max(1, threads or usable_cores())
         # CTranslate2 sets the calling thread's OpenMP thread count, which a PyTorch loaded in
         # the same process shares: it is put back (else our search runs on one thread)

@@ -184,10 +184,9 @@ def decode_thread() -> ThreadPoolExecutor:
     """The one thread that loads the model and runs every decode.
 
     The event loop's thread (the main one) never runs a PyTorch operation: once the main thread
-    has run one on a team of OpenMP threads, the teams of any other thread wait for each other
-    by sleeping rather than spinning, and on a 2-core CPU a decode on another thread ran at 0.45x
-    the speed (cpu_quick, batches of 32 sentences, greedy, 2 threads: 117 against 262
-    sentences/s).
+    has run one on a team of OpenMP threads, another thread's decodes kept about 1.15 of the 2
+    cores of a 2-core CPU busy instead of 2, at 0.45x the speed (cpu_quick, batches of 32
+    sentences, greedy, 2 threads: 117 against 262 sentences/s).
     """
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-decode")
 
