@@ -356,7 +356,7 @@ class ServeConfig(DecodeConfig):
     host: str = "127.0.0.1"
     port: int = 8080  # 0: any free port (printed at start)
     device: str = "auto"
-    threads: int = 0  # threads of one decode; 0: the engine's default
+    threads: int = 0  # torch intra-op threads, or CTranslate2 CPU workers; 0: each default
     max_sentences: int = 64  # per request (413 beyond)
     max_chars: int = 1000  # per sentence (413 beyond)
     max_body_bytes: int = 1_048_576  # per request body (413 beyond)
