@@ -80,10 +80,12 @@ class AttentionScore(StrEnum):
     scaled_dot = "scaled_dot"
 
 
-class Engine(StrEnum):
-    auto = "auto"  # the faster of the two for the model and search, measured once (nmt.engines)
-    torch = "torch"  # our PyTorch search
-    ctranslate2 = "ctranslate2"  # a package exported with --format ctranslate2
+# What decodes (nmt.engines): auto (the faster of torch and ctranslate2 for the model and search,
+# measured once), torch (our PyTorch search), torch-int8 (the GRU with int8 weights, CPU) and
+# ctranslate2 (a package exported with --format ctranslate2). Built by the functional API, as
+# OmegaConf reads a member by its name and "torch-int8" is not a Python name.
+ENGINE_NAMES = ("auto", "torch", "torch-int8", "ctranslate2")
+Engine = StrEnum("Engine", [(name, name) for name in ENGINE_NAMES])
 
 
 class AttentionFormat(StrEnum):

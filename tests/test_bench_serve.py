@@ -10,8 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from nmt.config import ConfigError
+from nmt.data.prepare import encode_texts
+from nmt.engines import make_engine
+from nmt.search import DecodeOptions
 from nmt.train import train
+from nmt.trained import load_trained
 
 from .helpers import REPO, TINY_TRANSFORMER, compose_config, tiny_run_overrides
 
@@ -83,3 +89,24 @@ def test_bench_serve_quick_run(runs: dict[str, Path], tmp_path: Path) -> None:
             for level in server["levels"]
         )
     assert result["server"]["ctranslate2_rss_vs_torch"] < 1
+
+
+def test_engine_torch_int8_decodes_the_gru_and_refuses_the_transformer(
+    runs: dict[str, Path], corpus: Path
+) -> None:
+    """engine=torch-int8: the GRU with int8 weights, through nmt-eval's engine choice; its
+    outputs stay close to the fp32 model's (the same tokens on most sentences)."""
+    cpu = torch.device("cpu")
+    gru = load_trained(runs["gru"], cpu)
+    engine = make_engine("torch-int8", gru, DecodeOptions(), cpu)
+    assert engine.name == "torch-int8" and engine.model is not gru.model
+    assert isinstance(engine.model.out_proj, torch.ao.nn.quantized.dynamic.Linear)
+    src = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[:40]
+    data = encode_texts(gru.tokenizers, src, src)
+    opts = DecodeOptions(beam=2, max_output_len_a=0.0, max_output_len_b=8)
+    fp32 = [h.tokens for h in make_engine("torch", gru, opts, cpu).hypotheses(data, opts)]
+    int8 = [h.tokens for h in engine.hypotheses(data, opts)]
+    assert sum(a == b for a, b in zip(fp32, int8, strict=True)) >= 0.75 * len(src)
+    transformer = load_trained(runs["transformer"], cpu)
+    with pytest.raises(ConfigError, match="decodes the GRU model"):
+        make_engine("torch-int8", transformer, opts, cpu)

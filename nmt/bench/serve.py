@@ -188,12 +188,6 @@ def score(outputs: list, trained: Trained, ds: EvalSet) -> float:
     return round(bleu(hyps, ds.ref_text).score, 2)
 
 
-def quantized_gru(trained: Trained) -> torch.nn.Module:
-    """The GRU with int8 weights for its linear and recurrent layers (dynamic quantization)."""
-    layers = {torch.nn.Linear, torch.nn.GRU, torch.nn.GRUCell}
-    return torch.ao.quantization.quantize_dynamic(trained.model, layers, dtype=torch.qint8)
-
-
 def export(ckpt: str, work: Path, name: str, quantize: str | None) -> Path:
     out = work / name
     if out.exists():
@@ -251,7 +245,7 @@ def bench_model(
         fp32 = result["packages"]["torch"]["bytes"]
         result["int8_only_package_vs_fp32_package"] = round(folder_size(only) / fp32, 3)
     elif trained.cfg.model.arch == "gru_bahdanau":
-        engines["torch-int8"] = TorchEngine(quantized_gru(trained), CPU)
+        engines["torch-int8"] = make_engine("torch-int8", trained, base, CPU)
     outputs: dict[tuple[str, int], list] = {}
     for beam in (1, BEAM):
         opts = replace(base, beam=beam, length_penalty=1.0)
