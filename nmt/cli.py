@@ -31,6 +31,13 @@ def exit_on_error(log: logging.Logger, *also: type[BaseException]) -> Iterator[N
         raise SystemExit(USER_ERROR_EXIT) from None
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _shipped_config_dir() -> Path:
     """``nmt/configs`` of an installed package (the build copies ``configs/`` there), else the
     checkout's ``configs/`` beside the package (an editable install or a source tree)."""

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -63,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from omegaconf import DictConfig
 
+from nmt.cli import usable_cores
 from nmt.config import ConfigError
 from nmt.data.tokenizer import EOS_ID, TokenizerPair
 from nmt.decode_options import DecodeOptions
@@ -271,13 +271,6 @@ def ended_before_cap(result: Any, opts: DecodeOptions, cap: int) -> bool:
     return longest <= cap if opts.beam == 1 else longest < cap
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def gnmt_penalty(length: int, alpha: float) -> float:
     """:func:`nmt.search.length_penalty` of one length (EOS counted)."""
     return 1.0 if alpha == 0 else float(((5.0 + length) / 6.0) ** alpha)
@@ -410,7 +403,7 @@ class CTranslate2Engine:
         caps_list = opts.caps(lens, self.max_positions).tolist()  # as our search's caps
         groups: dict[int, list[int]] = defaultdict(list)  # cap -> positions in rows
         # CTranslate2's beam search gives a sentence's attention right only in a batch of one
-        # (in a batch of 40, up to 0.74 apart from the sentence alone): one call each
+        # (in a larger one it can be another sentence's): one call each
         alone = keep_attention and opts.beam > 1
         shared = rows and not per_cap and not alone and (opts.beam == 1 or opts.length_penalty != 0)
         if shared:  # one call up to the largest cap; the results it cannot vouch for redone

@@ -31,8 +31,7 @@ import torch
 
 from nmt import ct2
 from nmt.atomic import atomic_write_bytes
-from nmt.config import ConfigError
-from nmt.config import Engine as EngineName
+from nmt.config import ENGINE_NAMES, ConfigError
 from nmt.data.batching import TokenDataset
 from nmt.package import CT2_DIR, is_package, read_manifest, verified_file
 from nmt.precision import machine_key
@@ -41,7 +40,7 @@ from nmt.trained import Trained
 
 log = logging.getLogger("nmt.engines")
 
-ENGINES = tuple(EngineName)  # the names engine= takes (the config schema's)
+ENGINES = ENGINE_NAMES  # the names engine= takes (the config schema's)
 CACHE_VERSION = 3  # 3: CTranslate2 on CPU decodes with `threads` workers
 PROBE_SENTENCES, PROBE_SOURCE, PROBE_OUTPUT = 32, 16, 16  # synthetic batch, fixed length
 PROBE_SAMPLE = 256  # sentences of the command's own input, decoded as asked

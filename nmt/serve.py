@@ -184,9 +184,9 @@ def decode_thread() -> ThreadPoolExecutor:
     """The one thread that loads the model and runs every decode.
 
     The event loop's thread (the main one) never runs a PyTorch operation: once the main thread
-    has run one on a team of OpenMP threads, another thread's decodes kept about 1.15 of the 2
-    cores of a 2-core CPU busy instead of 2, at 0.45x the speed (cpu_quick, batches of 32
-    sentences, greedy, 2 threads: 117 against 262 sentences/s).
+    has run one on a team of OpenMP threads, another thread's decodes keep only part of the
+    cores busy. With the model loaded here, the server of a 2-core CPU went from 110 to 248
+    sentences/s (cpu_quick, 32 clients, greedy; ``make bench-serve``).
     """
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-decode")
 

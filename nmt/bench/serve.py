@@ -103,6 +103,11 @@ class ServeSettings:
     command: str = ""  # the command line, recorded in the JSON
     cwd: Path | None = None  # where the server runs (the repository)
 
+    @property
+    def clients(self) -> list[int]:
+        """The concurrent clients of each single-sentence load level."""
+        return [int(c) for c in self.levels.split(",")]
+
     def __post_init__(self) -> None:
         if self.quick:  # a smoke run: few sentences and requests
             self.sentences = self.sentences or 40
@@ -167,6 +172,14 @@ def timed_decode(engine: Any, ds: EvalSet, opts: DecodeOptions, rounds: int) -> 
     }
 
 
+def offline_options(fixed: int | None) -> DecodeOptions:
+    """The options of the offline figures; ``fixed``: every output exactly that many tokens."""
+    opts = DecodeOptions(max_tokens=8192)
+    if fixed:
+        opts = replace(opts, max_output_len_a=0.0, max_output_len_b=fixed, min_output_len=fixed)
+    return opts
+
+
 def batches_of(engine: Any, ds: EvalSet, opts: DecodeOptions, size: int, rounds: int) -> float:
     """Sentences/s decoding the set in consecutive batches of ``size`` sentences, in the
     set's order (best of ``rounds``): what a server whose every batch holds the single
@@ -208,9 +221,7 @@ def bench_model(
     trained_pkg = export(ckpt, work, f"{label}-torch", None)
     trained = load_package(trained_pkg, CPU)
     ds = test_set(trained, s, limit)
-    base = DecodeOptions(max_tokens=8192)
-    if fixed:
-        base = replace(base, max_output_len_a=0.0, max_output_len_b=fixed, min_output_len=fixed)
+    base = offline_options(fixed)
     result: dict[str, Any] = {
         "checkpoint": str(ckpt),
         "step": trained.step,
@@ -255,7 +266,7 @@ def bench_model(
             outputs[name, beam] = run.pop("outputs")
             run["bleu"] = score(outputs[name, beam], trained, ds)
             if fixed:  # the forced length makes BLEU meaningless: once with natural lengths
-                natural = replace(DecodeOptions(max_tokens=8192), beam=beam, length_penalty=1.0)
+                natural = replace(offline_options(None), beam=beam, length_penalty=1.0)
                 start = time.perf_counter()
                 hyps = engine.hypotheses(ds.data, natural)
                 run["natural_length"] = {
@@ -452,8 +463,8 @@ def bench_server(
             r.read()
         first = time.perf_counter() - start
         before = rss_kib(proc.pid)
-        most = max(int(c) for c in s.levels.split(","))
-        shapes = [(int(c), 1) for c in s.levels.split(",")]
+        most = max(s.clients)
+        shapes = [(c, 1) for c in s.clients]
         if s.per_request > 1:
             shapes.append((most, s.per_request))
         levels = [
@@ -527,11 +538,8 @@ def run(s: ServeSettings) -> dict[str, Any]:
         trained = load_package(work / "transformer-torch", CPU)
         ds = test_set(trained, s, s.sentences)
         sentences = ds.src_text
-        most = max(int(c) for c in s.levels.split(","))
-        base = DecodeOptions(max_tokens=8192)  # as the offline figures
-        if s.fixed_length_all:
-            n = s.fixed_length_all
-            base = replace(base, max_output_len_a=0.0, max_output_len_b=n, min_output_len=n)
+        most = max(s.clients)
+        base = offline_options(s.fixed_length_all or None)
         decode = trained.cfg.decode
         result["server"] = {
             "decode": {"beam": decode.beam, "length_penalty": decode.length_penalty}

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from nmt.atomic import atomic_write_bytes, fsync_dir
+from nmt.cli import usable_cores
 from nmt.config import train_corpora
 from nmt.data.corpus import (
     DataError,
@@ -616,9 +617,8 @@ def _worker_count(cfg: Any, corpora: Sequence[Split]) -> int:
     n = int(cfg.num_workers)
     if n > 0:
         return n
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     size = sum(p.stat().st_size for c in corpora for p in (c.src_path, c.tgt_path))
-    return 1 if size < SMALL_INPUT_BYTES else max(1, cores or 1)
+    return 1 if size < SMALL_INPUT_BYTES else usable_cores()
 
 
 def _encode(
