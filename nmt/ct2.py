@@ -381,6 +381,7 @@ class CTranslate2Engine:
         opts: DecodeOptions,
         keep_attention: bool = False,
         per_cap: bool = False,
+        spread: bool = True,
     ) -> list[Decoded]:
         """Outputs for source token ids (without EOS), in order; an empty source gives an
         empty output (score 0) without being decoded.
@@ -391,7 +392,8 @@ class CTranslate2Engine:
         decoded again with its own cap, together with the others of that cap. ``per_cap``
         decodes every sentence with its own cap (one call per cap): the reference the shared
         calls equal. Beam search with attention decodes each sentence in a call of its own. On
-        CPU the calls are queued for the workers together, and each worker gets one.
+        CPU the calls are queued for the workers together, and with ``spread`` each worker gets
+        one (without, a caller that runs several decodes at once keeps the calls larger).
         """
         out: list[Decoded | None] = [None] * len(sources)
         rows = [i for i, ids in enumerate(sources) if len(ids) > 0]
@@ -409,7 +411,8 @@ class CTranslate2Engine:
         if shared:  # one call up to the largest cap; the results it cannot vouch for redone
             order = sorted(range(len(rows)), key=lambda j: caps_list[j])
             size = max(1, self.call_rows // opts.beam) if self.call_rows else len(order)
-            size = min(size, math.ceil(len(order) / self.workers))  # every worker gets a call
+            if spread:  # every worker gets a call
+                size = min(size, math.ceil(len(order) / self.workers))
             chunks = [order[start : start + size] for start in range(0, len(order), size)]
             calls = [
                 self._submit([pieces[j] for j in chunk], opts, caps_list[chunk[-1]], keep_attention)

@@ -18,11 +18,14 @@ Endpoints (JSON in and out):
 Requests are batched: a request that arrives while the model decodes, or within
 ``batch_wait_ms`` of the first one of a batch, shares a decode with the others that ask for the
 same search (beam, length penalty, attention), up to ``max_batch_sentences`` sentences; each
-gets its own sentences back. Limits (``max_sentences`` per request, ``max_chars`` per sentence,
-``max_body_bytes`` per body, ``max_beam``) and malformed input (not UTF-8, not JSON, wrong
-types, empty lists, unknown keys) get a 4xx answer with ``{"error": message}``; the server goes
-on serving. SIGTERM or SIGINT stops it gracefully: it stops accepting connections, finishes the
-requests in flight (up to ``shutdown_timeout`` seconds) and exits 0.
+gets its own sentences back. An engine with several workers (CTranslate2 on CPU) runs as many
+decodes at once, and the waiting sentences are shared among its free workers.
+
+Limits (``max_sentences`` per request, ``max_chars`` per sentence, ``max_body_bytes`` per
+body, ``max_beam``) and malformed input (not UTF-8, not JSON, wrong types, empty lists,
+unknown keys) get a 4xx answer with ``{"error": message}``; the server goes on serving.
+SIGTERM or SIGINT stops it gracefully: it stops accepting connections, finishes the requests
+in flight (up to ``shutdown_timeout`` seconds) and exits 0.
 
 The web library is aiohttp: one well-kept package gives the asyncio server, request body limits
 and graceful shutdown, and its client serves the load test. With ``engine=ctranslate2`` the
@@ -43,6 +46,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +93,7 @@ class Backend:
     defaults: DecodeOptions
     model: str
     step: int
+    concurrency: int = 1  # decodes it runs at once, each on a thread of its own
 
 
 def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
@@ -112,8 +117,11 @@ def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
         threads=cfg.threads,
     )
     defaults = DecodeOptions.from_config(cfg, train_cfg.decode)
+    # each worker takes a decode of its own: a worker that finishes its sentences starts on
+    # the next ones at once, instead of waiting for the other worker's longer sentences
+    decode = partial(engine.decode_ids, spread=False)
     return Backend(
-        "ctranslate2", tokenizers, engine.decode_ids, defaults, str(package), manifest.step
+        "ctranslate2", tokenizers, decode, defaults, str(package), manifest.step, engine.workers
     )
 
 
@@ -146,13 +154,18 @@ def torch_backend(cfg: DictConfig) -> Backend:
 
 
 def start_backend(cfg: DictConfig) -> tuple[Backend, ThreadPoolExecutor]:
-    """The backend, loaded on the thread that will run its decodes (:func:`decode_thread`)."""
+    """The backend, loaded on the thread that will run its decodes (:func:`decode_thread`);
+    a backend that runs several decodes at once gets as many threads."""
     executor = decode_thread()
     try:
-        return executor.submit(load_backend, cfg).result(), executor
+        backend = executor.submit(load_backend, cfg).result()
     except BaseException:
         executor.shutdown(wait=False)
         raise
+    if backend.concurrency > 1:  # CTranslate2: no PyTorch in the process
+        executor.shutdown(wait=True)
+        executor = decode_thread(backend.concurrency)
+    return backend, executor
 
 
 def _without_tensors(output: Any) -> Any:
@@ -180,24 +193,28 @@ class Job:
     future: asyncio.Future
 
 
-def decode_thread() -> ThreadPoolExecutor:
-    """The one thread that loads the model and runs every decode.
+def decode_thread(threads: int = 1) -> ThreadPoolExecutor:
+    """The one thread that loads the model and runs every decode (``threads`` for a backend
+    that runs several decodes at once).
 
     The event loop's thread (the main one) never runs a PyTorch operation: once the main thread
     has run one on a team of OpenMP threads, another thread's decodes keep only part of the
     cores busy. With the model loaded here, the server of a 2-core CPU went from 110 to 248
     sentences/s (cpu_quick, 32 clients, greedy; ``make bench-serve``).
     """
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-decode")
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="nmt-decode")
 
 
 class Batcher:
-    """Collects the sentences of concurrent requests into shared decodes, one at a time.
+    """Collects the sentences of concurrent requests into shared decodes.
 
-    The worker takes the first waiting request, then every request already waiting or arriving
-    within ``wait_s``, up to ``max_sentences`` sentences; requests that arrive while it decodes
-    wait for the next batch. Decodes run on ``executor``'s one thread (:func:`decode_thread`; a
-    new one if not given). Counters: ``batches`` (decodes run), ``sentences``, ``requests``.
+    Up to ``backend.concurrency`` decodes run at once. For a free one, the worker takes the
+    first waiting request, then every request already waiting or arriving within ``wait_s``,
+    up to ``max_sentences`` sentences and, when several decodes are free, up to an equal share
+    of the sentences waiting then (so a lone request starts at once on an idle worker).
+    Requests that arrive while every decode is busy wait for the next free one. Decodes run on
+    ``executor`` (:func:`decode_thread`; a new one if not given).
+    Counters: ``batches`` (decodes run), ``sentences``, ``requests``.
     """
 
     def __init__(
@@ -211,32 +228,45 @@ class Batcher:
         self.wait_s = wait_s
         self.max_sentences = max_sentences
         self.queue: asyncio.Queue[Job] = asyncio.Queue()
-        self.executor = executor or decode_thread()
+        self.waiting = 0  # sentences in the queue
+        self.executor = executor or decode_thread(backend.concurrency)
         self.batches = self.sentences = self.requests = 0
+        self.busy = 0  # decodes running
+        self.freed = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.decodes: set[asyncio.Task] = set()
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+        for task in [self.task, *self.decodes]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self.executor.shutdown(wait=True)
 
     async def submit(self, sources: list[list[int]], opts: DecodeOptions, attention: bool) -> list:
         future = asyncio.get_running_loop().create_future()
         self.requests += 1
+        self.waiting += len(sources)
         await self.queue.put(Job(sources, (opts.beam, opts.length_penalty, attention), future))
         return await future
 
-    async def _collect(self) -> list[Job]:
+    def _take(self, job: Job) -> Job:
+        self.waiting -= len(job.sources)
+        return job
+
+    async def _collect(self, free: int) -> list[Job]:
         loop = asyncio.get_running_loop()
-        jobs = [await self.queue.get()]
+        jobs = [self._take(await self.queue.get())]
         count = len(jobs[0].sources)
+        limit = self.max_sentences
+        if free > 1:  # an equal share of what waits now
+            limit = min(limit, -(-(count + self.waiting) // free))
         deadline = loop.time() + self.wait_s
-        while count < self.max_sentences:
+        while count < limit:
             try:
                 job = self.queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -247,38 +277,55 @@ class Batcher:
                     job = await asyncio.wait_for(self.queue.get(), remaining)
                 except asyncio.TimeoutError:
                     break
-            jobs.append(job)
+            jobs.append(self._take(job))
             count += len(job.sources)
         return jobs
+
+    async def _free_decode(self) -> None:
+        while self.busy >= self.backend.concurrency:
+            self.freed.clear()
+            await self.freed.wait()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            jobs = await self._collect()
+            await self._free_decode()
+            jobs = await self._collect(self.backend.concurrency - self.busy)
             groups: dict[tuple, list[Job]] = defaultdict(list)
             for job in jobs:
                 groups[job.key].append(job)
-            for (beam, alpha, attention), members in groups.items():
-                sources = [s for job in members for s in job.sources]
-                opts = replace(self.backend.defaults, beam=beam, length_penalty=alpha)
-                try:
-                    outputs = await loop.run_in_executor(
-                        self.executor, self.backend.decode, sources, opts, attention
-                    )
-                except Exception as e:  # the requests get a 500 with the reason; serving goes on
-                    log.exception("decoding failed")
-                    for job in members:
-                        if not job.future.done():
-                            job.future.set_exception(e)
-                    continue
-                self.batches += 1
-                self.sentences += len(sources)
-                start = 0
-                for job in members:
-                    part = outputs[start : start + len(job.sources)]
-                    start += len(job.sources)
-                    if not job.future.done():
-                        job.future.set_result(part)
+            for key, members in groups.items():
+                await self._free_decode()
+                self.busy += 1
+                task = loop.create_task(self._decode(key, members))
+                self.decodes.add(task)
+                task.add_done_callback(self.decodes.discard)
+
+    async def _decode(self, key: tuple[int, float, bool], members: list[Job]) -> None:
+        beam, alpha, attention = key
+        sources = [s for job in members for s in job.sources]
+        opts = replace(self.backend.defaults, beam=beam, length_penalty=alpha)
+        try:
+            outputs = await asyncio.get_running_loop().run_in_executor(
+                self.executor, self.backend.decode, sources, opts, attention
+            )
+        except Exception as e:  # the requests get a 500 with the reason; serving goes on
+            log.exception("decoding failed")
+            for job in members:
+                if not job.future.done():
+                    job.future.set_exception(e)
+            return
+        finally:
+            self.busy -= 1
+            self.freed.set()
+        self.batches += 1
+        self.sentences += len(sources)
+        start = 0
+        for job in members:
+            part = outputs[start : start + len(job.sources)]
+            start += len(job.sources)
+            if not job.future.done():
+                job.future.set_result(part)
 
 
 # -------------------------------------------------------------------------------- requests

@@ -82,12 +82,13 @@ def test_bench_serve_quick_run(runs: dict[str, Path], tmp_path: Path) -> None:
         assert [level["answered"] for level in server["levels"]] == [12] * len(levels)
         assert server["malformed"]["all_4xx"] and server["malformed"]["then_serves"]
         assert server["exit_code_after_sigterm"] == 0
-        assert set(server["offline_in_batches_of_4_sentences_per_s"]) == {"beam5", "beam1"}
-        assert all(  # the 4 single-sentence clients against batches of 4 sentences
-            ("vs_offline_in_batches_of_4" in level)
-            == (level["clients"] == 4 and level["sentences_per_request"] == 1)
-            for level in server["levels"]
-        )
+        for bound in ("in_batches_of_4", "in_length_sorted_batches_of_4"):
+            assert set(server[f"offline_{bound}_sentences_per_s"]) == {"beam5", "beam1"}
+            assert all(  # the 4 single-sentence clients against batches of 4 sentences
+                (f"vs_offline_{bound}" in level)
+                == (level["clients"] == 4 and level["sentences_per_request"] == 1)
+                for level in server["levels"]
+            )
     assert result["server"]["ctranslate2_rss_vs_torch"] < 1
 
 

@@ -246,6 +246,11 @@ def test_two_workers_decode_calls_side_by_side_with_the_same_outputs(
             assert [t for t, _ in x.nbest] == [t for t, _ in y.nbest]
             assert max(abs(p - q) for (_, p), (_, q) in zip(x.nbest, y.nbest, strict=True)) < 1e-4
     assert one.calls - calls[0] == 1 and two.calls - calls[1] == 2  # the 6 sentences: 3 + 3
+    # without spreading (a server running a decode per worker), one call holds them all
+    before = two.calls
+    alone = two.decode_ids(same_cap, opts, spread=False)
+    assert two.calls - before == 1
+    assert [o.tokens for o in alone] == [o.tokens for o in one.decode_ids(same_cap, opts)]
 
 
 def test_beam_attention_is_ours_in_a_batch_of_many_sentences(trained: dict) -> None:
@@ -420,7 +425,7 @@ def test_a_server_batch_of_many_caps_takes_fewer_ctranslate2_calls(trained: dict
         [f"model_dir={trained['packages']['float32']}", "engine=ctranslate2", "threads=1"],
     )
     backend = load_backend(cfg)
-    engine = backend.decode.__self__
+    engine = backend.decode.func.__self__  # decode_ids(spread=False)
     batches: list[tuple[int, int]] = []  # (sentences, CTranslate2 calls) of each decode
     started, release = threading.Event(), threading.Event()
 

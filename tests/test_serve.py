@@ -143,6 +143,52 @@ def test_concurrent_requests_share_one_decode(package: Path) -> None:
     run_app(app, scenario)
 
 
+def test_a_backend_with_two_workers_runs_two_decodes_at_once(package: Path) -> None:
+    """concurrency 2 (CTranslate2's workers): a request that comes while one decode runs
+    starts a second one at once; requests that come while both run wait, then share one."""
+    cfg = serve_config(package, "engine=torch")
+    backend = load_backend(cfg)
+    decode, calls, release = backend.decode, [], threading.Event()
+
+    def held_decode(sources: list[list[int]], opts: DecodeOptions, attention: bool) -> list:
+        calls.append(len(sources))
+        if len(calls) <= 2:
+            release.wait(60)  # the first two decodes last until the others are queued
+        return decode(sources, opts, attention)
+
+    app = make_app(replace(backend, decode=held_decode, concurrency=2), cfg)
+
+    async def health(client: TestClient) -> dict:
+        return await (await client.get("/health")).json()
+
+    def post(client: TestClient, i: int) -> asyncio.Future:
+        return asyncio.ensure_future(client.post("/translate", json={"text": SENTENCES[i:]}))
+
+    async def scenario(client: TestClient) -> None:
+        first = post(client, 2)
+
+        async def decodes(n: int) -> bool:
+            return len(calls) == n
+
+        await until(lambda: decodes(1), "the first request is being decoded")
+        second = post(client, 1)
+        await until(lambda: decodes(2), "the second request is decoded beside the first")
+        others = [post(client, 0), post(client, 2)]
+
+        async def queued() -> bool:
+            return (await health(client))["queued"] == 2
+
+        await until(queued, "two requests wait")
+        release.set()
+        responses = [await r for r in (first, second, *others)]
+        assert [r.status for r in responses] == [200] * 4
+        bodies = [await r.json() for r in responses]
+        assert [len(b["translations"]) for b in bodies] == [1, 2, 3, 1]
+        assert calls == [1, 2, 4] and (await health(client))["batches"] == 3
+
+    run_app(app, scenario)
+
+
 def malformed_requests(limit: int) -> list[tuple[str, bytes, int, str]]:
     """(kind, body, expected status, words of the message)."""
     big = json.dumps({"text": ["x" * 50] * 200}).encode()

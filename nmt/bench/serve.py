@@ -52,6 +52,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from nmt import ct2
@@ -180,12 +181,17 @@ def offline_options(fixed: int | None) -> DecodeOptions:
     return opts
 
 
-def batches_of(engine: Any, ds: EvalSet, opts: DecodeOptions, size: int, rounds: int) -> float:
-    """Sentences/s decoding the set in consecutive batches of ``size`` sentences, in the
-    set's order (best of ``rounds``): what a server whose every batch holds the single
-    sentences of ``size`` clients could give at most."""
+def batches_of(
+    engine: Any, ds: EvalSet, opts: DecodeOptions, size: int, rounds: int, by_length: bool = False
+) -> float:
+    """Sentences/s decoding the set in consecutive batches of ``size`` sentences, one batch
+    at a time (best of ``rounds``). In the set's order: what a server whose every batch holds
+    the single sentences of ``size`` clients could give at most. ``by_length``: the set sorted
+    by source length first, so a batch's sentences end at about the same step: what a server
+    holding ``size`` sentences at a time could give if it chose which ones share a batch."""
     n = len(ds)
-    batches = [ds.data.subset(range(i, min(n, i + size))) for i in range(0, n, size)]
+    order = np.argsort(ds.data.src_lens[:n], kind="stable") if by_length else np.arange(n)
+    batches = [ds.data.subset(order[i : i + size]) for i in range(0, n, size)]
     engine.hypotheses(batches[0], opts)  # warm-up
     best = float("inf")
     for _ in range(rounds):
@@ -435,11 +441,12 @@ def bench_server(
     sentences: list[str],
     offline: dict[int, float | None],
     s: ServeSettings,
-    in_batches: dict[int, float] | None = None,
+    in_batches: dict[str, dict[int, float]] | None = None,
 ) -> dict[str, Any]:
     """Start nmt-serve on ``package``, measure it (each search of ``offline``: beam -> the
-    engine's offline batched sentences/s; ``in_batches``: beam -> :func:`batches_of` the
-    largest level's clients), stop it with SIGTERM."""
+    engine's offline batched sentences/s; ``in_batches``: "in_batches_of_N" and
+    "in_length_sorted_batches_of_N", N the largest level's clients -> beam ->
+    :func:`batches_of`), stop it with SIGTERM."""
     import urllib.request
 
     say(f"server, engine {engine}")
@@ -486,19 +493,18 @@ def bench_server(
             "offline_batched_sentences_per_s": {f"beam{b}": v for b, v in offline.items()},
             "malformed": bad,
         }
-        if in_batches:
-            result[f"offline_in_batches_of_{most}_sentences_per_s"] = {
-                f"beam{b}": v for b, v in in_batches.items()
-            }
+        for name, figures in (in_batches or {}).items():
+            result[f"offline_{name}_sentences_per_s"] = {f"beam{b}": v for b, v in figures.items()}
         for level in levels:
             if offline[level["beam"]]:
                 level["vs_offline_batched"] = round(
                     level["sentences_per_s"] / offline[level["beam"]], 3
                 )
-            if in_batches and (level["clients"], level["sentences_per_request"]) == (most, 1):
-                level[f"vs_offline_in_batches_of_{most}"] = round(
-                    level["sentences_per_s"] / in_batches[level["beam"]], 3
-                )
+            if (level["clients"], level["sentences_per_request"]) == (most, 1):
+                for name, figures in (in_batches or {}).items():
+                    level[f"vs_offline_{name}"] = round(
+                        level["sentences_per_s"] / figures[level["beam"]], 3
+                    )
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -565,7 +571,11 @@ def run(s: ServeSettings) -> dict[str, Any]:
             say(f"{engine}: the test set in batches of {most} sentences")
             searches = {b: replace(base, beam=b, length_penalty=1.0) for b in beams}
             in_batches = {
-                b: batches_of(decoder, ds, o, most, s.rounds) for b, o in searches.items()
+                f"in{sort}_batches_of_{most}": {
+                    b: batches_of(decoder, ds, o, most, s.rounds, by_length=bool(sort))
+                    for b, o in searches.items()
+                }
+                for sort in ("", "_length_sorted")
             }
             del decoder
             server = bench_server(work / package, engine, sentences, offline, s, in_batches)
