@@ -210,9 +210,10 @@ class Batcher:
 
     Up to ``backend.concurrency`` decodes run at once. For a free one, the worker takes the
     first waiting request, then every request already waiting or arriving within ``wait_s``,
-    up to ``max_sentences`` sentences and, when several decodes are free, up to an equal share
-    of the sentences waiting then (so a lone request starts at once on an idle worker).
-    Requests that arrive while every decode is busy wait for the next free one. Decodes run on
+    up to ``max_sentences`` sentences; with several decodes, up to an equal share of the
+    sentences in the server (waiting or decoding), so that the decodes stay about equal and a
+    lone request starts at once on an idle worker. Requests that arrive while every decode is
+    busy wait for the next free one. Decodes run on
     ``executor`` (:func:`decode_thread`; a new one if not given).
     Counters: ``batches`` (decodes run), ``sentences``, ``requests``.
     """
@@ -232,6 +233,7 @@ class Batcher:
         self.executor = executor or decode_thread(backend.concurrency)
         self.batches = self.sentences = self.requests = 0
         self.busy = 0  # decodes running
+        self.decoding = 0  # sentences they decode
         self.freed = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.decodes: set[asyncio.Task] = set()
@@ -258,15 +260,12 @@ class Batcher:
         self.waiting -= len(job.sources)
         return job
 
-    async def _collect(self, free: int) -> list[Job]:
+    async def _collect(self) -> list[Job]:
         loop = asyncio.get_running_loop()
         jobs = [self._take(await self.queue.get())]
         count = len(jobs[0].sources)
-        limit = self.max_sentences
-        if free > 1:  # an equal share of what waits now
-            limit = min(limit, -(-(count + self.waiting) // free))
         deadline = loop.time() + self.wait_s
-        while count < limit:
+        while count < self._limit(count):
             try:
                 job = self.queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -281,6 +280,14 @@ class Batcher:
             count += len(job.sources)
         return jobs
 
+    def _limit(self, count: int) -> int:
+        """Sentences a new decode takes: all it can, or with several decodes its share of the
+        sentences in the server (``count`` taken, those waiting and those decoding)."""
+        slots = self.backend.concurrency
+        if slots == 1:
+            return self.max_sentences
+        return min(self.max_sentences, -(-(count + self.waiting + self.decoding) // slots))
+
     async def _free_decode(self) -> None:
         while self.busy >= self.backend.concurrency:
             self.freed.clear()
@@ -290,7 +297,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             await self._free_decode()
-            jobs = await self._collect(self.backend.concurrency - self.busy)
+            jobs = await self._collect()
             groups: dict[tuple, list[Job]] = defaultdict(list)
             for job in jobs:
                 groups[job.key].append(job)
@@ -305,6 +312,7 @@ class Batcher:
         beam, alpha, attention = key
         sources = [s for job in members for s in job.sources]
         opts = replace(self.backend.defaults, beam=beam, length_penalty=alpha)
+        self.decoding += len(sources)
         try:
             outputs = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self.backend.decode, sources, opts, attention
@@ -317,6 +325,7 @@ class Batcher:
             return
         finally:
             self.busy -= 1
+            self.decoding -= len(sources)
             self.freed.set()
         self.batches += 1
         self.sentences += len(sources)

@@ -145,7 +145,7 @@ def test_concurrent_requests_share_one_decode(package: Path) -> None:
 
 def test_a_backend_with_two_workers_runs_two_decodes_at_once(package: Path) -> None:
     """concurrency 2 (CTranslate2's workers): a request that comes while one decode runs
-    starts a second one at once; requests that come while both run wait, then share one."""
+    starts a second one at once; requests that come while both run wait for a free one."""
     cfg = serve_config(package, "engine=torch")
     backend = load_backend(cfg)
     decode, calls, release = backend.decode, [], threading.Event()
@@ -184,7 +184,9 @@ def test_a_backend_with_two_workers_runs_two_decodes_at_once(package: Path) -> N
         assert [r.status for r in responses] == [200] * 4
         bodies = [await r.json() for r in responses]
         assert [len(b["translations"]) for b in bodies] == [1, 2, 3, 1]
-        assert calls == [1, 2, 4] and (await health(client))["batches"] == 3
+        # then they took the two free decodes, each its share, or one decode
+        assert calls[:2] == [1, 2] and sum(calls[2:]) == 4
+        assert (await health(client))["batches"] == len(calls)
 
     run_app(app, scenario)
 
