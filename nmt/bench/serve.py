@@ -22,8 +22,9 @@ In one run on this machine, for the checkpoints given (each exported to a packag
   ``--level-seconds``), with the package's search and with greedy search (``beam`` of each
   level): throughput, p50/p99 latency, errors, and the throughput against the same engine's
   offline batched figure and against the test set decoded by that engine in consecutive
-  batches of as many sentences as the largest level has clients (the most a server fed by that
-  many single-sentence clients could give); then the most clients again, each sending
+  batches of as many sentences as the largest level has clients, one batch at a time, in the
+  set's order (the most a server fed by that many single-sentence clients gets by batching
+  them as they come) and sorted by length; then the most clients again, each sending
   ``--per-request`` sentences per request; then ``--malformed``
   malformed requests (statuses, and that the server still answers), and a SIGTERM.
 
