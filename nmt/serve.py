@@ -219,9 +219,8 @@ class Batcher:
     up to ``max_sentences`` sentences; with several decodes, up to an equal share of the
     sentences in the server (waiting or decoding), so that the decodes stay about equal and a
     lone request starts at once on an idle worker. Requests that arrive while every decode is
-    busy wait for the next free one. Decodes run on
-    ``executor`` (:func:`decode_thread`; a new one if not given).
-    Counters: ``batches`` (decodes run), ``sentences``, ``requests``.
+    busy wait for the next free one. Decodes run on ``executor`` (:func:`decode_thread`; a new
+    one if not given). Counters: ``batches`` (decodes run), ``sentences``, ``requests``.
     """
 
     def __init__(
@@ -310,6 +309,7 @@ class Batcher:
             for key, members in groups.items():
                 await self._free_decode()
                 self.busy += 1
+                self.decoding += sum(len(job.sources) for job in members)
                 task = loop.create_task(self._decode(key, members))
                 self.decodes.add(task)
                 task.add_done_callback(self.decodes.discard)
@@ -318,7 +318,6 @@ class Batcher:
         beam, alpha, attention = key
         sources = [s for job in members for s in job.sources]
         opts = replace(self.backend.defaults, beam=beam, length_penalty=alpha)
-        self.decoding += len(sources)
         try:
             outputs = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self.backend.decode, sources, opts, attention
