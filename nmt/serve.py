@@ -557,7 +557,12 @@ async def serve(
     in_flight = state["in_flight"]
     log.info("shutting down: %d request(s) in flight", in_flight)
     print(f"nmt-serve: shutting down, {in_flight} request(s) in flight", flush=True)
-    await runner.cleanup()  # stop listening, finish the requests in flight, stop the batcher
+    await site.stop()  # no new connections
+    # the requests in flight are answered before any connection is closed
+    deadline = loop.time() + cfg.shutdown_timeout
+    while state["in_flight"] and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+    await runner.cleanup()  # close the connections, stop the batcher
     print(f"nmt-serve: stopped after {state['batcher'].requests} request(s)", flush=True)
 
 

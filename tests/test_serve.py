@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.request
 from collections.abc import Awaitable, Callable
@@ -281,14 +282,23 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(
 
 
 def start_server(package: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    """The server in a process of its own; its log (a line per request) goes to a file, which
+    cannot fill up and stall it as an unread pipe would."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "nmt.serve", f"model={package}", "port=0", "threads=1", *extra]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    log = Path(tempfile.mkdtemp()) / "serve.log"
+    with log.open("w") as err:  # the server keeps its own descriptor
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True
+        )
+    proc.log = log  # type: ignore[attr-defined]
     line = proc.stdout.readline()
-    assert "nmt-serve:" in line, line + proc.stderr.read()
+    assert "nmt-serve:" in line, line + server_log(proc)
     return proc, int(line.rsplit(":", 1)[1])
+
+
+def server_log(proc: subprocess.Popen) -> str:
+    return proc.log.read_text()  # type: ignore[attr-defined]
 
 
 def get(port: int, path: str) -> dict:
@@ -320,10 +330,13 @@ def test_sigterm_finishes_the_request_in_flight(package: Path) -> None:
             raise AssertionError("the request never arrived")
         proc.send_signal(signal.SIGTERM)
         worker.join(120)
+        if "answer" not in result:  # the server's own account of what happened
+            out, _ = proc.communicate(timeout=60)
+            raise AssertionError(f"no answer (exit {proc.returncode}):\n{out}{server_log(proc)}")
         status, body = result["answer"]
         assert status == 200 and len(body["translations"]) == 64
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, server_log(proc)
         assert "shutting down, 1 request(s) in flight" in out and "stopped after 1" in out
     finally:
         if proc.poll() is None:
@@ -338,8 +351,8 @@ def test_ctranslate2_server_runs_without_pytorch(package: Path) -> None:
         status, body = post(port, {"text": SENTENCES})
         assert status == 200 and len(body["translations"]) == 3
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0, server_log(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
