@@ -40,7 +40,6 @@ from nmt.trained import Trained
 
 log = logging.getLogger("nmt.engines")
 
-ENGINES = ENGINE_NAMES  # the names engine= takes (the config schema's)
 CACHE_VERSION = 3  # 3: CTranslate2 on CPU decodes with `threads` workers
 PROBE_SENTENCES, PROBE_SOURCE, PROBE_OUTPUT = 32, 16, 16  # synthetic batch, fixed length
 PROBE_SAMPLE = 256  # sentences of the command's own input, decoded as asked
@@ -252,8 +251,8 @@ def make_engine(
 ) -> Engine:
     """The engine ``name`` (auto | torch | torch-int8 | ctranslate2) for ``trained``;
     ``sample``: the sentences to decode, for the probe of ``auto`` (see the module docstring)."""
-    if name not in ENGINES:
-        raise ConfigError(f"engine={name!r} is not one of: {', '.join(ENGINES)}")
+    if name not in ENGINE_NAMES:  # the names engine= takes (the config schema's)
+        raise ConfigError(f"engine={name!r} is not one of: {', '.join(ENGINE_NAMES)}")
     if trained.model is None:  # a CTranslate2-only package
         if name in ("torch", "torch-int8"):
             raise ConfigError(

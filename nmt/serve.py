@@ -237,9 +237,8 @@ class Batcher:
         self.waiting = 0  # sentences in the queue
         self.executor = executor or decode_thread(backend.concurrency)
         self.batches = self.sentences = self.requests = 0
-        self.busy = 0  # decodes running
-        self.decoding = 0  # sentences they decode
-        self.freed = asyncio.Event()
+        self.slots = asyncio.Semaphore(backend.concurrency)  # one per decode that may run
+        self.decoding = 0  # sentences the running decodes hold
         self.task: asyncio.Task | None = None
         self.decodes: set[asyncio.Task] = set()
 
@@ -293,22 +292,17 @@ class Batcher:
             return self.max_sentences
         return min(self.max_sentences, -(-(count + self.waiting + self.decoding) // slots))
 
-    async def _free_decode(self) -> None:
-        while self.busy >= self.backend.concurrency:
-            self.freed.clear()
-            await self.freed.wait()
-
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await self._free_decode()
+            await self.slots.acquire()  # a decode may start: collect its requests
             jobs = await self._collect()
             groups: dict[tuple, list[Job]] = defaultdict(list)
             for job in jobs:
                 groups[job.key].append(job)
-            for key, members in groups.items():
-                await self._free_decode()
-                self.busy += 1
+            for i, (key, members) in enumerate(groups.items()):
+                if i > 0:  # each further search waits for a slot of its own
+                    await self.slots.acquire()
                 self.decoding += sum(len(job.sources) for job in members)
                 task = loop.create_task(self._decode(key, members))
                 self.decodes.add(task)
@@ -329,9 +323,8 @@ class Batcher:
                     job.future.set_exception(e)
             return
         finally:
-            self.busy -= 1
             self.decoding -= len(sources)
-            self.freed.set()
+            self.slots.release()
         self.batches += 1
         self.sentences += len(sources)
         start = 0

@@ -192,6 +192,16 @@ def test_a_backend_with_two_workers_runs_two_decodes_at_once(package: Path) -> N
     run_app(app, scenario)
 
 
+def test_the_ctranslate2_backend_turns_mkls_memory_pool_off(
+    package: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Intel MKL's pool would keep the memory of the largest batches for the server's life: the
+    CTranslate2 backend sets MKL_DISABLE_FAST_MM (before CTranslate2 loads, in a server)."""
+    monkeypatch.delenv("MKL_DISABLE_FAST_MM", raising=False)
+    assert load_backend(serve_config(package, "engine=ctranslate2")).engine == "ctranslate2"
+    assert os.environ["MKL_DISABLE_FAST_MM"] == "1"
+
+
 def malformed_requests(limit: int) -> list[tuple[str, bytes, int, str]]:
     """(kind, body, expected status, words of the message)."""
     big = json.dumps({"text": ["x" * 50] * 200}).encode()
@@ -286,8 +296,9 @@ def start_server(package: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     cannot fill up and stall it as an unread pipe would."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "nmt.serve", f"model={package}", "port=0", "threads=1", *extra]
-    log = Path(tempfile.mkdtemp()) / "serve.log"
-    with log.open("w") as err:  # the server keeps its own descriptor
+    fd, name = tempfile.mkstemp(suffix=".log", dir=package.parent)  # in pytest's tmp folder
+    log = Path(name)
+    with os.fdopen(fd, "w") as err:  # the server keeps its own descriptor
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True
         )
