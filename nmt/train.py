@@ -28,7 +28,6 @@ import hydra
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
@@ -109,14 +108,12 @@ class TrainState:
 def loss_sum(model: torch.nn.Module, batch: Batch, label_smoothing: float) -> torch.Tensor:
     """Summed (label-smoothed) cross-entropy over the non-pad target tokens of a batch.
 
-    Only the N real target positions are projected onto the vocabulary and scored.
+    Only the N real target positions are projected onto the vocabulary and scored, a block of
+    them at a time (:func:`nmt.models.loss.projected_cross_entropy`).
     """
-    logits = model(batch.src, batch.src_lens, batch.tgt_in, batch.tgt_positions)  # (N, V)
-    return F.cross_entropy(
-        logits.float(),
-        batch.tgt_out.flatten().index_select(0, batch.tgt_positions),  # (N,)
-        label_smoothing=label_smoothing,
-        reduction="sum",
+    targets = batch.tgt_out.flatten().index_select(0, batch.tgt_positions)  # (N,)
+    return model(
+        batch.src, batch.src_lens, batch.tgt_in, batch.tgt_positions, targets, label_smoothing
     )
 
 

@@ -136,6 +136,29 @@ def test_projecting_only_real_positions_equals_the_full_logits(name: str) -> Non
 
 
 @pytest.mark.parametrize("name", VARIANTS)
+def test_the_loss_path_equals_cross_entropy_of_the_logits(name: str) -> None:
+    """forward(..., positions, targets) gives the summed loss that cross-entropy of
+    forward(..., positions) gives, and the same gradient for every parameter."""
+    model = build(name).eval()  # no dropout: both passes see the same network
+    src, src_lens, tgt, tgt_lens = random_batch([6, 3, 4], [5, 2, 4], seed=3)
+    real = lengths_to_mask(tgt_lens)  # (B, T)
+    positions = torch.nonzero(real.flatten()).squeeze(1)  # (N,)
+    gold = torch.randint(4, TGT_V, positions.shape)  # (N,)
+    logits = model(src, src_lens, tgt, positions)  # (N, V)
+    want = F.cross_entropy(logits.float(), gold, label_smoothing=0.1, reduction="sum")
+    want_grads = torch.autograd.grad(want, list(model.parameters()), allow_unused=True)
+    got = model(src, src_lens, tgt, positions, gold, 0.1)
+    got_grads = torch.autograd.grad(got, list(model.parameters()), allow_unused=True)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    for g_got, g_want in zip(got_grads, want_grads, strict=True):
+        assert (g_got is None) == (g_want is None)
+        if g_got is not None:
+            torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="targets need positions"):
+        model(src, src_lens, tgt, None, gold)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
 @torch.no_grad()
 def test_incremental_decoding_equals_forward(name: str) -> None:
     model = build(name).eval()

@@ -3,7 +3,9 @@
 A model is used in two ways:
 
 * teacher forcing (training, validation loss): ``forward(src, src_lens, tgt_in)`` returns
-  logits for every target position at once;
+  logits for every target position at once; given ``targets``, it returns their summed
+  cross-entropy instead, which :func:`nmt.models.loss.projected_cross_entropy` computes
+  without building the logits of the whole batch;
 * incremental decoding (greedy and beam search): ``encode(src, src_lens)`` runs the encoder
   once and returns the initial :class:`DecoderState`, one hypothesis row per sentence; each
   ``decode_step(tokens, state)`` takes the previous token of every hypothesis row (BOS at the
@@ -29,6 +31,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from nmt.models.loss import projected_cross_entropy
 
 # a tensor, or a dict / list / tuple of them (nested), the batch dimension first
 Tensors = Any
@@ -112,6 +116,7 @@ class Seq2Seq(nn.Module):
     """
 
     pad_id: int
+    out_proj: nn.Linear  # features (..., D) -> logits (..., V)
 
     @property
     def max_positions(self) -> int | None:
@@ -136,11 +141,36 @@ class Seq2Seq(nn.Module):
         raise NotImplementedError
 
     def forward(
-        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
+        self,
+        src: Tensor,
+        src_lens: Tensor,
+        tgt_in: Tensor,
+        positions: Tensor | None = None,
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> Tensor:
         """Teacher-forced logits (B, T, V); with ``positions`` (N,), flat indices into the
-        B x T target positions, only those are projected: (N, V) (the loss skips padding)."""
+        B x T target positions, only those are projected: (N, V) (the loss skips padding).
+
+        With ``targets`` (N,), the target token at each of the ``positions``: the summed
+        (label-smoothed) cross-entropy of those N predictions, a scalar, as
+        ``F.cross_entropy(logits.float(), targets, label_smoothing=..., reduction="sum")``
+        would give it from the (N, V) logits.
+        """
         raise NotImplementedError
+
+    def _head(self, features: Tensor, targets: Tensor | None, label_smoothing: float) -> Tensor:
+        """Features (..., D) -> logits (..., V); with ``targets`` (N,) and features (N, D),
+        their summed cross-entropy (see :meth:`forward`)."""
+        if targets is None:
+            return self.out_proj(features)
+        proj = self.out_proj
+        return projected_cross_entropy(features, proj.weight, proj.bias, targets, label_smoothing)
+
+    @staticmethod
+    def _check_targets(positions: Tensor | None, targets: Tensor | None) -> None:
+        if targets is not None and (positions is None or targets.shape != positions.shape):
+            raise ValueError("targets need positions of the same shape (N,)")
 
     def forward_with_attention(
         self, src: Tensor, src_lens: Tensor, tgt_in: Tensor

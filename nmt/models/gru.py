@@ -145,10 +145,18 @@ class GRUBahdanau(Seq2Seq):
             new_hidden.append(cell(x, h))  # (N, H)
         return new_hidden, context, weights
 
-    def _output(self, top: Tensor, context: Tensor, emb: Tensor) -> Tensor:
-        """s_t (..., H), c_t (..., C), E y_{t-1} (..., E) -> logits (..., V)."""
+    def _output(
+        self,
+        top: Tensor,
+        context: Tensor,
+        emb: Tensor,
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
+    ) -> Tensor:
+        """s_t (..., H), c_t (..., C), E y_{t-1} (..., E) -> logits (..., V), or with
+        ``targets`` their summed cross-entropy (see :meth:`Seq2Seq.forward`)."""
         pre = self.pre_output(torch.cat([top, context, emb], dim=-1))  # (..., E)
-        return self.out_proj(self.dropout(pre))  # (..., V)
+        return self._head(self.dropout(pre), targets, label_smoothing)  # (..., V) or ()
 
     def decode_step(
         self, tokens: Tensor, state: DecoderState
@@ -160,7 +168,13 @@ class GRUBahdanau(Seq2Seq):
         return logits, state.next({"hidden": hidden}), weights
 
     def _teacher_forced(
-        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
+        self,
+        src: Tensor,
+        src_lens: Tensor,
+        tgt_in: Tensor,
+        positions: Tensor | None = None,
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> tuple[Tensor, Tensor]:
         """Logits (B, T, V) and attention weights (B, T, S); the vocabulary projection runs
         once over all steps after the recurrent loop (at flat ``positions`` only, if given:
@@ -180,13 +194,23 @@ class GRUBahdanau(Seq2Seq):
             top, context, emb = (
                 x.flatten(0, 1).index_select(0, positions) for x in (top, context, emb)
             )
-        return self._output(top, context, emb), torch.stack(weights, dim=1)  # (B, T, V), (B, T, S)
+        out = self._output(top, context, emb, targets, label_smoothing)  # (B, T, V), (N, V), ()
+        return out, torch.stack(weights, dim=1)  # (B, T, S)
 
     def forward(
-        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
+        self,
+        src: Tensor,
+        src_lens: Tensor,
+        tgt_in: Tensor,
+        positions: Tensor | None = None,
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> Tensor:
-        """Teacher-forced logits (B, T, V), or (N, V) at flat ``positions`` (N,)."""
-        return self._teacher_forced(src, src_lens, tgt_in, positions)[0]
+        """Teacher-forced logits (B, T, V), or (N, V) at flat ``positions`` (N,), or with
+        ``targets`` their summed cross-entropy (see :meth:`Seq2Seq.forward`)."""
+        self._check_targets(positions, targets)
+        out, _ = self._teacher_forced(src, src_lens, tgt_in, positions, targets, label_smoothing)
+        return out
 
     def forward_with_attention(
         self, src: Tensor, src_lens: Tensor, tgt_in: Tensor

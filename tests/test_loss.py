@@ -1,0 +1,96 @@
+"""The blockwise projection + cross-entropy equals F.linear + F.cross_entropy, value and
+gradients, in fp32 and under bf16 autocast, whatever the block size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.models.loss import block_rows, projected_cross_entropy
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+N, D, V = 23, 16, 37
+
+
+def inputs(bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, D, generator=g).requires_grad_()
+    w = (torch.randn(V, D, generator=g) * 0.3).requires_grad_()
+    b = (torch.randn(V, generator=g) * 0.1).requires_grad_() if bias else None
+    y = torch.randint(0, V, (N,), generator=g)
+    return x, w, b, y
+
+
+def reference(x, w, b, y, smoothing: float):
+    logits = F.linear(x, w, b)
+    return F.cross_entropy(logits.float(), y, label_smoothing=smoothing, reduction="sum")
+
+
+def grads(loss, tensors):
+    return torch.autograd.grad(loss, [t for t in tensors if t is not None])
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 5, N, 100, None])
+def test_equals_linear_then_cross_entropy_in_fp32(smoothing: float, bias: bool, rows) -> None:
+    x, w, b, y = inputs(bias)
+    want = reference(x, w, b, y, smoothing)
+    got = projected_cross_entropy(x, w, b, y, smoothing, rows=rows)
+    assert got.shape == () and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    for g_got, g_want in zip(grads(got, (x, w, b)), grads(want, (x, w, b)), strict=True):
+        torch.testing.assert_close(g_got, g_want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_under_bf16_autocast_it_matches_the_autocast_reference(bias: bool) -> None:
+    x, w, b, y = inputs(bias, seed=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = reference(x, w, b, y, 0.1)
+        got = projected_cross_entropy(x, w, b, y, 0.1, rows=4)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    got_grads, want_grads = grads(got, (x, w, b)), grads(want, (x, w, b))
+    for g_got, g_want in zip(got_grads, want_grads, strict=True):
+        assert g_got.dtype == g_want.dtype == torch.float32  # the parameters' own dtype
+        torch.testing.assert_close(g_got, g_want, rtol=0.02, atol=0.02)
+    # and close to the exact fp32 gradients, as the reference is
+    exact = grads(reference(x, w, b, y, 0.1), (x, w, b))
+    for g_got, g_exact in zip(got_grads, exact, strict=True):
+        assert (g_got - g_exact).abs().max() <= 0.05 * g_exact.abs().max()
+
+
+def test_the_incoming_gradient_scales_every_gradient() -> None:
+    """Backward multiplies the stored gradients by the incoming one (a loss scale, a mean)."""
+    x, w, b, y = inputs(True)
+    one = grads(projected_cross_entropy(x, w, b, y, 0.1, rows=4), (x, w, b))
+    scaled = grads(projected_cross_entropy(x, w, b, y, 0.1, rows=4) * -2.5, (x, w, b))
+    for a, s in zip(one, scaled, strict=True):
+        torch.testing.assert_close(s, -2.5 * a)
+
+
+def test_without_gradients_it_only_scores() -> None:
+    x, w, b, y = inputs(True)
+    want = reference(x, w, b, y, 0.0)
+    with torch.inference_mode():
+        got = projected_cross_entropy(x, w, b, y)
+    torch.testing.assert_close(got, want.detach(), rtol=1e-6, atol=1e-5)
+    frozen = projected_cross_entropy(x.detach(), w, None, y)  # only the weight needs a gradient
+    (gw,) = torch.autograd.grad(frozen, [w])
+    (want_gw,) = torch.autograd.grad(reference(x.detach(), w, None, y, 0.0), [w])
+    torch.testing.assert_close(gw, want_gw, rtol=1e-5, atol=1e-6)
+
+
+def test_a_block_keeps_its_logits_within_the_budget() -> None:
+    assert block_rows(8000, torch.device("cpu")) * 8000 <= 1 << 21
+    assert block_rows(10**9, torch.device("cpu")) == 1  # never zero rows
+
+
+def test_bad_shapes_are_refused() -> None:
+    x, w, b, y = inputs(False)
+    with pytest.raises(ValueError, match="targets"):
+        projected_cross_entropy(x, w, b, y[:-1])
+    with pytest.raises(ValueError, match="targets"):
+        projected_cross_entropy(x[None], w, b, y)
