@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.models.dropout import dropout
+
 
 def masked_softmax(scores: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
     """Softmax of ``scores`` over ``dim``, keeping only the entries where ``mask`` is True.
@@ -238,7 +240,7 @@ class MultiHeadAttention(nn.Module):
         """Attention with materialised weights: (B, H, Tq, dk) output, (B, H, Tq, Tk) weights."""
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, Tq, Tk)
         weights = masked_softmax(scores, mask)  # (B, H, Tq, Tk)
-        dropped = F.dropout(weights, self.dropout, self.training)  # (B, H, Tq, Tk)
+        dropped = dropout(weights, self.dropout, self.training)  # (B, H, Tq, Tk)
         return dropped @ v, weights  # (B, H, Tq, dk), (B, H, Tq, Tk)
 
     def _grouped(

@@ -30,6 +30,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.models.attention import make_score
 from nmt.models.base import DecoderState, Seq2Seq, lengths_to_mask
+from nmt.models.dropout import Dropout
 
 
 class GRUBahdanau(Seq2Seq):
@@ -86,7 +87,7 @@ class GRUBahdanau(Seq2Seq):
         )
         self.pre_output = nn.Linear(hidden_dim + enc_dim + emb_dim, emb_dim)
         self.out_proj = nn.Linear(emb_dim, tgt_vocab_size)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self._init_embeddings()
         if tie_embeddings:
             self.out_proj.weight = self.tgt_embed.weight

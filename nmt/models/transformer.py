@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from nmt.models.attention import MultiHeadAttention
 from nmt.models.base import DecoderState, Seq2Seq, lengths_to_mask
+from nmt.models.dropout import Dropout
 
 AttnOut = tuple[Tensor, Tensor | None]  # (output, weights or None)
 
@@ -77,8 +78,8 @@ class _Layer(nn.Module):
         self.norm_first = norm_first
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.act_dropout = nn.Dropout(act_dropout)
-        self.dropout = nn.Dropout(dropout)  # on every sub-layer output, before the residual sum
+        self.act_dropout = Dropout(act_dropout)
+        self.dropout = Dropout(dropout)  # on every sub-layer output, before the residual sum
 
     def feed_forward(self, x: Tensor) -> AttnOut:
         """W_2 ReLU(W_1 x + b_1) + b_2: (B, T, D) -> (B, T, D); no weights."""
@@ -231,7 +232,7 @@ class Transformer(Seq2Seq):
             self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=pad_id)
         self.src_pos = PositionalEmbedding(max_positions, d_model, learned_positions)
         self.tgt_pos = PositionalEmbedding(max_positions, d_model, learned_positions)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         sizes = (d_model, heads, d_ff, dropout, attn_dropout, act_dropout, norm_first)
         self.encoder_layers = nn.ModuleList(EncoderLayer(*sizes) for _ in range(enc_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(*sizes) for _ in range(dec_layers))
