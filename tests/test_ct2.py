@@ -219,8 +219,9 @@ def test_one_call_at_the_largest_cap_equals_one_call_per_cap(
         assert capped > 30
         if call_rows == 0:
             assert engine.redone >= capped - cap_of.count(max(cap_of))
-    else:  # the model stops by itself: most results of the shared calls are kept
-        assert engine.redone < len(sources) / 4 and engine.calls < len(set(cap_of)) / 2
+    else:  # the model stops by itself: most results of the shared calls are kept, and the
+        # calls (the shared ones, then one per cap among the redone) are fewer than one per cap
+        assert engine.redone < len(sources) / 4 and engine.calls < len(set(cap_of))
 
 
 @pytest.mark.parametrize("beam", [1, 5])
@@ -300,7 +301,9 @@ def test_without_length_penalty_beam_search_decodes_per_cap(trained: dict) -> No
 
 # BLEU bounds of the quantized models on the 120 training pairs of a 64-wide model (measured:
 # int8 -1.3 greedy and +0.1 beam 5, int16 +0.3 and 0.0); narrow models lose the most to int8
-BLEU_BOUND = {"int8": 2.0, "int16": 0.5}
+# On 120 sentences a handful of changed words moves BLEU by a point or two: two trainings of
+# the fixture that differ only in float rounding put int8 greedy search 1.3 and 2.2 below float.
+BLEU_BOUND = {"int8": 3.0, "int16": 0.5}
 
 
 def test_quantized_models_stay_within_their_bleu_bound(trained: dict) -> None:
