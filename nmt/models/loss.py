@@ -60,8 +60,43 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
         rows: int,
         dtype: torch.dtype,
     ) -> Tensor:
-        with torch.autocast(x.device.type, enabled=False):
-            return _blocks(ctx, x, weight, bias, targets, label_smoothing, rows, dtype)
+        with torch.autocast(x.device.type, enabled=False):  # dtypes chosen by the caller
+            need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            need_b = bias is not None and ctx.needs_input_grad[2]
+            vocab = weight.size(0)
+            on = 1.0 - label_smoothing  # the weight of the reference token in q
+            spread = label_smoothing / vocab  # the weight of every token in q
+            w, xs = weight.to(dtype), x.to(dtype)
+            b = bias.to(dtype) if bias is not None else None
+            f32 = {"dtype": torch.float32, "device": x.device}
+            grad_x = torch.empty(x.shape, **f32) if need_x else None
+            grad_w = torch.zeros(weight.shape, **f32) if need_w else None
+            grad_b = torch.zeros(vocab, **f32) if need_b else None
+            total = torch.zeros((), dtype=torch.float64, device=x.device)
+            for start in range(0, x.size(0), rows):
+                xb, tb = xs[start : start + rows], targets[start : start + rows]  # (n, D), (n,)
+                z = xb @ w.t() if b is None else torch.addmm(b, xb, w.t())  # (n, V), logits
+                logp = torch.log_softmax(z, dim=1, dtype=torch.float32)  # (n, V)
+                loss = -on * logp.gather(1, tb[:, None]).squeeze(1)  # (n,)
+                if spread:
+                    loss = loss - spread * logp.sum(dim=1)
+                total += loss.sum(dtype=torch.float64)
+                if not (need_x or need_w or need_b):
+                    continue
+                g = logp.exp_()  # softmax (n, V), in place
+                if spread:
+                    g.sub_(spread)
+                g.scatter_add_(1, tb[:, None], g.new_full((tb.size(0), 1), -on))  # softmax - q
+                if grad_b is not None:
+                    grad_b += g.sum(dim=0)
+                gc = g.to(dtype)
+                if grad_x is not None:
+                    grad_x[start : start + rows] = gc @ w  # (n, D)
+                if grad_w is not None:
+                    grad_w += (gc.t() @ xb).float()  # (V, D)
+            ctx.save_for_backward(grad_x, grad_w, grad_b)
+            ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+            return total.to(torch.float32)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
@@ -71,55 +106,6 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
         for g, dtype in ((grad_x, x_dtype), (grad_w, w_dtype), (grad_b, b_dtype)):
             out.append(None if g is None else (g * grad).to(dtype))
         return (*out, None, None, None, None)
-
-
-def _blocks(
-    ctx: Any,
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    targets: Tensor,
-    label_smoothing: float,
-    rows: int,
-    dtype: torch.dtype,
-) -> Tensor:
-    """The loss, block by block; the gradients it will need are stored on ``ctx``."""
-    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    need_b = bias is not None and ctx.needs_input_grad[2]
-    vocab = weight.size(0)
-    on = 1.0 - label_smoothing  # the weight of the reference token in q
-    spread = label_smoothing / vocab  # the weight of every token in q
-    w, xs = weight.to(dtype), x.to(dtype)
-    b = bias.to(dtype) if bias is not None else None
-    f32 = {"dtype": torch.float32, "device": x.device}
-    grad_x = torch.empty(x.shape, **f32) if need_x else None
-    grad_w = torch.zeros(weight.shape, **f32) if need_w else None
-    grad_b = torch.zeros(vocab, **f32) if need_b else None
-    total = torch.zeros((), dtype=torch.float64, device=x.device)
-    for start in range(0, x.size(0), rows):
-        xb, tb = xs[start : start + rows], targets[start : start + rows]  # (n, D), (n,)
-        z = xb @ w.t() if b is None else torch.addmm(b, xb, w.t())  # (n, V), logits
-        logp = torch.log_softmax(z, dim=1, dtype=torch.float32)  # (n, V)
-        loss = -on * logp.gather(1, tb[:, None]).squeeze(1)  # (n,)
-        if spread:
-            loss = loss - spread * logp.sum(dim=1)
-        total += loss.sum(dtype=torch.float64)
-        if not (need_x or need_w or need_b):
-            continue
-        g = logp.exp_()  # softmax (n, V), in place
-        if spread:
-            g.sub_(spread)
-        g.scatter_add_(1, tb[:, None], g.new_full((tb.size(0), 1), -on))  # softmax - q
-        if grad_b is not None:
-            grad_b += g.sum(dim=0)
-        gc = g.to(dtype)
-        if grad_x is not None:
-            grad_x[start : start + rows] = gc @ w  # (n, D)
-        if grad_w is not None:
-            grad_w += (gc.t() @ xb).float()  # (V, D)
-    ctx.save_for_backward(grad_x, grad_w, grad_b)
-    ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-    return total.to(torch.float32)
 
 
 @torch.compiler.disable
@@ -136,7 +122,7 @@ def projected_cross_entropy(
     x (N, D), weight (V, D), bias (V,) or None, targets (N,) in [0, V). Equal to
     ``F.cross_entropy(F.linear(x, weight, bias).float(), targets, label_smoothing=...,
     reduction="sum")``, a scalar, with the same gradients. ``rows`` per block default to
-    :func:`block_rows`. (A Python loop over blocks: ``torch.compile`` runs it as it is.)
+    :func:`block_rows`. ``torch.compile`` leaves it out of its graphs and runs it as it is.
     """
     if x.dim() != 2 or targets.shape != x.shape[:1]:
         raise ValueError(f"x (N, D) and targets (N,) expected, got {tuple(x.shape)}, "
