@@ -140,6 +140,13 @@ class Seq2Seq(nn.Module):
         """
         raise NotImplementedError
 
+    def features(
+        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
+    ) -> Tensor:
+        """Teacher-forced features (B, T, D) that ``out_proj`` turns into logits; with
+        ``positions`` (N,), flat indices into the B x T target positions, only those: (N, D)."""
+        raise NotImplementedError
+
     def forward(
         self,
         src: Tensor,
@@ -149,28 +156,21 @@ class Seq2Seq(nn.Module):
         targets: Tensor | None = None,
         label_smoothing: float = 0.0,
     ) -> Tensor:
-        """Teacher-forced logits (B, T, V); with ``positions`` (N,), flat indices into the
-        B x T target positions, only those are projected: (N, V) (the loss skips padding).
+        """Teacher-forced logits (B, T, V); with ``positions`` (N,), only those are projected:
+        (N, V) (the loss skips padding).
 
         With ``targets`` (N,), the target token at each of the ``positions``: the summed
         (label-smoothed) cross-entropy of those N predictions, a scalar, as
         ``F.cross_entropy(logits.float(), targets, label_smoothing=..., reduction="sum")``
         would give it from the (N, V) logits.
         """
-        raise NotImplementedError
-
-    def _head(self, features: Tensor, targets: Tensor | None, label_smoothing: float) -> Tensor:
-        """Features (..., D) -> logits (..., V); with ``targets`` (N,) and features (N, D),
-        their summed cross-entropy (see :meth:`forward`)."""
+        if targets is not None and (positions is None or targets.shape != positions.shape):
+            raise ValueError("targets need positions of the same shape (N,)")
+        features = self.features(src, src_lens, tgt_in, positions)
         if targets is None:
             return self.out_proj(features)
         proj = self.out_proj
         return projected_cross_entropy(features, proj.weight, proj.bias, targets, label_smoothing)
-
-    @staticmethod
-    def _check_targets(positions: Tensor | None, targets: Tensor | None) -> None:
-        if targets is not None and (positions is None or targets.shape != positions.shape):
-            raise ValueError("targets need positions of the same shape (N,)")
 
     def forward_with_attention(
         self, src: Tensor, src_lens: Tensor, tgt_in: Tensor

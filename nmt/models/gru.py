@@ -146,18 +146,11 @@ class GRUBahdanau(Seq2Seq):
             new_hidden.append(cell(x, h))  # (N, H)
         return new_hidden, context, weights
 
-    def _output(
-        self,
-        top: Tensor,
-        context: Tensor,
-        emb: Tensor,
-        targets: Tensor | None = None,
-        label_smoothing: float = 0.0,
-    ) -> Tensor:
-        """s_t (..., H), c_t (..., C), E y_{t-1} (..., E) -> logits (..., V), or with
-        ``targets`` their summed cross-entropy (see :meth:`Seq2Seq.forward`)."""
+    def _features(self, top: Tensor, context: Tensor, emb: Tensor) -> Tensor:
+        """s_t (..., H), c_t (..., C), E y_{t-1} (..., E) -> the features ``out_proj`` turns
+        into logits (..., E)."""
         pre = self.pre_output(torch.cat([top, context, emb], dim=-1))  # (..., E)
-        return self._head(self.dropout(pre), targets, label_smoothing)  # (..., V) or ()
+        return self.dropout(pre)
 
     def decode_step(
         self, tokens: Tensor, state: DecoderState
@@ -165,21 +158,15 @@ class GRUBahdanau(Seq2Seq):
         """tokens (B,) -> logits (B, V), new state, attention weights (B, S)."""
         emb = self.dropout(self.tgt_embed(tokens))  # (B, E)
         hidden, context, weights = self._step(emb, state)
-        logits = self._output(hidden[-1], context, emb)  # (B, V)
+        logits = self.out_proj(self._features(hidden[-1], context, emb))  # (B, V)
         return logits, state.next({"hidden": hidden}), weights
 
     def _teacher_forced(
-        self,
-        src: Tensor,
-        src_lens: Tensor,
-        tgt_in: Tensor,
-        positions: Tensor | None = None,
-        targets: Tensor | None = None,
-        label_smoothing: float = 0.0,
+        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """Logits (B, T, V) and attention weights (B, T, S); the vocabulary projection runs
-        once over all steps after the recurrent loop (at flat ``positions`` only, if given:
-        logits (N, V))."""
+        """Features (B, T, E) and attention weights (B, T, S); the features are computed once
+        over all steps after the recurrent loop (at flat ``positions`` only, if given: (N, E)),
+        so that the vocabulary projection runs once too."""
         state = self.encode(src, src_lens)
         emb = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
         tops, contexts, weights = [], [], []
@@ -195,27 +182,17 @@ class GRUBahdanau(Seq2Seq):
             top, context, emb = (
                 x.flatten(0, 1).index_select(0, positions) for x in (top, context, emb)
             )
-        out = self._output(top, context, emb, targets, label_smoothing)  # (B, T, V), (N, V), ()
-        return out, torch.stack(weights, dim=1)  # (B, T, S)
+        return self._features(top, context, emb), torch.stack(weights, dim=1)  # (B, T, S)
 
-    def forward(
-        self,
-        src: Tensor,
-        src_lens: Tensor,
-        tgt_in: Tensor,
-        positions: Tensor | None = None,
-        targets: Tensor | None = None,
-        label_smoothing: float = 0.0,
+    def features(
+        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
     ) -> Tensor:
-        """Teacher-forced logits (B, T, V), or (N, V) at flat ``positions`` (N,), or with
-        ``targets`` their summed cross-entropy (see :meth:`Seq2Seq.forward`)."""
-        self._check_targets(positions, targets)
-        out, _ = self._teacher_forced(src, src_lens, tgt_in, positions, targets, label_smoothing)
-        return out
+        """Teacher-forced features (B, T, E), or (N, E) at flat ``positions`` (N,)."""
+        return self._teacher_forced(src, src_lens, tgt_in, positions)[0]
 
     def forward_with_attention(
         self, src: Tensor, src_lens: Tensor, tgt_in: Tensor
     ) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """Logits (B, T, V) and {"cross": [alignment (B, 1, T, S)]}."""
-        logits, weights = self._teacher_forced(src, src_lens, tgt_in)  # (B, T, V), (B, T, S)
-        return logits, {"cross": [weights.unsqueeze(1)]}  # (B, 1, T, S)
+        features, weights = self._teacher_forced(src, src_lens, tgt_in)  # (B, T, E), (B, T, S)
+        return self.out_proj(features), {"cross": [weights.unsqueeze(1)]}  # (B, 1, T, S)

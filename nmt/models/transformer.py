@@ -316,9 +316,8 @@ class Transformer(Seq2Seq):
         tgt_in: Tensor,
         need_weights: bool,
         positions: Tensor | None = None,
-        targets: Tensor | None = None,
-        label_smoothing: float = 0.0,
     ) -> tuple[Tensor, dict[str, list[Tensor]]]:
+        """Features (B, T, D), or (N, D) at ``positions``, and the attention weights."""
         memory, pad, enc_self = self._encode(src, src_lens, need_weights)  # (B, S, D)
         x = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, 0)  # (B, T, D)
         dec_self, cross = [], []
@@ -328,27 +327,18 @@ class Transformer(Seq2Seq):
             cross.append(cw)
         if positions is not None:
             x = x.flatten(0, 1).index_select(0, positions)  # (N, D)
-        out = self._head(self.dec_norm(x), targets, label_smoothing)  # (B, T, V), (N, V) or ()
-        return out, {"enc_self": enc_self, "dec_self": dec_self, "cross": cross}
+        return self.dec_norm(x), {"enc_self": enc_self, "dec_self": dec_self, "cross": cross}
 
-    def forward(
-        self,
-        src: Tensor,
-        src_lens: Tensor,
-        tgt_in: Tensor,
-        positions: Tensor | None = None,
-        targets: Tensor | None = None,
-        label_smoothing: float = 0.0,
+    def features(
+        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
     ) -> Tensor:
-        """Teacher-forced logits (B, T, V), or (N, V) at flat ``positions`` (N,), or with
-        ``targets`` their summed cross-entropy (see :meth:`Seq2Seq.forward`)."""
-        self._check_targets(positions, targets)
-        out, _ = self._run(src, src_lens, tgt_in, False, positions, targets, label_smoothing)
-        return out
+        """Teacher-forced features (B, T, D), or (N, D) at flat ``positions`` (N,)."""
+        return self._run(src, src_lens, tgt_in, need_weights=False, positions=positions)[0]
 
     def forward_with_attention(
         self, src: Tensor, src_lens: Tensor, tgt_in: Tensor
     ) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """Logits (B, T, V); "enc_self" (B, H, S, S), "dec_self" (B, H, T, T), "cross"
         (B, H, T, S), one tensor per layer."""
-        return self._run(src, src_lens, tgt_in, need_weights=True)
+        features, weights = self._run(src, src_lens, tgt_in, need_weights=True)
+        return self.out_proj(features), weights
