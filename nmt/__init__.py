@@ -1,15 +1,27 @@
-"""nmt: attention-based neural machine translation (GRU + Bahdanau attention, Transformer)."""
+"""nmt: attention-based neural machine translation (GRU + Bahdanau attention, Transformer).
 
-import os
+The package is built in layers; each sub-package's docstring says what lives there and what it
+may import. From the ground up:
+
+* the ground floor, imported by everything: :mod:`nmt.environment` (every environment
+  variable), :mod:`nmt.cli` (errors, exit status, logging, the config directory),
+  :mod:`nmt.atomic` (atomic files, checksums), :mod:`nmt.config` (the typed config schema);
+* :mod:`nmt.data` (corpora, tokenizers, the prepared cache, batches) and :mod:`nmt.models`
+  (attention, the GRU and Transformer, the loss), which do not import each other;
+* :mod:`nmt.runtime` (devices, precision, distributed processes);
+* :mod:`nmt.store` (checkpoints, run directories, model packages, and loading them through
+  one gate);
+* :mod:`nmt.decode` (search, decoding options, the engines, ``nmt-translate``);
+* :mod:`nmt.evaluate` (metrics, ``nmt-eval``, ``nmt-tune-decode``) and :mod:`nmt.viz`
+  (attention pictures, the explorer page, ``nmt-attention``);
+* :mod:`nmt.train` (the training loop and ``nmt-train``) and :mod:`nmt.ship` (``nmt-export``,
+  the CTranslate2 converter, ``nmt-serve``);
+* :mod:`nmt.bench` (benchmarks), on top.
+"""
+
+from nmt.environment import set_onednn_cache_capacity
 
 __version__ = "0.1.0"
 
-# PyTorch runs bf16 matrix products on a CPU with oneDNN, which keeps what it builds for each
-# operation and tensor shape in two process-wide caches of 1,024 entries: oneDNN's primitive
-# cache and ideep's (LRU_CACHE_CAPACITY). Token batches have many shapes, and a bf16 training
-# run on a CPU grew by gigabytes of resident memory over 30 minutes as the caches filled (fp32
-# does not use them and stays flat). Sixteen entries each keep bf16 training flat at the same
-# speed (README, "GPU, CPU and several GPUs"). Both are read when oneDNN first builds a
-# kernel, so they are set here, before any model runs; values in the environment win.
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
-os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
+# oneDNN reads its cache sizes when it first builds a kernel: before any model runs
+set_onednn_cache_capacity()

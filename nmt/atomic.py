@@ -11,6 +11,7 @@ that no process holds, those of a killed writer. No PyTorch here, so every layer
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -24,7 +25,7 @@ try:
 except ImportError:  # not POSIX: temporary files are not locked (see _delete_unless_locked)
     fcntl = None  # type: ignore[assignment]
 
-log = logging.getLogger("nmt.atomic")
+log = logging.getLogger(__name__)
 
 TEMP_SUFFIX = ".tmp"
 
@@ -132,3 +133,25 @@ def _delete_unless_locked(path: Path) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def sha256_range(path: str | Path, start: int, end: int | None = None) -> str:
+    """Hex sha256 of a file's bytes ``[start, end)`` (to the end without ``end``), read a
+    megabyte at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(start)
+        left = None if end is None else end - start
+        while left is None or left > 0:
+            chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return h.hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    return sha256_range(path, 0)

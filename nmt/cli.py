@@ -1,6 +1,6 @@
 """What every command needs before it loads a model, without PyTorch: where the Hydra configs
-are, console/file logging, and how a user's error ends a command (:func:`exit_on_error`).
-:mod:`nmt.runtime` re-exports the first two."""
+are, console/file logging (and warnings held until a run's log file opens), and how a user's
+error ends a command (:func:`exit_on_error`)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from nmt.environment import config_dir_override
+
 # the exit status of a command stopped by an error the user can fix
 USER_ERROR_EXIT = 2
 
 
 class UserError(Exception):
     """An error the user can fix: a config value, an input file, a checkpoint. The base of
-    nmt.config.ConfigError, nmt.data.corpus.DataError and nmt.gate.CheckpointError."""
+    nmt.config.ConfigError, nmt.data.corpus.DataError and nmt.store.gate.CheckpointError."""
 
 
 @contextlib.contextmanager
@@ -53,9 +55,9 @@ CONFIG_DIR = str(_shipped_config_dir())
 
 def config_dir() -> str:
     """The Hydra config directory: $NMT_CONFIG_DIR, ./configs, else the configs shipped with nmt."""
-    env = os.environ.get("NMT_CONFIG_DIR")
-    if env:
-        return str(Path(env).resolve())
+    override = config_dir_override()
+    if override is not None:
+        return str(override)
     local = Path.cwd() / "configs"
     if (local / "train.yaml").is_file():
         return str(local)
@@ -85,3 +87,35 @@ def setup_logging(log_file: Path | None = None, rank: int = 0) -> None:
         fh.setFormatter(fmt)
         fh._nmt_file = True  # type: ignore[attr-defined]
         root.addHandler(fh)
+
+
+class _Held(logging.Handler):
+    """Keeps the warnings logged while the run's log file is not open yet."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def held_warnings() -> Iterator[list[logging.LogRecord]]:
+    """Collect the warnings logged inside the block (they still reach the console), so that
+    :func:`write_to_log_file` can add them to a log file opened afterwards."""
+    held = _Held()
+    root = logging.getLogger()
+    root.addHandler(held)
+    try:
+        yield held.records
+    finally:
+        root.removeHandler(held)
+
+
+def write_to_log_file(records: list[logging.LogRecord]) -> None:
+    """Write ``records`` to the log file of :func:`setup_logging` (not to the console)."""
+    for handler in logging.getLogger().handlers:
+        if getattr(handler, "_nmt_file", False):
+            for record in records:
+                handler.handle(record)

@@ -19,7 +19,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from nmt.cli import CONFIG_DIR, UserError, config_dir  # noqa: F401 (re-exported)
+from nmt.cli import UserError
 
 
 class ConfigError(UserError, ValueError):
@@ -80,9 +80,9 @@ class AttentionScore(StrEnum):
     scaled_dot = "scaled_dot"
 
 
-# What decodes (nmt.engines): auto (the faster of torch and ctranslate2 for the model and search,
-# measured once), torch (our PyTorch search), torch-int8 (the GRU with int8 weights, CPU) and
-# ctranslate2 (a package exported with --format ctranslate2). Built by the functional API, as
+# What decodes (nmt.decode.engines): auto (the faster of torch and ctranslate2 for the model and
+# search, measured once), torch (our PyTorch search), torch-int8 (the GRU with int8 weights, CPU)
+# and ctranslate2 (a package exported with --format ctranslate2). Built by the functional API, as
 # OmegaConf reads a member by its name and "torch-int8" is not a Python name.
 ENGINE_NAMES = ("auto", "torch", "torch-int8", "ctranslate2")
 Engine = StrEnum("Engine", [(name, name) for name in ENGINE_NAMES])
@@ -90,7 +90,7 @@ Engine = StrEnum("Engine", [(name, name) for name in ENGINE_NAMES])
 
 class AttentionFormat(StrEnum):
     png = "png"  # heatmap images
-    html = "html"  # the explorer page (nmt.explorer)
+    html = "html"  # the explorer page (nmt.viz.explorer)
 
 
 class CheckpointChoice(StrEnum):
@@ -204,7 +204,8 @@ class TrainerConfig:
     max_epochs: int = 0  # 0 = no limit
     max_time: float = 0.0  # seconds of training; 0 = no limit
     cpu_max_time: float = 1800.0  # cap applied when running on CPU with no other limit set
-    # auto | 32 | bf16 | 16 (auto: see nmt.precision); a str, since Hydra parses 32 and 16 as ints
+    # auto | 32 | bf16 | 16 (auto: see nmt.runtime.precision); a str, since Hydra parses 32 and
+    # 16 as ints
     precision: str = "auto"
     accumulate: int = 1
     label_smoothing: float = 0.1
@@ -216,13 +217,13 @@ class TrainerConfig:
     attention_sentences: int = 4  # validation sentences drawn in TensorBoard; 0 = none
     attention_layers: str = "last"  # self-attention layers drawn: last | all | none | 0,2
     # also write those sentences' attention explorer, every validation one step of it, into
-    # <run>/attention/validation.html (nmt.explorer)
+    # <run>/attention/validation.html (nmt.viz.explorer)
     attention_html: bool = False
     keep_last: int = 5  # step checkpoints kept (for averaging), besides last.pt and best.pt
     average_last: int = 0  # > 0: at the end, average the last N step checkpoints (averaged.pt)
     resume: str | None = None  # run dir, checkpoint file, or "auto"
     # fine-tuning: a checkpoint file or run dir whose weights and tokenizers start a new run
-    # (fresh optimizer, schedule and step count); see nmt.train.find_init_checkpoint
+    # (fresh optimizer, schedule and step count); see nmt.train.start.find_init_checkpoint
     init_from: str | None = None
     compile: bool = False
     progress: bool = True
@@ -246,7 +247,8 @@ class DecodeConfig:
     max_output_len_b: int = 10
     min_output_len: int = 0  # no EOS before this many tokens (equal-length timing runs)
     max_tokens: int = 8192  # token budget of a decoding batch
-    precision: str = "32"  # 32 | bf16 | 16 | auto (see nmt.precision): autocast for decoding
+    # 32 | bf16 | 16 | auto (see nmt.runtime.precision): autocast for decoding
+    precision: str = "32"
 
 
 @dataclass
@@ -256,10 +258,10 @@ class RunDecodeConfig(DecodeConfig):
     Its ``beam`` and ``length_penalty`` are the defaults of the run's ``nmt-eval``,
     ``nmt-translate`` and ``nmt-serve``; validation decodes greedily with its output caps
     (``max_output_len_a/b``; runs before these moved here had them as trainer.max_output_len_a/b,
-    which nmt.gate reads into them), in batches of ``data.eval_max_tokens`` and in the precision
-    of :func:`nmt.precision.validation_decode_precision`. ``min_output_len``, ``max_tokens``
-    and ``precision`` are set per command; a run's section holds them only as part of the
-    shared schema and nothing reads them from it.
+    which nmt.store.gate reads into them), in batches of ``data.eval_max_tokens`` and in the
+    precision of :func:`nmt.runtime.precision.validation_decode_precision`. ``min_output_len``,
+    ``max_tokens`` and ``precision`` are set per command; a run's section holds them only as part of
+    the shared schema and nothing reads them from it.
     """
 
     # averaged: trainer.average_last writes averaged.pt; auto: see CheckpointChoice
@@ -347,7 +349,7 @@ class AttentionConfig(DecodeConfig):
 
 @dataclass
 class ServeConfig(DecodeConfig):
-    """``nmt-serve``: an HTTP translation server over a model package (see nmt.serve). The
+    """``nmt-serve``: an HTTP translation server over a model package (see nmt.ship.serve). The
     decoding fields (:class:`DecodeConfig`) are a request's defaults; ``precision`` applies to
     the torch engine only."""
 

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from nmt.bench import joeynmt
+from nmt.bench import joeynmt, joeynmt_report, joeynmt_setup
 from nmt.bench.report import SetupError, write_result
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,13 +98,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    s = joeynmt.make_settings(**vars(parse_args(argv)))
+    s = joeynmt_setup.make_settings(**vars(parse_args(argv)))
     try:
         result = joeynmt.compare(s)
     except SetupError as err:
         print(err, file=sys.stderr)
         return 2
-    write_result(s.out, result, joeynmt.report(result))
+    write_result(s.out, result, joeynmt_report.report(result))
     return 0
 
 

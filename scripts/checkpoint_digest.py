@@ -1,4 +1,4 @@
-"""Digests of checkpoints' deterministic parts (nmt.checkpoint.content_digest), one line each.
+"""Digests of checkpoints' deterministic parts (nmt.store.checkpoint.content_digest), one line each.
 
 A change that must not alter training (a refactoring) keeps them equal: train the same short
 run with a fixed seed before and after the change, and compare the lines::
@@ -16,7 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-from nmt.checkpoint import CheckpointError, content_digest, load_checkpoint
+from nmt.store.checkpoint import content_digest, load_checkpoint
+from nmt.store.gate import CheckpointError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # nmt from this checkout, however this file was started
     sys.path.insert(1, str(REPO))
 
-from nmt.bench import gpu_check  # noqa: E402  (standard library only at import)
+# each of these imports only the standard library at load time
+from nmt.bench import gpu_check, gpu_check_report, gpu_wheels  # noqa: E402
 from nmt.bench.gpu_check import CheckFailed  # noqa: E402
 from nmt.bench.report import write_json  # noqa: E402
 
@@ -30,7 +31,7 @@ def missing_wheels(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="gpu_check.py missing-wheels")
     p.add_argument("wheel_dir", type=Path)
     args = p.parse_args(argv)
-    for path in gpu_check.wheels_to_install(args.wheel_dir):
+    for path in gpu_wheels.wheels_to_install(args.wheel_dir):
         print(path)
     return 0
 
@@ -42,16 +43,16 @@ def unpack_wheels(argv: list[str]) -> int:
     args = p.parse_args(argv)
     args.site.mkdir(parents=True, exist_ok=True)
     for wheel in args.wheels:
-        gpu_check.unpack_wheel(wheel, args.site)
+        gpu_wheels.unpack_wheel(wheel, args.site)
     return 0
 
 
 def fetch_wheels(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="gpu_check.py fetch-wheels")
-    p.add_argument("--dest", type=Path, default=REPO / gpu_check.WHEELS_DIR)
+    p.add_argument("--dest", type=Path, default=REPO / gpu_wheels.WHEELS_DIR)
     p.add_argument("--python-version", default="3.12", help="of the GPU machine (default 3.12)")
     args = p.parse_args(argv)
-    wheels = gpu_check.fetch_wheels(args.dest, args.python_version)
+    wheels = gpu_wheels.fetch_wheels(args.dest, args.python_version)
     size = sum(w.stat().st_size for w in wheels)
     print(f"{len(wheels)} wheels, {size / 2**20:.1f} MiB in {args.dest}")
     return 0
@@ -87,7 +88,7 @@ def check(argv: list[str]) -> int:
     s = gpu_check.GpuCheckSettings(repo=REPO, **{**vars(args), "out": args.out.resolve()})
     result = gpu_check.run_check(s)
     write_json(s.out, result)
-    print(gpu_check.report(result))
+    print(gpu_check_report.report(result))
     print(f"\nwritten: {s.out}")
     return 0
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from nmt.data.corpus import MULTI30K_SPLITS, DataError, fetch_multi30k
+from nmt.environment import multi30k_source
 
 from .helpers import compose_config, corpus_overrides, write_subset
 
@@ -33,7 +34,7 @@ def multi30k() -> Path:
     `make train` gives, instead of one error per test that needs the corpus.
     """
     try:
-        return fetch_multi30k(DATA_ROOT, TEST_LANGS, MULTI30K_SPLITS)
+        return fetch_multi30k(DATA_ROOT, TEST_LANGS, MULTI30K_SPLITS, multi30k_source())
     except DataError as err:
         pytest.exit(f"Multi30k is needed by the tests and could not be fetched: {err}", 1)
 
@@ -88,7 +89,7 @@ def trained_runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     TensorBoard (drawing them is most of the time these runs take) and wrote its explorer page
     (trainer.attention_html).
     """
-    from nmt.train import train
+    from nmt.train.command import train
 
     root = tmp_path_factory.mktemp("trained")
     threads = torch.get_num_threads()

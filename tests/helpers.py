@@ -11,8 +11,8 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from nmt.cli import CONFIG_DIR
 from nmt.config import register_configs
-from nmt.runtime import CONFIG_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from nmt import atomic
-from nmt.checkpoint import load_checkpoint, save_checkpoint
-from nmt.data.corpus import MIRROR_ENV, fetch_multi30k
+from nmt.data.corpus import fetch_multi30k
+from nmt.environment import Multi30kSource
+from nmt.store.checkpoint import load_checkpoint, save_checkpoint
 
 
 class FsyncLog:
@@ -53,8 +54,8 @@ def test_checkpoints_and_downloads_share_the_durable_writer(
     ckpt = tmp_path / "run" / "step_1.pt"
     save_checkpoint({"state": {"step": 1}}, ckpt)
     assert load_checkpoint(ckpt)["state"]["step"] == 1
-    monkeypatch.setenv(MIRROR_ENV, str(multi30k))
-    got = fetch_multi30k(tmp_path / "data", ["de"], ["val"]) / "val.de.gz"
+    source = Multi30kSource(mirror=multi30k)
+    got = fetch_multi30k(tmp_path / "data", ["de"], ["val"], source) / "val.de.gz"
     assert log.synced(ckpt) and log.synced(got)
 
 

@@ -16,6 +16,7 @@ from nmt.models.attention import (
     ScaledDotScore,
     make_score,
     masked_softmax,
+    scaled_dot_product,
 )
 
 D, H = 8, 2
@@ -244,3 +245,21 @@ def test_cross_attention_cache_is_reused() -> None:
     cache = mine.project_kv(memory, memory)  # {"k", "v"}: (B, H, S, dk)
     cached, _ = mine(q, None, None, key_padding_mask=pad, cache=cache)
     assert torch.allclose(full, cached, atol=1e-6)
+
+
+def test_one_scaled_dot_product_serves_the_recurrent_scores_and_multi_head_attention() -> None:
+    """q . k / sqrt(d) by hand; DotScore (d = 1), ScaledDotScore and the heads of
+    MultiHeadAttention's explicit path all give exactly its scores."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    by_hand = torch.einsum("bqd,bkd->bqk", q, k) / 2.0
+    assert torch.allclose(scaled_dot_product(q, k, 4), by_hand, atol=1e-6)
+    assert torch.equal(DotScore(4, 4).score(q, k), scaled_dot_product(q, k, 1))
+    assert torch.equal(ScaledDotScore(4, 4).score(q, k), scaled_dot_product(q, k, 4))
+    mine, _ = _pair()
+    x = torch.randn(2, 3, D)
+    _, weights = mine(x, x, x, need_weights=True)  # (B, H, T, T)
+    heads = mine.q_proj(x).view(2, 3, H, D // H).transpose(1, 2)  # (B, H, T, dk)
+    keys = mine.k_proj(x).view(2, 3, H, D // H).transpose(1, 2)
+    want = masked_softmax(scaled_dot_product(heads, keys, D // H), None)
+    assert torch.allclose(weights, want, atol=1e-6)

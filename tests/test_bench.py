@@ -1,4 +1,4 @@
-"""FLOP counting (nmt.flops), the speed benchmark's settings (nmt.bench.speed) and a smoke run
+"""FLOP counting (nmt.bench.flops), the speed benchmark's settings (nmt.bench.speed) and a smoke run
 of its script."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from nmt.bench import speed
-from nmt.bench.report import SetupError
-from nmt.flops import (
+from nmt.bench.flops import (
     forward_flops,
     forward_flops_breakdown,
     gru_forward_flops,
     model_kind,
     transformer_forward_flops,
 )
+from nmt.bench.report import SetupError
 from nmt.models.gru import GRUBahdanau
 from nmt.models.transformer import Transformer
 

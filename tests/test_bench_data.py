@@ -15,7 +15,7 @@ import pytest
 from nmt.bench import soak
 from nmt.bench.data_scale import event_time, watch
 from nmt.bench.memory import TreeSampler, descendants, kill_tree, pss, rss
-from nmt.runlog import RunLog, read_events
+from nmt.train.runlog import RunLog, read_events
 
 from .helpers import REPO, TINY_TRANSFORMER
 
@@ -24,7 +24,7 @@ def test_watch_follows_the_runs_events_and_stops_it(tmp_path: Path) -> None:
     """Marks and the stop come from metrics.jsonl, not from the command's output; the command
     (a stand-in for nmt-train that never ends by itself) is killed at the awaited event."""
     code = (
-        "import sys, time; from nmt.runlog import RunLog; log = RunLog(sys.argv[1]); "
+        "import sys, time; from nmt.train.runlog import RunLog; log = RunLog(sys.argv[1]); "
         "print('step 1: loss 9', flush=True); time.sleep(0.3); "
         "log.write('start', 0, data_time=time.time() - 0.2); time.sleep(0.3); "
         "[log.write('train', s, loss=1.0) for s in (1, 2, 3)]; time.sleep(120)"
@@ -149,7 +149,7 @@ def test_soak_timeline_from_the_run_events(tmp_path: Path, monkeypatch) -> None:
     """Validations span (time - seconds, time); training windows are the train events; the
     loop ends with the last event before the averaged checkpoint."""
     clock = iter([1000.0, 1010.0, 1030.0, 1031.0, 1040.0, 1050.0, 1052.0, 1060.0, 1070.0])
-    monkeypatch.setattr("nmt.runlog.time.time", lambda: next(clock))
+    monkeypatch.setattr("nmt.train.runlog.time.time", lambda: next(clock))
     log = RunLog(tmp_path)
     log.write("start", 0, device="cpu")
     log.write("train", 10, loss=5.0, tokens_per_s=900.0)

@@ -1,5 +1,6 @@
-"""The JoeyNMT comparison (nmt.bench.joeynmt, scripts/bench_joeynmt.py): the parts that need no
-JoeyNMT install (preparing its folder, log parsing, statistics, the checks before a run)."""
+"""The JoeyNMT comparison (nmt.bench.joeynmt, joeynmt_setup, joeynmt_run; scripts/bench_joeynmt.py):
+the parts that need no JoeyNMT install (preparing its folder, log parsing, statistics, the checks
+before a run)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,11 @@ import pytest
 import sentencepiece as spm
 import yaml
 
-from nmt.bench import joeynmt
+from nmt.bench import joeynmt_run, joeynmt_setup
+from nmt.data.corpus import DataError
 
 REPO = Path(__file__).resolve().parents[1]
 JOEY_CONFIGS = REPO / "scripts" / "joeynmt"
-
-
-@pytest.fixture(scope="module")
-def bj():
-    return joeynmt
 
 
 _STEP = (
@@ -37,19 +34,19 @@ LOG = "\n".join(
 )
 
 
-def test_train_log_windows_after_the_skipped_steps(bj) -> None:
-    stats = bj.parse_train_log(LOG, logging_freq=1, skip=1)
+def test_train_log_windows_after_the_skipped_steps() -> None:
+    stats = joeynmt_run.parse_train_log(LOG, logging_freq=1, skip=1)
     assert stats["logged_windows"] == 3 and stats["timed_windows"] == 2
     assert stats["window_tokens_per_s"] == [900.0, 1000.0]
     assert stats["step_seconds"] == [2.0, 1.0]
     with pytest.raises(RuntimeError, match="no window after its first 5 steps"):
-        bj.parse_train_log(LOG, logging_freq=1, skip=5)
+        joeynmt_run.parse_train_log(LOG, logging_freq=1, skip=5)
     with pytest.raises(RuntimeError, match="EPOCH 1"):
-        bj.parse_train_log("nothing logged\n", logging_freq=1, skip=0)
+        joeynmt_run.parse_train_log("nothing logged\n", logging_freq=1, skip=0)
 
 
-def test_decode_stats_count_eos_as_a_step_up_to_the_cap(bj) -> None:
-    stats = bj.decode_stats([16, 3, 20], seconds=2.0, cap=17)
+def test_decode_stats_count_eos_as_a_step_up_to_the_cap() -> None:
+    stats = joeynmt_run.decode_stats([16, 3, 20], seconds=2.0, cap=17)
     assert stats["sentences"] == 3 and stats["sentences_per_s"] == 1.5
     assert stats["capped_share"] == pytest.approx(2 / 3)  # 16 tokens + EOS, and 20 cut to 17
 
@@ -81,14 +78,14 @@ def small_corpus(multi30k: Path, tmp_path: Path) -> Path:
     )
 
 
-def test_joey_data_files_are_the_corpus_lines_and_val300_its_first_300(bj, small_corpus, tmp_path):
+def test_joey_data_files_are_the_corpus_lines_and_val300_its_first_300(small_corpus, tmp_path):
     data = tmp_path / "joey" / "data"
     data.mkdir(parents=True)
     (data / "test_2016_flickr.en").write_text("kept as it is\n", encoding="utf-8")
-    written = bj.write_joey_data(small_corpus, data)
+    written = joeynmt_setup.write_joey_data(small_corpus, data)
     assert data / "test_2016_flickr.en" not in written
     assert (data / "test_2016_flickr.en").read_text(encoding="utf-8") == "kept as it is\n"
-    assert set(written) == set(bj.joey_data_files(tmp_path / "joey")) - {
+    assert set(written) == set(joeynmt_setup.joey_data_files(tmp_path / "joey")) - {
         data / "test_2016_flickr.en"
     }
     for lang in ("de", "en"):
@@ -101,11 +98,13 @@ def test_joey_data_files_are_the_corpus_lines_and_val300_its_first_300(bj, small
     assert not list(data.glob(".*"))  # no temporary file left behind
 
 
-def test_joey_spm_has_joeys_specials_and_a_vocab_of_bare_pieces(bj, small_corpus, tmp_path):
+def test_joey_spm_has_joeys_specials_and_a_vocab_of_bare_pieces(small_corpus, tmp_path):
     data = tmp_path / "joey" / "data"
-    bj.write_joey_data(small_corpus, data)
+    joeynmt_setup.write_joey_data(small_corpus, data)
     prefix = tmp_path / "joey" / "spm" / "joint"
-    bj.train_joey_spm([data / "train.de", data / "train.en"], prefix, threads=1, vocab_size=300)
+    joeynmt_setup.train_joey_spm(
+        [data / "train.de", data / "train.en"], prefix, threads=1, vocab_size=300
+    )
     sp = spm.SentencePieceProcessor(model_file=f"{prefix}.model")
     assert sp.get_piece_size() == 300
     pieces = [sp.id_to_piece(i) for i in range(300)]
@@ -122,37 +121,41 @@ def test_joey_spm_has_joeys_specials_and_a_vocab_of_bare_pieces(bj, small_corpus
     assert sorted(p.name for p in prefix.parent.iterdir()) == ["joint.model", "joint.vocab"]
 
 
-def test_joey_spm_too_large_a_vocabulary_names_the_inputs(bj, small_corpus, tmp_path):
+def test_joey_spm_too_large_a_vocabulary_names_the_inputs(small_corpus, tmp_path):
     data = tmp_path / "data"
-    bj.write_joey_data(small_corpus, data)
-    with pytest.raises(bj.DataError, match=r"train\.de.*failed"):
-        bj.train_joey_spm([data / "train.de"], tmp_path / "spm" / "x", threads=1, vocab_size=8000)
+    joeynmt_setup.write_joey_data(small_corpus, data)
+    with pytest.raises(DataError, match=r"train\.de.*failed"):
+        joeynmt_setup.train_joey_spm(
+            [data / "train.de"], tmp_path / "spm" / "x", threads=1, vocab_size=8000
+        )
     assert not (tmp_path / "spm" / "x.model").exists()
 
 
 def test_prepare_joey_dir_makes_what_the_repository_configs_name(
-    bj, small_corpus, tmp_path, monkeypatch
+    small_corpus, tmp_path, monkeypatch
 ):
     fetched = []
 
-    def fake_fetch(root, langs, splits):
+    def fake_fetch(root, langs, splits, source):
         fetched.append((Path(root), list(langs), list(splits)))
         return small_corpus
 
-    monkeypatch.setattr(bj, "fetch_multi30k", fake_fetch)
+    monkeypatch.setattr(joeynmt_setup, "fetch_multi30k", fake_fetch)
     joey = tmp_path / "joey"
-    missing = bj.joey_files_missing(joey, JOEY_CONFIGS)
+    missing = joeynmt_setup.joey_files_missing(joey, JOEY_CONFIGS)
     assert any("spm_joint8k.vocab" in m and "voc_file" in m for m in missing)
     assert any("val300.de" in m and "data.dev" in m for m in missing)
-    made = bj.prepare_joey_dir(joey, tmp_path / "data", threads=1, vocab_size=300)
+    made = joeynmt_setup.prepare_joey_dir(joey, tmp_path / "data", threads=1, vocab_size=300)
     assert fetched == [(tmp_path / "data", ["de", "en"], ["train", "val", "test_2016_flickr"])]
-    assert set(made) == set(bj.joey_data_files(joey)) | set(bj.spm_files(joey))
-    assert bj.joey_files_missing(joey, JOEY_CONFIGS) == []
+    assert set(made) == set(joeynmt_setup.joey_data_files(joey)) | set(
+        joeynmt_setup.spm_files(joey)
+    )
+    assert joeynmt_setup.joey_files_missing(joey, JOEY_CONFIGS) == []
     # a complete folder is left alone; a lost .vocab is trained again without fetching
-    assert bj.prepare_joey_dir(joey, tmp_path / "data", threads=1, vocab_size=300) == []
+    assert joeynmt_setup.prepare_joey_dir(joey, tmp_path / "data", threads=1, vocab_size=300) == []
     (joey / "spm" / "spm_joint8k.vocab").unlink()
-    made = bj.prepare_joey_dir(joey, tmp_path / "data", threads=1, vocab_size=300)
-    assert set(made) == set(bj.spm_files(joey)) and len(fetched) == 1
+    made = joeynmt_setup.prepare_joey_dir(joey, tmp_path / "data", threads=1, vocab_size=300)
+    assert set(made) == set(joeynmt_setup.spm_files(joey)) and len(fetched) == 1
 
 
 def bench_joeynmt(*args: str) -> subprocess.CompletedProcess:
@@ -161,7 +164,7 @@ def bench_joeynmt(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-def test_repository_configs_are_the_default_and_match_nmt_sizes(bj, tmp_path) -> None:
+def test_repository_configs_are_the_default_and_match_nmt_sizes(tmp_path) -> None:
     result = bench_joeynmt("--help")
     assert result.returncode == 0 and "default scripts/joeynmt" in result.stdout
     tr = yaml.safe_load((JOEY_CONFIGS / "transformer.yaml").read_text())["model"]
@@ -174,7 +177,7 @@ def test_repository_configs_are_the_default_and_match_nmt_sizes(bj, tmp_path) ->
     assert rnn["encoder"]["embeddings"]["embedding_dim"] == 256
 
 
-def test_without_joeynmt_the_run_stops_before_preparing_and_says_how_to_install(bj, tmp_path):
+def test_without_joeynmt_the_run_stops_before_preparing_and_says_how_to_install(tmp_path):
     joey = tmp_path / "joey"
     base = ["--joey-dir", str(joey), "--data-root", str(tmp_path / "data")]
     result = bench_joeynmt("--joey-python", str(tmp_path / "nope" / "python"), *base)

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from nmt.config import ConfigError
-from nmt.data.prepare import encode_texts
-from nmt.engines import make_engine
-from nmt.search import DecodeOptions
-from nmt.train import train
-from nmt.trained import load_trained
+from nmt.data.datasets import encode_texts
+from nmt.decode.engines import make_engine
+from nmt.decode.options import DecodeOptions
+from nmt.store.loading import load_trained
+from nmt.train.command import train
 
 from .helpers import REPO, TINY_TRANSFORMER, compose_config, tiny_run_overrides
 

@@ -1,4 +1,4 @@
-"""nmt.checkpoint.content_digest: equal for the same course of training, whatever the clock;
+"""nmt.store.checkpoint.content_digest: equal for the same course of training, whatever the clock;
 different for any change of weights, optimizer state or random state."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from nmt.checkpoint import content_digest, rng_state, save_checkpoint
+from nmt.store.checkpoint import content_digest, rng_state, save_checkpoint
 
 from .helpers import REPO
 

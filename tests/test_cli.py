@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from nmt.checkpoint import CheckpointError
-from nmt.cli import UserError, exit_on_error
+from nmt.cli import UserError, config_dir, exit_on_error
 from nmt.config import ConfigError
-from nmt.data.binarize import CacheError
+from nmt.data.cache import CacheError
 from nmt.data.corpus import DataError
+from nmt.environment import CONFIG_DIR, VARIABLES, launcher_variables
+from nmt.runtime.distributed import DistInfo, init_distributed
+from nmt.store.gate import CheckpointError
 
 from .helpers import REPO
 
@@ -53,21 +55,55 @@ def test_no_entry_point_has_its_own_exit_status_2() -> None:
     own = re.compile(r"SystemExit\(2\)|exit\(2\)|return 2$", re.MULTILINE)
     sources = [p for p in (REPO / "nmt").rglob("*.py") if p.name != "cli.py"]
     assert [str(p) for p in sources if own.search(p.read_text(encoding="utf-8"))] == []
-    users = {p.stem for p in sources if "exit_on_error(" in p.read_text(encoding="utf-8")}
-    commands = {"train", "evaluate", "translate", "plot_attention", "average", "tune_decode"}
-    assert commands | {"serve", "export", "prepare"} <= users
+    scripts = (REPO / "pyproject.toml").read_text(encoding="utf-8").split("[project.scripts]")[1]
+    entry = re.findall(r'^nmt-[a-z-]+ = "(nmt[a-z_.]*):main"$', scripts.split("\n[")[0], re.M)
+    assert len(entry) >= 9, entry
+    for module in entry:
+        path = REPO / (module.replace(".", "/") + ".py")
+        assert "exit_on_error(" in path.read_text(encoding="utf-8"), module
 
 
 def test_the_cli_module_needs_no_pytorch() -> None:
-    probe = "import sys, nmt.cli, nmt.gate; print('torch' in sys.modules)"
+    probe = "import sys, nmt.cli, nmt.store.gate; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
     assert out.stdout.strip() == "False", out.stderr
 
 
 def test_a_bad_option_ends_nmt_prepare_with_status_2(tmp_path: Path) -> None:
     """Through a real entry point: a compose-time error (a misspelt choice) names the key."""
-    cmd = [sys.executable, "-m", "nmt.prepare", "optim.schedule=cosin", f"data.root={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nmt.data.prepare",
+        "optim.schedule=cosin",
+        f"data.root={tmp_path}",
+    ]
     bad = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2, bad.stderr[-2000:]
     assert "optim.schedule" in bad.stderr and "Traceback" not in bad.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_the_readme_lists_every_environment_variable() -> None:
+    """The README's table has a row for each entry of nmt.environment.VARIABLES."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme.split("### Environment variables")[1].split("\n## ")[0]
+    for names in VARIABLES:
+        for name in names.split(","):
+            assert f"`{name.strip()}`" in table, name
+
+
+def test_the_config_directory_comes_from_the_environment(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(CONFIG_DIR, str(tmp_path))
+    assert config_dir() == str(tmp_path.resolve())
+    monkeypatch.delenv(CONFIG_DIR)
+    monkeypatch.chdir(tmp_path)
+    assert config_dir() != str(tmp_path.resolve())  # no configs/train.yaml here: the package's
+
+
+def test_launcher_variables_reach_the_process_group_setup_as_values(monkeypatch) -> None:
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SUBMITIT_EXECUTOR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert launcher_variables() == {"WORLD_SIZE": "1"}
+    assert init_distributed("cpu", {"WORLD_SIZE": "1"}) == DistInfo()

@@ -7,8 +7,8 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from nmt.checkpoint import load_checkpoint
-from nmt.train import train
+from nmt.store.checkpoint import load_checkpoint
+from nmt.train.command import train
 
 from .helpers import DETERMINISTIC, compose_config, tiny_run_overrides
 

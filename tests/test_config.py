@@ -11,6 +11,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from nmt.cli import CONFIG_DIR
 from nmt.config import (
     AttentionConfig,
     ConfigError,
@@ -26,8 +27,7 @@ from nmt.config import (
     to_container,
 )
 from nmt.data.tokenizer import PAD_ID
-from nmt.models.registry import build_model
-from nmt.runtime import CONFIG_DIR
+from nmt.models.registry import create_model
 
 from .helpers import compose_config
 
@@ -44,7 +44,7 @@ def test_every_model_config_builds(model):
 
     cfg = compose_config("train", [f"model={model}"])
     check_train_config(cfg)
-    net = build_model(
+    net = create_model(
         cfg.model, src_vocab_size=300, tgt_vocab_size=300, pad_id=PAD_ID, shared_vocab=True
     )
     assert net.num_parameters() > 0

@@ -13,21 +13,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt import ct2
-from nmt.checkpoint import CheckpointError
 from nmt.config import ConfigError
 from nmt.data.batching import make_batch
-from nmt.data.prepare import encode_texts, prepare_data
-from nmt.engines import TorchEngine, auto_choice, make_engine, probe_options, synthetic_data
-from nmt.engines import measure as measure_engines
-from nmt.export import export_package, load_package
-from nmt.export import main as export_main
-from nmt.metrics import bleu
-from nmt.package import CT2_DIR, WEIGHTS
-from nmt.search import DecodeOptions
-from nmt.train import train
-from nmt.trained import build_model, load_trained
-from nmt.translate import translate
+from nmt.data.datasets import encode_texts, prepare_data
+from nmt.decode import ct2
+from nmt.decode.engines import TorchEngine, auto_choice, make_engine, probe_options, synthetic_data
+from nmt.decode.engines import measure as measure_engines
+from nmt.decode.options import DecodeOptions
+from nmt.decode.translate import translate
+from nmt.evaluate.metrics import bleu
+from nmt.ship import ctranslate2
+from nmt.ship.export import export_package
+from nmt.ship.export import main as export_main
+from nmt.store.gate import CheckpointError
+from nmt.store.loading import build_model, load_package, load_trained
+from nmt.store.package import CT2_DIR, WEIGHTS
+from nmt.train.command import train
 
 from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
 
@@ -66,7 +67,7 @@ def test_converted_model_gives_our_log_probabilities(
         torch.nn.init.normal_(model.src_pos.learned.weight, 0.0, 1.0)
     for p in (p for name, p in model.named_parameters() if "norm" in name):
         torch.nn.init.uniform_(p, 0.5, 1.5)  # layer norms that are not the identity
-    ct2.convert(model, tokenizers, root / "ct2", "float32")
+    ctranslate2.convert(model, tokenizers, root / "ct2", "float32")
     translator = ct2.require().Translator(str(root / "ct2"), intra_threads=1)
 
     lines = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[:8]
@@ -89,7 +90,7 @@ def test_converted_model_gives_our_log_probabilities(
 def test_the_gru_cannot_be_exported(tmp_path: Path) -> None:
     cfg = compose_config("train", ["model=gru_bahdanau"])
     with pytest.raises(ConfigError, match="no recurrent"):
-        ct2.check_exportable(cfg)
+        ctranslate2.check_exportable(cfg)
 
 
 def test_a_missing_extra_is_a_message_not_a_traceback(
@@ -306,6 +307,17 @@ def test_without_length_penalty_beam_search_decodes_per_cap(trained: dict) -> No
 BLEU_BOUND = {"int8": 3.0, "int16": 0.5}
 
 
+def bleu_bound(quantization: str) -> float:
+    """The bound of the weights CTranslate2 computes with here: on a CPU without efficient int16
+    (an AMD EPYC, say) it runs an int16 model as int8_float32, with int8's bound."""
+    import ctranslate2
+
+    runs_as = quantization
+    if quantization == "int16" and "int16" not in ctranslate2.get_supported_compute_types("cpu"):
+        runs_as = "int8"
+    return BLEU_BOUND[runs_as]
+
+
 def test_quantized_models_stay_within_their_bleu_bound(trained: dict) -> None:
     sizes = {q: (p / CT2_DIR / "model.bin").stat().st_size for q, p in trained["packages"].items()}
     model = trained["model"].model
@@ -313,7 +325,8 @@ def test_quantized_models_stay_within_their_bleu_bound(trained: dict) -> None:
     assert sizes["int8"] - tables < 0.3 * (sizes["float32"] - tables)
     assert sizes["int16"] - tables < 0.55 * (sizes["float32"] - tables)
     tgt = trained["model"].tokenizers.tgt
-    for quantization, bound in BLEU_BOUND.items():
+    for quantization in BLEU_BOUND:
+        bound = bleu_bound(quantization)
         for beam in (1, 5):
             ours, theirs, _ = decode_both(trained, quantization, DecodeOptions(beam=beam))
             ours_bleu = bleu([tgt.decode(h.tokens) for h in ours], trained["ref"]).score
@@ -347,7 +360,9 @@ def test_engine_auto_measures_once_then_reads_the_cache(
 
         return fake
 
-    monkeypatch.setattr("nmt.engines.measure", probe({"torch": 1.0, "ctranslate2": 2.0}, True))
+    monkeypatch.setattr(
+        "nmt.decode.engines.measure", probe({"torch": 1.0, "ctranslate2": 2.0}, True)
+    )
     assert auto_choice(package, opts, CPU, tmp_path) == (
         "ctranslate2",
         {"torch": 1.0, "ctranslate2": 2.0},
@@ -357,7 +372,9 @@ def test_engine_auto_measures_once_then_reads_the_cache(
     assert json.loads(entry.read_text())["engine"] == "ctranslate2"
     assert auto_choice(package, opts, CPU, tmp_path)[2] is True and len(probes) == 1  # cached
     # another beam size is another measurement; rounds that disagree are not cached
-    monkeypatch.setattr("nmt.engines.measure", probe({"torch": 3.0, "ctranslate2": 2.0}, False))
+    monkeypatch.setattr(
+        "nmt.decode.engines.measure", probe({"torch": 3.0, "ctranslate2": 2.0}, False)
+    )
     for _ in range(2):
         assert auto_choice(package, DecodeOptions(beam=3), CPU, tmp_path)[:2] == (
             "torch",
@@ -371,7 +388,7 @@ def test_engine_auto_measures_once_then_reads_the_cache(
         seen.append((len(data), opts))
         return {"torch": 5.0, "ctranslate2": 4.0}, True
 
-    monkeypatch.setattr("nmt.engines.measure", spy)
+    monkeypatch.setattr("nmt.decode.engines.measure", spy)
     sample = synthetic_data(package.tokenizers.src.vocab_size)
     assert auto_choice(package, opts, CPU, tmp_path, sample=sample)[:2] == (
         "torch",
@@ -419,7 +436,7 @@ def test_a_server_batch_of_many_caps_takes_fewer_ctranslate2_calls(trained: dict
     answer is the sentence's translation alone."""
     from aiohttp.test_utils import TestClient
 
-    from nmt.serve import load_backend, make_app
+    from nmt.ship.serve import load_backend, make_app
 
     from .test_serve import run_app, until
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from nmt.atomic import atomic_write_bytes
+from nmt.atomic import atomic_write_bytes, sha256_file
 from nmt.config import DataConfig
 from nmt.data import corpus
 from nmt.data.batching import (
@@ -30,9 +30,6 @@ from nmt.data.batching import (
     padding_share,
 )
 from nmt.data.corpus import (
-    MIRROR_ENV,
-    MULTI30K_BASE_URL,
-    URL_ENV,
     DataError,
     clean_pairs,
     fetch_multi30k,
@@ -40,9 +37,8 @@ from nmt.data.corpus import (
     read_lines,
     read_parallel,
     resolve_pair,
-    sha256_file,
 )
-from nmt.data.prepare import PreparedData, load_eval_set, load_test_sets, prepare_data
+from nmt.data.datasets import PreparedData, load_eval_set, load_test_sets, prepare_data
 from nmt.data.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -52,6 +48,13 @@ from nmt.data.tokenizer import (
     TokenizerPair,
     train_tokenizer,
     train_tokenizers,
+)
+from nmt.environment import (
+    MULTI30K_MIRROR,
+    MULTI30K_OFFICIAL_URL,
+    MULTI30K_URL,
+    Multi30kSource,
+    multi30k_source,
 )
 
 SPLITS = ("train", "val", "test_2016_flickr")
@@ -67,9 +70,7 @@ FAST = settings(
 def root(tmp_path_factory: pytest.TempPathFactory, multi30k: Path) -> Path:
     """A fresh data root with de/en Multi30k copied in through NMT_MULTI30K_MIRROR."""
     path = tmp_path_factory.mktemp("root")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(MIRROR_ENV, str(multi30k))
-        fetch_multi30k(path, ["de", "en"], SPLITS)
+    fetch_multi30k(path, ["de", "en"], SPLITS, Multi30kSource(mirror=multi30k))
     return path
 
 
@@ -134,20 +135,20 @@ def test_fetch_again_copies_nothing(root: Path, monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(corpus, "_copy_from_mirror", fail)
     monkeypatch.setattr(corpus, "_download", fail)
-    assert fetch_multi30k(root, ["de", "en"], SPLITS) == root / "multi30k"
+    assert fetch_multi30k(root, ["de", "en"], SPLITS, Multi30kSource()) == root / "multi30k"
     assert {p.name: p.stat().st_mtime_ns for p in files} == before
 
 
 def test_corrupted_local_file_is_replaced(
     tmp_path: Path, multi30k: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(MIRROR_ENV, str(multi30k))
-    base = fetch_multi30k(tmp_path, ["de"], ["val"])
+    source = Multi30kSource(mirror=multi30k)
+    base = fetch_multi30k(tmp_path, ["de"], ["val"], source)
     target = base / "val.de.gz"
     data = bytearray(target.read_bytes())
     data[100] ^= 0xFF
     target.write_bytes(bytes(data))
-    fetch_multi30k(tmp_path, ["de"], ["val"])
+    fetch_multi30k(tmp_path, ["de"], ["val"], source)
     assert sha256_file(target) == corpus.MULTI30K_SHA256["val.de.gz"]
 
 
@@ -155,41 +156,50 @@ def test_mirror_with_wrong_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     bad_mirror = tmp_path / "mirror"
     bad_mirror.mkdir()
     write(bad_mirror / "val.de.gz", b"not the real file\n")
-    monkeypatch.setenv(MIRROR_ENV, str(bad_mirror))
+    source = Multi30kSource(mirror=str(bad_mirror))
     with pytest.raises(DataError, match=r"val\.de\.gz.*expected f0cba2f9.*got") as err:
-        fetch_multi30k(tmp_path / "root", ["de"], ["val"])
+        fetch_multi30k(tmp_path / "root", ["de"], ["val"], source)
     assert str(bad_mirror / "val.de.gz") in str(err.value)
     assert list((tmp_path / "root" / "multi30k").iterdir()) == []
 
 
 def test_mirror_missing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(MIRROR_ENV, str(tmp_path))
+    source = Multi30kSource(mirror=str(tmp_path))
     with pytest.raises(DataError, match=r"no file 'val\.de\.gz'"):
-        fetch_multi30k(tmp_path / "root", ["de"], ["val"])
+        fetch_multi30k(tmp_path / "root", ["de"], ["val"], source)
 
 
 def test_unreachable_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(MIRROR_ENV, raising=False)
-    monkeypatch.setenv(URL_ENV, "http://127.0.0.1:9")
+    source = Multi30kSource(url="http://127.0.0.1:9")
     with pytest.raises(DataError, match="could not download") as err:
-        fetch_multi30k(tmp_path, ["en"], ["val"])
-    for part in ("http://127.0.0.1:9/val.en.gz", MIRROR_ENV, URL_ENV):
+        fetch_multi30k(tmp_path, ["en"], ["val"], source)
+    for part in ("http://127.0.0.1:9/val.en.gz", MULTI30K_MIRROR, MULTI30K_URL):
         assert part in str(err.value)
     assert list((tmp_path / "multi30k").iterdir()) == []
 
 
-def test_download_url_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(URL_ENV, raising=False)
-    assert multi30k_url("val", "de") == MULTI30K_BASE_URL + "/val.de.gz"
-    assert MULTI30K_BASE_URL.startswith("https://")
-    monkeypatch.setenv(URL_ENV, "http://mirror.example/m30k/")
+def test_the_source_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MULTI30K_URL, raising=False)
+    monkeypatch.delenv(MULTI30K_MIRROR, raising=False)
+    assert multi30k_source() == Multi30kSource(None, MULTI30K_OFFICIAL_URL)
+    assert multi30k_url(multi30k_source(), "val", "de") == MULTI30K_OFFICIAL_URL + "/val.de.gz"
+    assert MULTI30K_OFFICIAL_URL.startswith("https://")
+    monkeypatch.setenv(MULTI30K_URL, "http://mirror.example/m30k/")
+    monkeypatch.setenv(MULTI30K_MIRROR, "/some/dir")
+    assert multi30k_source().mirror == Path("/some/dir")
     assert (
-        multi30k_url("test_2016_flickr", "en")
+        multi30k_url(multi30k_source(), "test_2016_flickr", "en")
         == "http://mirror.example/m30k/test_2016_flickr.en.gz"
     )
-    monkeypatch.setenv(URL_ENV, "mirror.example/m30k")
+    monkeypatch.setenv(MULTI30K_URL, "mirror.example/m30k")
     with pytest.raises(DataError, match=r"NMT_MULTI30K_URL='mirror\.example/m30k' is not a URL"):
-        multi30k_url("val", "de")
+        multi30k_url(multi30k_source(), "val", "de")
+
+
+def test_without_a_source_only_files_already_there_are_used(tmp_path: Path, root: Path) -> None:
+    assert fetch_multi30k(root, ["de"], ["val"], None) == root / "multi30k"
+    with pytest.raises(DataError, match=r"val\.de\.gz is missing, and no Multi30k source"):
+        fetch_multi30k(tmp_path, ["de"], ["val"], None)
 
 
 def test_download_verifies_and_renames(
@@ -199,9 +209,8 @@ def test_download_verifies_and_renames(
     served, url = http_dir
     for name in ("val.de.gz", "val.en.gz"):
         (served / name).write_bytes((multi30k / name).read_bytes())
-    monkeypatch.delenv(MIRROR_ENV, raising=False)
-    monkeypatch.setenv(URL_ENV, url)
-    base = fetch_multi30k(tmp_path / "root", ["de", "en"], ["val"])
+    source = Multi30kSource(url=url)
+    base = fetch_multi30k(tmp_path / "root", ["de", "en"], ["val"], source)
     for name in ("val.de.gz", "val.en.gz"):
         assert sha256_file(base / name) == corpus.MULTI30K_SHA256[name]
     assert sorted(p.name for p in base.iterdir()) == ["val.de.gz", "val.en.gz"]
@@ -215,10 +224,9 @@ def test_download_with_wrong_bytes_is_refused(
     served, url = http_dir
     (served / "val.en.gz").write_bytes((multi30k / "val.en.gz").read_bytes())
     (served / "val.de.gz").write_bytes(gzip.compress(b"Ein Hund.\n"))
-    monkeypatch.delenv(MIRROR_ENV, raising=False)
-    monkeypatch.setenv(URL_ENV, url + "/")
+    source = Multi30kSource(url=url + "/")
     with pytest.raises(DataError, match=r"sha256 mismatch for val\.de\.gz") as err:
-        fetch_multi30k(tmp_path, ["en", "de"], ["val"])
+        fetch_multi30k(tmp_path, ["en", "de"], ["val"], source)
     assert f"{url}/val.de.gz" in str(err.value)
     assert sorted(p.name for p in (tmp_path / "multi30k").iterdir()) == ["val.en.gz"]
 
@@ -245,10 +253,10 @@ def test_stale_temporary_files_are_deleted_before_fetching(
     live = base / ".val.de.gz.running1.tmp"  # a transfer in progress elsewhere
     for path in [*stale, *others, live]:
         path.write_bytes(b"half a file")
-    monkeypatch.setenv(MIRROR_ENV, str(multi30k))
+    source = Multi30kSource(mirror=multi30k)
     fd = _hold(live)
     try:
-        fetch_multi30k(tmp_path, ["de"], ["val"])
+        fetch_multi30k(tmp_path, ["de"], ["val"], source)
     finally:
         os.close(fd)
     assert sha256_file(base / "val.de.gz") == corpus.MULTI30K_SHA256["val.de.gz"]
@@ -278,10 +286,9 @@ def test_truncated_download_leaves_nothing(tmp_path: Path, monkeypatch: pytest.M
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Truncating)
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
-        monkeypatch.delenv(MIRROR_ENV, raising=False)
-        monkeypatch.setenv(URL_ENV, f"http://127.0.0.1:{server.server_address[1]}")
+        source = Multi30kSource(url=f"http://127.0.0.1:{server.server_address[1]}")
         with pytest.raises(DataError, match="could not download"):
-            fetch_multi30k(tmp_path, ["en"], ["val"])
+            fetch_multi30k(tmp_path, ["en"], ["val"], source)
     finally:
         server.shutdown()
         server.server_close()
@@ -290,9 +297,9 @@ def test_truncated_download_leaves_nothing(tmp_path: Path, monkeypatch: pytest.M
 
 def test_unknown_split_or_language(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="valid: train, val, test_2016_flickr"):
-        fetch_multi30k(tmp_path, ["de"], ["test_2099"])
+        fetch_multi30k(tmp_path, ["de"], ["test_2099"], None)
     with pytest.raises(DataError, match="'xx'.*valid: en, de, fr, cs"):
-        fetch_multi30k(tmp_path, ["xx"], ["val"])
+        fetch_multi30k(tmp_path, ["xx"], ["val"], None)
 
 
 # --------------------------------------------------------------------------- reading

@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from nmt.checkpoint import load_checkpoint
-from nmt.runlog import of_kind, read_events
-from nmt.train import train
+from nmt.store.checkpoint import load_checkpoint
+from nmt.train.command import train
+from nmt.train.runlog import of_kind, read_events
 
 from .helpers import DETERMINISTIC, REPO, compose_config, tiny_run_overrides
 
@@ -77,7 +77,7 @@ def test_two_process_ddp_equals_single_process_with_the_same_global_batch(corpus
 def test_slurm_launcher_config_composes():
     from hydra import compose, initialize_config_dir
 
-    from nmt.runtime import CONFIG_DIR
+    from nmt.cli import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(
@@ -91,7 +91,8 @@ def test_slurm_launcher_config_composes():
 
 
 def test_slurm_tasks_map_to_torchrun_variables(monkeypatch):
-    from nmt.runtime import slurm_dist_env
+    from nmt.environment import launcher_variables
+    from nmt.runtime.distributed import slurm_dist_env
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
@@ -103,6 +104,6 @@ def test_slurm_tasks_map_to_torchrun_variables(monkeypatch):
     }  # fmt: skip
     for key, value in slurm.items():
         monkeypatch.setenv(key, value)
-    env = slurm_dist_env()
+    env = slurm_dist_env(launcher_variables())
     assert env["RANK"] == "5" and env["WORLD_SIZE"] == "8" and env["LOCAL_RANK"] == "1"
     assert env["MASTER_ADDR"] == "gpu07"

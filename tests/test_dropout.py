@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from nmt.models.dropout import LANES, Dropout, dropout, keep_mask
+from nmt.models.dropout import LANES, Dropout, dropout, keep_mask, reference_dropout
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -75,5 +74,16 @@ def test_the_drop_rate_matches_f_dropout() -> None:
     torch.manual_seed(3)
     x = torch.ones(512, 512)
     ours = (dropout(x, 0.1, True) == 0).float().mean().item()
-    theirs = (F.dropout(x, 0.1, True) == 0).float().mean().item()
+    theirs = (reference_dropout(x, 0.1, True) == 0).float().mean().item()
     assert abs(ours - theirs) < 0.005
+
+
+def test_the_reference_is_the_definition() -> None:
+    """Zeroed with probability p, the rest scaled by 1 / (1 - p); the identity in eval."""
+    torch.manual_seed(0)
+    x = torch.rand(256, 256) + 0.5
+    y = reference_dropout(x, 0.25, True)
+    kept = y != 0
+    assert torch.allclose(y[kept], x[kept] / 0.75)
+    assert abs(1 - kept.float().mean().item() - 0.25) < 0.01
+    assert torch.equal(reference_dropout(x, 0.25, False), x)

@@ -14,17 +14,13 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from nmt.average import average_checkpoints, last_checkpoints
-from nmt.average import run as average_run
-from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from nmt.config import ConfigError, to_container
 from nmt.data.corpus import DataError
-from nmt.data.prepare import load_valid_set, prepare_data
-from nmt.evaluate import evaluate
-from nmt.metrics import bleu, chrf
-from nmt.trained import build_model, checkpoint_path, chosen_checkpoint, load_trained
-from nmt.translate import translate
-from nmt.tune_decode import (
+from nmt.data.datasets import load_valid_set, prepare_data
+from nmt.decode.translate import translate
+from nmt.evaluate.metrics import bleu, chrf
+from nmt.evaluate.scoring import evaluate
+from nmt.evaluate.tune_decode import (
     RUN_DECODE,
     Setting,
     apply_to_run,
@@ -34,7 +30,13 @@ from nmt.tune_decode import (
     parse_numbers,
     tune,
 )
-from nmt.tune_decode import main as tune_main
+from nmt.evaluate.tune_decode import main as tune_main
+from nmt.store.average import average_checkpoints, last_checkpoints
+from nmt.store.average import run as average_run
+from nmt.store.checkpoint import load_checkpoint, save_checkpoint
+from nmt.store.gate import CheckpointError
+from nmt.store.loading import build_model, load_trained
+from nmt.store.paths import checkpoint_path, chosen_checkpoint
 
 from .helpers import compose_config, corpus_overrides, write_subset
 
@@ -459,15 +461,15 @@ def fake_decoding(monkeypatch: pytest.MonkeyPatch):
     outputs: dict = {}
     seen: dict = {}
 
-    def load(data, tokenizers):
-        seen["valid"] = load_valid_set(data, tokenizers)
+    def load(data, tokenizers, source):
+        seen["valid"] = load_valid_set(data, tokenizers, source)
         return seen["valid"]
 
     def translate(model, data, tokenizer, opts, device):
         return outputs[(opts.beam, opts.length_penalty)](list(seen["valid"].ref_text))
 
-    monkeypatch.setattr("nmt.tune_decode.load_valid_set", load)
-    monkeypatch.setattr("nmt.tune_decode.translate_dataset", translate)
+    monkeypatch.setattr("nmt.evaluate.tune_decode.load_valid_set", load)
+    monkeypatch.setattr("nmt.evaluate.tune_decode.translate_dataset", translate)
     return outputs
 
 

@@ -22,10 +22,14 @@ import pytest
 import torch
 from sacrebleu.metrics import BLEU
 
-from nmt import plot_attention as cli
 from nmt.config import ConfigError, check_train_config
 from nmt.data.tokenizer import BOS_ID, EOS_ID
-from nmt.explorer import (
+from nmt.decode.options import DecodeOptions
+from nmt.decode.search import greedy_search, max_output_lengths
+from nmt.store.loading import load_trained
+from nmt.store.paths import checkpoint_path
+from nmt.viz import plot_attention as cli
+from nmt.viz.explorer import (
     QUANT,
     STEPS_FILE,
     TrainingExplorer,
@@ -33,16 +37,14 @@ from nmt.explorer import (
     encode_weights,
     render_html,
 )
-from nmt.plot_attention import plot_attention, quote_free_text
-from nmt.search import DecodeOptions, greedy_search, max_output_lengths
-from nmt.trained import checkpoint_path, load_trained
+from nmt.viz.plot_attention import plot_attention, quote_free_text
 
 from .helpers import compose_config, save_screenshot
 
 
 def decode_weights(entry: dict[str, Any]) -> np.ndarray:
     """What the page's script does with a packed attention map: (L, H, Tq, Tk) float32, the
-    inverse of :func:`nmt.explorer.encode_weights`."""
+    inverse of :func:`nmt.viz.explorer.encode_weights`."""
     raw = np.frombuffer(base64.b64decode(entry["data"]), dtype="<u2")
     return (raw.astype(np.float32) / QUANT).reshape(entry["shape"])
 

@@ -20,13 +20,16 @@ import pytest
 import torch
 import yaml
 
-from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from nmt.config import ConfigError, check_train_config, to_container
-from nmt.data.prepare import prepare_data
+from nmt.data.datasets import prepare_data
 from nmt.data.tokenizer import TokenizerPair
-from nmt.optim import schedule_fn
-from nmt.train import check_same_architecture, evaluate_loss, train
-from nmt.trained import build_model, load_trained
+from nmt.store.checkpoint import load_checkpoint, save_checkpoint
+from nmt.store.gate import CheckpointError
+from nmt.store.loading import build_model, load_trained
+from nmt.train.command import train
+from nmt.train.optim import schedule_fn
+from nmt.train.start import check_same_architecture
+from nmt.train.validation import evaluate_loss
 
 from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
 

@@ -1,5 +1,5 @@
-"""The GPU check (nmt.bench.gpu_check; scripts/gpu_check.sh, gpu_check.py) on CPU: everything
-but the GPU.
+"""The GPU check (nmt.bench.gpu_check, gpu_wheels; scripts/gpu_check.sh, gpu_check.py) on CPU:
+everything but the GPU.
 
 The wheel selection and offline install, the corpus check, the reading of a run's events and
 the preset are checked directly; one slow test runs the whole check through gpu_check.sh with a
@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from nmt.bench import gpu_check as gc
+from nmt.bench import gpu_wheels
 from nmt.config import check_train_config
-from nmt.runlog import RunLog, read_events
+from nmt.train.runlog import RunLog, read_events
 
 from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, write_subset
 
@@ -29,7 +30,7 @@ SCRIPT = REPO / "scripts" / "gpu_check.sh"
 
 def fake_wheel(directory: Path, dist: str, module: str, version: str = "1.0") -> Path:
     """A minimal valid pure-Python wheel holding ``module/__init__.py``."""
-    name = gc.normalize(dist)
+    name = gpu_wheels.normalize(dist)
     path = directory / f"{name}-{version}-py3-none-any.whl"
     info = f"{name}-{version}.dist-info"
     with zipfile.ZipFile(path, "w") as z:
@@ -67,24 +68,24 @@ def run_script(args: list[str], env: dict[str, str], timeout: float) -> subproce
 
 
 def test_wheels_needed_selects_the_missing_packages(tmp_path):
-    for module, dist in gc.WHEEL_PACKAGES.items():
+    for module, dist in gpu_wheels.WHEEL_PACKAGES.items():
         fake_wheel(tmp_path, dist, module)
     lacking = {"hydra", "omegaconf", "PIL"}
-    found, absent = gc.wheels_needed(tmp_path, present=lambda m: m not in lacking)
+    found, absent = gpu_wheels.wheels_needed(tmp_path, present=lambda m: m not in lacking)
     assert absent == []
     assert sorted(p.name.split("-")[0] for p in found) == ["hydra_core", "omegaconf", "pillow"]
-    found, absent = gc.wheels_needed(tmp_path, present=lambda m: True)
+    found, absent = gpu_wheels.wheels_needed(tmp_path, present=lambda m: True)
     assert found == [] and absent == []
 
 
 def test_wheels_needed_names_what_the_folder_lacks(tmp_path):
     fake_wheel(tmp_path, "hydra-core", "hydra")
-    found, absent = gc.wheels_needed(tmp_path, present=lambda m: m not in {"hydra", "yaml"})
+    found, absent = gpu_wheels.wheels_needed(tmp_path, present=lambda m: m not in {"hydra", "yaml"})
     assert [p.name for p in found] == ["hydra_core-1.0-py3-none-any.whl"]
     assert absent == ["PyYAML"]
-    _, absent = gc.wheels_needed(tmp_path / "nowhere", present=lambda m: m != "omegaconf")
+    _, absent = gpu_wheels.wheels_needed(tmp_path / "nowhere", present=lambda m: m != "omegaconf")
     assert absent == ["omegaconf"]
-    msg = gc.missing_wheels_message(tmp_path / "nowhere", absent)
+    msg = gpu_wheels.missing_wheels_message(tmp_path / "nowhere", absent)
     assert "omegaconf" in msg and "make gpu-wheels" in msg and "is absent" in msg
 
 
@@ -94,14 +95,14 @@ def test_wrong_python_flags_wheels_for_another_cpython():
         Path("tzdata-2026.6-py2.py3-none-any.whl"),
         Path("hydra_core-1.3.8-py3-none-any.whl"),
     ]
-    assert gc.wrong_python(wheels, (3, 12)) == []
-    assert gc.wrong_python(wheels, (3, 11)) == wheels[:1]
+    assert gpu_wheels.wrong_python(wheels, (3, 12)) == []
+    assert gpu_wheels.wrong_python(wheels, (3, 11)) == wheels[:1]
 
 
 def test_unpack_wheel_installs_like_a_target_install(tmp_path):
     wheel = fake_wheel(tmp_path, "omegaconf", "omegaconf")
     site = tmp_path / "site"
-    gc.unpack_wheel(wheel, site)
+    gpu_wheels.unpack_wheel(wheel, site)
     assert (site / "omegaconf" / "__init__.py").read_text() == "NAME = 'omegaconf'\n"
     assert (site / "omegaconf_extra.py").is_file()  # .data/purelib goes to the top
     assert (site / "omegaconf-1.0.dist-info" / "METADATA").is_file()
@@ -110,12 +111,12 @@ def test_unpack_wheel_installs_like_a_target_install(tmp_path):
 
 def test_fetched_wheels_are_complete():
     """After `make gpu-wheels`: one wheel per package, and under 30 MB in all."""
-    wheel_dir = REPO / gc.WHEELS_DIR
+    wheel_dir = REPO / gpu_wheels.WHEELS_DIR
     if not any(wheel_dir.glob("*.whl")):
         pytest.skip(f"no wheels in {wheel_dir} (make gpu-wheels)")
-    found, absent = gc.wheels_needed(wheel_dir, present=lambda m: False)
+    found, absent = gpu_wheels.wheels_needed(wheel_dir, present=lambda m: False)
     assert absent == []
-    assert len(found) == len(gc.WHEEL_PACKAGES)
+    assert len(found) == len(gpu_wheels.WHEEL_PACKAGES)
     assert sum(p.stat().st_size for p in wheel_dir.glob("*.whl")) < 30e6
 
 
@@ -144,7 +145,7 @@ def test_script_installs_missing_wheels_offline_then_needs_torch(tmp_path):
     then the check stops because that Python has no torch."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    for module, dist in gc.WHEEL_PACKAGES.items():
+    for module, dist in gpu_wheels.WHEEL_PACKAGES.items():
         fake_wheel(wheels, dist, module)
     site = tmp_path / "site"
     env = {
@@ -154,9 +155,9 @@ def test_script_installs_missing_wheels_offline_then_needs_torch(tmp_path):
     }
     result = run_script(["--device", "cpu"], env, timeout=60)
     assert result.returncode == 4, result.stderr
-    assert f"installing {len(gc.WHEEL_PACKAGES)} wheels" in result.stderr
+    assert f"installing {len(gpu_wheels.WHEEL_PACKAGES)} wheels" in result.stderr
     assert "cannot import torch" in result.stderr
-    for module in gc.WHEEL_PACKAGES:
+    for module in gpu_wheels.WHEEL_PACKAGES:
         assert (site / module / "__init__.py").is_file()
     again = run_script(["--device", "cpu"], env, timeout=60)  # now present: nothing to install
     assert again.returncode == 4 and "installing" not in again.stderr
@@ -204,7 +205,7 @@ def test_run_history_reads_bleu_over_time_and_tokens_per_second(tmp_path, monkey
     """From a run's events: validation BLEU against the seconds since the process started and
     since training began, the windows' tokens/s (the first left out), epochs, averaging."""
     clock = iter(float(t) for t in range(1011, 1020))
-    monkeypatch.setattr("nmt.runlog.time.time", lambda: next(clock))
+    monkeypatch.setattr("nmt.train.runlog.time.time", lambda: next(clock))
     log = RunLog(tmp_path)
     log.write("start", 0, device="Some GPU", device_type="cuda", parameters=7578624,
               train_pairs=28997, batches_per_epoch=34)  # fmt: skip

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from nmt.models.loss import block_rows, projected_cross_entropy
+from nmt.models.loss import reference_cross_entropy as reference
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -21,11 +21,6 @@ def inputs(bias: bool, seed: int = 0):
     b = (torch.randn(V, generator=g) * 0.1).requires_grad_() if bias else None
     y = torch.randint(0, V, (N,), generator=g)
     return x, w, b, y
-
-
-def reference(x, w, b, y, smoothing: float):
-    logits = F.linear(x, w, b)
-    return F.cross_entropy(logits.float(), y, label_smoothing=smoothing, reduction="sum")
 
 
 def grads(loss, tensors):
@@ -94,3 +89,15 @@ def test_bad_shapes_are_refused() -> None:
         projected_cross_entropy(x, w, b, y[:-1])
     with pytest.raises(ValueError, match="targets"):
         projected_cross_entropy(x[None], w, b, y)
+
+
+def test_the_reference_is_cross_entropy_of_the_projection_by_hand() -> None:
+    """The plain definition against the formula: -sum_v q_v log softmax(x W^T + b)_v."""
+    x, w, b, y = inputs(bias=True)
+    smoothing = 0.1
+    with torch.no_grad():
+        log_p = torch.log_softmax(x @ w.T + b, dim=-1)  # (N, V)
+        q = torch.full_like(log_p, smoothing / log_p.size(1))
+        q[torch.arange(len(y)), y] += 1 - smoothing
+        want = -(q * log_p).sum()
+        assert torch.allclose(reference(x, w, b, y, smoothing), want, rtol=1e-5)

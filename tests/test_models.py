@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from nmt.config import GRUBahdanauConfig, TransformerConfig
 from nmt.models.base import Seq2Seq, lengths_to_mask, map_state
-from nmt.models.registry import build_model
+from nmt.models.registry import create_model
 from nmt.models.transformer import DecoderLayer, EncoderLayer
 
 PAD, BOS, EOS = 0, 2, 3
@@ -52,7 +52,7 @@ def build(name: str, shared_vocab: bool = False) -> Seq2Seq:
     tiny = GRU_TINY if schema is GRUBahdanauConfig else TRANSFORMER_TINY
     cfg = OmegaConf.structured(schema(**{**tiny, **overrides}))
     src_v = TGT_V if shared_vocab else SRC_V
-    return build_model(
+    return create_model(
         cfg, src_vocab_size=src_v, tgt_vocab_size=TGT_V, pad_id=PAD, shared_vocab=shared_vocab
     )
 

@@ -14,17 +14,19 @@ import pytest
 import torch
 import yaml
 
-from nmt.checkpoint import CheckpointError
+from nmt.atomic import sha256_file
 from nmt.config import ConfigError
-from nmt.data.prepare import encode_texts
-from nmt.evaluate import evaluate
-from nmt.export import export_package, load_package
-from nmt.package import CONFIG, MANIFEST, WEIGHTS, model_argument, sha256_file
-from nmt.plot_attention import plot_attention
-from nmt.search import DecodeOptions, decode_dataset
-from nmt.train import train
-from nmt.trained import load_trained
-from nmt.translate import translate
+from nmt.data.datasets import encode_texts
+from nmt.decode.options import DecodeOptions
+from nmt.decode.search import decode_dataset
+from nmt.decode.translate import translate
+from nmt.evaluate.scoring import evaluate
+from nmt.ship.export import export_package
+from nmt.store.gate import CheckpointError
+from nmt.store.loading import load_package, load_trained
+from nmt.store.package import CONFIG, MANIFEST, WEIGHTS, model_argument
+from nmt.train.command import train
+from nmt.viz.plot_attention import plot_attention
 
 from .helpers import REPO, TINY_TRANSFORMER, compose_config, tiny_run_overrides
 
@@ -214,7 +216,7 @@ def test_export_refuses_to_overwrite_and_cleans_up(transformer_run: Path, tmp_pa
 def test_nmt_export_command(transformer_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "pkg"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "nmt.export", str(transformer_run), "--out", str(out)]
+    cmd = [sys.executable, "-m", "nmt.ship.export", str(transformer_run), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert f"package {out}" in proc.stdout and (out / WEIGHTS).is_file()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.runtime import CONFIG_DIR, config_dir
+from nmt.cli import CONFIG_DIR, config_dir
 
 from .helpers import REPO, tiny_run_overrides
 
@@ -96,15 +96,15 @@ def test_installed_wheel_carries_the_configs_and_trains_outside_the_checkout(
     # the package list in pyproject.toml is explicit: every module of the checkout is in it
     modules = {n.removeprefix("nmt/") for n in names if n.startswith("nmt/") and n.endswith(".py")}
     assert modules == files_under(REPO / "nmt", "*.py")
-    assert "nmt/explorer.html" in names  # the explorer page's template
+    assert "nmt/viz/explorer.html" in names  # the explorer page's template
 
     purelib = make_venv(tmp_path / "venv", wheel)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NMT_CONFIG_DIR")}
     elsewhere = tmp_path / "elsewhere"  # a working directory without configs/
     elsewhere.mkdir()
     probe = (
-        "import json, sys, nmt, nmt.runtime as r; editable = [m for m in sys.modules "
-        "if 'editable' in m]; print(json.dumps([nmt.__file__, r.config_dir(), editable]))"
+        "import json, sys, nmt, nmt.cli as c; editable = [m for m in sys.modules "
+        "if 'editable' in m]; print(json.dumps([nmt.__file__, c.config_dir(), editable]))"
     )
     python = tmp_path / "venv" / "bin" / "python"
     where, cfg_dir, editable = json.loads(run([python, "-c", probe], elsewhere, env))

@@ -13,15 +13,25 @@ import torch
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from nmt import precision as prec
-from nmt import search
-from nmt import train as train_mod
-from nmt.checkpoint import load_checkpoint
 from nmt.config import GRUBahdanauConfig, TransformerConfig
 from nmt.data.batching import TokenDataset
-from nmt.models.registry import build_model
-from nmt.precision import Measurement, SpeedProbe, measure_speed, probe_model, resolve_precision
-from nmt.runtime import DistInfo
+from nmt.decode import search
+from nmt.decode.options import DecodeOptions
+from nmt.models.registry import create_model
+from nmt.runtime import precision as prec
+from nmt.runtime.distributed import DistInfo
+from nmt.runtime.precision import (
+    Measurement,
+    SpeedProbe,
+    measure_speed,
+    probe_model,
+    resolve_precision,
+)
+from nmt.store.checkpoint import load_checkpoint
+from nmt.train.command import train
+from nmt.train.loop import Functions
+from nmt.train.setup import training_precision
+from nmt.train.step import loss_sum
 
 from .helpers import compose_config, tiny_run_overrides
 
@@ -147,7 +157,7 @@ def test_decoding_with_auto_on_a_bf16_cpu_runs_in_fp32(bf16_cpu, monkeypatch) ->
     monkeypatch.setattr(search, "autocast", recording)
     model = tiny_model("transformer")
     data = TokenDataset([[5, 6, 7], [8, 9]], [[5], [6]])
-    opts = search.DecodeOptions(max_output_len_a=0.0, max_output_len_b=3, precision="auto")
+    opts = DecodeOptions(max_output_len_a=0.0, max_output_len_b=3, precision="auto")
     hyps = search.decode_dataset(model, data, opts, CPU)
     assert len(hyps) == 2 and used and set(used) == {"32"}
 
@@ -172,7 +182,7 @@ def test_the_choice_is_cached_and_reused_without_probing(bf16_cpu, tmp_path, cap
     # a later run with the same model and machine reads the file: no probe, the same answer
     # even though a probe would now say otherwise
     later = StubProbe(500.0, 150.0)
-    with caplog.at_level(logging.INFO, logger="nmt.precision"):
+    with caplog.at_level(logging.INFO, logger="nmt.runtime.precision"):
         assert resolve_precision("auto", CPU, later.probe(cache)) == "bf16"
     assert later.calls == 0
     assert "cached" in caplog.text and "fp32 100 vs bf16 150" in caplog.text
@@ -198,7 +208,7 @@ def test_another_model_shape_or_thread_count_probes_again(bf16_cpu, tmp_path) ->
 def test_an_untrusted_measurement_is_used_but_not_cached(bf16_cpu, tmp_path, caplog) -> None:
     cache = tmp_path / "cache"
     noisy = StubProbe(100.0, 150.0, agree=False)
-    with caplog.at_level(logging.WARNING, logger="nmt.precision"):
+    with caplog.at_level(logging.WARNING, logger="nmt.runtime.precision"):
         assert resolve_precision("auto", CPU, noisy.probe(cache)) == "bf16"
     assert "not cached" in caplog.text
     assert not cache.exists() or not list(cache.iterdir())
@@ -224,7 +234,7 @@ def test_a_damaged_cache_file_is_ignored_and_rewritten(bf16_cpu, tmp_path, damag
     [file] = cache.glob("*.json")
     file.write_text(damage(json.loads(file.read_text())))
     again = StubProbe(300.0, 150.0)
-    with caplog.at_level(logging.WARNING, logger="nmt.precision"):
+    with caplog.at_level(logging.WARNING, logger="nmt.runtime.precision"):
         assert resolve_precision("auto", CPU, again.probe(cache)) == "32"
     assert again.calls == 1
     assert "ignoring the precision cache" in caplog.text and str(file) in caplog.text
@@ -240,7 +250,7 @@ def tiny_model(kind: str) -> torch.nn.Module:
         cfg = GRUBahdanauConfig(emb_dim=8, hidden_dim=12, attn_dim=10, dropout=0.3)
     else:
         cfg = TransformerConfig(d_model=16, heads=2, d_ff=32, enc_layers=1, dec_layers=1)
-    return build_model(
+    return create_model(
         OmegaConf.structured(cfg), src_vocab_size=30, tgt_vocab_size=30, pad_id=0,
         shared_vocab=True,
     )  # fmt: skip
@@ -252,7 +262,7 @@ def test_the_probe_leaves_weights_gradients_mode_and_rng_as_they_were(kind: str)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
     m = probe_model(
-        model, lambda mod, b: train_mod.loss_sum(mod, b, 0.1), 200, lengths=(7, 9), vocab=(30, 30)
+        model, lambda mod, b: loss_sum(mod, b, 0.1), 200, lengths=(7, 9), vocab=(30, 30)
     )
     assert m.fp32 > 0 and m.bf16 > 0 and m.pairs >= prec.MIN_PAIRS
     assert 1 <= m.rows <= 200 // 10  # never more than a training batch of the probe's width
@@ -270,7 +280,7 @@ def test_training_records_the_measured_choice_and_a_resumed_run_keeps_it(
     bf16_cpu, corpus, tmp_path
 ) -> None:
     stub = StubProbe(300.0, 100.0)  # fp32 faster: the opposite of what native bf16 suggests
-    functions = train_mod.Functions(probe=lambda *a, **k: stub.measure())
+    functions = Functions(probe=lambda *a, **k: stub.measure())
     extra = (
         "trainer.precision=auto",
         "trainer.val_every=1000",
@@ -282,7 +292,7 @@ def test_training_records_the_measured_choice_and_a_resumed_run_keeps_it(
     )
     assert str(cfg.trainer.precision) == "auto"
     run_dir = tmp_path / "run"
-    train_mod.train(cfg, run_dir, functions)
+    train(cfg, run_dir, functions)
     assert stub.calls == 1
     assert str(cfg.trainer.precision) == "auto"  # the caller's config is left as it was
     saved = load_checkpoint(run_dir / "checkpoints" / "last.pt")
@@ -301,7 +311,7 @@ def test_training_records_the_measured_choice_and_a_resumed_run_keeps_it(
             corpus, tmp_path, "trainer.max_steps=3", f"trainer.resume={run_dir}", *extra
         ),
     )
-    train_mod.train(resumed, tmp_path / "unused", functions)
+    train(resumed, tmp_path / "unused", functions)
     assert stub.calls == 0
     saved = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert saved["state"]["step"] == 3 and saved["config"]["trainer"]["precision"] == "32"
@@ -317,7 +327,7 @@ def _rank(rank: int, port: int, out: str) -> None:
         stub = StubProbe(100.0, 200.0) if rank == 0 else StubProbe(200.0, 100.0)
         cfg = OmegaConf.create({"trainer": {"precision": "auto"}})
         info = DistInfo(rank=rank, world_size=2)
-        choice = train_mod.training_precision(cfg, CPU, info, None, stub.probe)
+        choice = training_precision(cfg, CPU, info, None, stub.probe)
         Path(out, f"rank{rank}.json").write_text(json.dumps([choice, stub.calls]))
     finally:
         torch.distributed.destroy_process_group()

@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from nmt.bench.memory import pss_parts
 from nmt.config import ConfigError, DataConfig, TrainCorpus, train_corpora
-from nmt.data import batching, binarize
+from nmt.data import batching, binarize, cache
 from nmt.data.batching import (
     BatchList,
     TokenBatchSampler,
@@ -38,18 +38,14 @@ from nmt.data.batching import (
     make_batch,
     padding_share,
 )
-from nmt.data.binarize import (
-    CacheError,
-    Reservoir,
-    ensure_prepared,
-    filter_by_length,
-    open_prepared,
-)
+from nmt.data.binarize import Reservoir, ensure_prepared
+from nmt.data.cache import CacheError, open_prepared
 from nmt.data.corpus import DataError, clean_pairs, read_parallel
-from nmt.data.prepare import prepare_data
+from nmt.data.datasets import prepare_data
+from nmt.data.splits import filter_by_length
 from nmt.data.synthetic import count_pairs, write_numbered_copies
 from nmt.data.tokenizer import TokenizerPair, train_tokenizers
-from nmt.train import train
+from nmt.train.command import train
 
 from .helpers import REPO, compose_config, tiny_run_overrides, write_subset
 
@@ -421,7 +417,7 @@ def test_second_open_reads_nothing_and_option_changes_give_new_keys(
 
     with monkeypatch.context() as m:
         m.setattr(binarize, "iter_parallel_blocks", no_reading)
-        m.setattr(binarize, "sha256_file", no_reading)  # inputs known by their stat
+        m.setattr(cache, "sha256_file", no_reading)  # inputs known by their stat
         assert ensure_prepared(cfg, tok).path == first.path
     shorter = ensure_prepared(data_cfg(str(real_corpus), tmp_path, max_len=20), tok)
     assert shorter.path != first.path and shorter.pairs < first.pairs
@@ -561,7 +557,7 @@ def test_damaged_cache_is_reported_and_rebuilt(
     full = damage == "middle byte flipped"  # only the checksums see it
     if full:
         damaged = final_dirs(tmp_path)[0]
-        assert (damaged / "src.tokens.npy").stat().st_size > binarize.TAIL_BYTES + 1000
+        assert (damaged / "src.tokens.npy").stat().st_size > cache.TAIL_BYTES + 1000
         with pytest.raises(CacheError, match=message):
             open_prepared(damaged, full=True)
         open_prepared(damaged)  # the quick check at every open does not read the middle
@@ -582,7 +578,7 @@ def test_nmt_prepare_command(real_corpus: Path, tmp_path: Path) -> None:
         "data=parallel", "data.src_lang=de", "data.tgt_lang=en", f"data.train={real_corpus}",
         f"data.valid={real_corpus}", f"data.root={tmp_path}", "data.vocab_size=600",
     ]  # fmt: skip
-    cmd = [sys.executable, "-m", "nmt.prepare", *overrides]
+    cmd = [sys.executable, "-m", "nmt.data.prepare", *overrides]
     first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     path = Path(first.stdout.strip())
@@ -597,7 +593,7 @@ def test_nmt_prepare_command(real_corpus: Path, tmp_path: Path) -> None:
     open_prepared(path, full=True)
     bad = subprocess.run([*cmd, "data.max_len=0"], cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "data.max_len=0 must be > 0" in bad.stderr
-    probe = "import sys, nmt.prepare; print('torch' in sys.modules)"
+    probe = "import sys, nmt.data.prepare; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           cwd=REPO).stdout.strip() == "False"  # fmt: skip
 
@@ -633,7 +629,7 @@ def test_preparation_killed_at_random_moments_never_leaves_a_used_cache(
         f"data.valid={tmp_path / 'big'}", f"data.root={root}", "data.vocab_size=600",
         "data.spm_sample=3000", "data.num_workers=2",
     ]  # fmt: skip
-    cmd = [sys.executable, "-m", "nmt.prepare", *overrides]
+    cmd = [sys.executable, "-m", "nmt.data.prepare", *overrides]
     log_file = tmp_path / "prepare.log"
 
     def spawn() -> subprocess.Popen:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt.data.corpus import MIRROR_ENV
-from nmt.train import train
+from nmt.environment import MULTI30K_MIRROR
+from nmt.train.command import train
 
 from .helpers import compose_config
 
@@ -31,7 +31,8 @@ MAX_LOSS = 5.0
 def test_default_transformer_learns_multi30k_de_en(
     multi30k: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(MIRROR_ENV, str(multi30k))  # the run's own data root gets verified copies
+    # the run's own data root gets verified copies
+    monkeypatch.setenv(MULTI30K_MIRROR, str(multi30k))
     overrides = [
         f"data.root={tmp_path / 'data'}",
         f"outputs={tmp_path / 'outputs'}",

@@ -38,24 +38,28 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from nmt import atomic
-from nmt import checkpoint as ckpt
-from nmt import search as search_mod
-from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, verify_checkpoint
+from nmt.atomic import sha256_file
 from nmt.config import ConfigError, TransformerConfig
 from nmt.data import corpus
 from nmt.data.batching import TokenDataset, make_batch
 from nmt.data.corpus import (
-    MIRROR_ENV,
-    URL_ENV,
     DataError,
     clean_pairs,
     fetch_multi30k,
     read_parallel,
 )
 from nmt.data.tokenizer import PAD_ID
-from nmt.models.registry import build_model
-from nmt.search import DecodeOptions, decode_dataset
-from nmt.train import Checkpointer, find_resume_checkpoint, train
+from nmt.decode import search as search_mod
+from nmt.decode.options import DecodeOptions
+from nmt.decode.search import decode_dataset
+from nmt.environment import Multi30kSource
+from nmt.models.registry import create_model
+from nmt.store import checkpoint as ckpt
+from nmt.store.checkpoint import load_checkpoint, save_checkpoint, verify_checkpoint
+from nmt.store.gate import CheckpointError
+from nmt.train.command import train
+from nmt.train.loop import Checkpointer
+from nmt.train.start import find_resume_checkpoint
 
 from .helpers import REPO, compose_config, tiny_run_overrides, write_subset
 
@@ -586,11 +590,12 @@ def test_checkpointer_sweeps_temporaries_and_keeps_the_newest(tmp_path: Path) ->
 
 
 @pytest.fixture
-def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bytes, bool], None]]:
+def serve() -> Iterator[Callable[[bytes, bool], Multi30kSource]]:
     """A loopback HTTP server standing in for the Multi30k URL.
 
-    ``serve(body, announce_length)`` sets what every request gets; with
-    ``announce_length=False`` the body ends with the connection (no Content-Length).
+    ``serve(body, announce_length)`` sets what every request gets and returns the source that
+    fetches from the server; with ``announce_length=False`` the body ends with the connection
+    (no Content-Length).
     """
     content: dict[str, Any] = {"body": b"", "length": True}
 
@@ -609,12 +614,11 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bytes, bool], N
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    monkeypatch.delenv(MIRROR_ENV, raising=False)
-    port = server.server_address[1]
-    monkeypatch.setenv(URL_ENV, f"http://127.0.0.1:{port}")
+    source = Multi30kSource(url=f"http://127.0.0.1:{server.server_address[1]}")
 
-    def set_content(body: bytes, announce_length: bool = True) -> None:
+    def set_content(body: bytes, announce_length: bool = True) -> Multi30kSource:
         content.update(body=body, length=announce_length)
+        return source
 
     yield set_content
     server.shutdown()
@@ -622,29 +626,29 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bytes, bool], N
 
 
 def test_partial_download_without_length_is_caught_by_the_checksum(
-    tmp_path: Path, multi30k: Path, serve: Callable[[bytes, bool], None]
+    tmp_path: Path, multi30k: Path, serve: Callable[[bytes, bool], Multi30kSource]
 ) -> None:
     real = (multi30k / "val.en.gz").read_bytes()
-    serve(real[: len(real) // 2], False)
+    source = serve(real[: len(real) // 2], False)
     with pytest.raises(DataError, match=r"sha256 mismatch for val\.en\.gz.*deleted"):
-        fetch_multi30k(tmp_path, ["en"], ["val"])
+        fetch_multi30k(tmp_path, ["en"], ["val"], source)
     assert list((tmp_path / "multi30k").iterdir()) == []
 
 
 def test_wrong_file_of_the_right_size_is_deleted_and_reported(
-    tmp_path: Path, multi30k: Path, serve: Callable[[bytes, bool], None]
+    tmp_path: Path, multi30k: Path, serve: Callable[[bytes, bool], Multi30kSource]
 ) -> None:
     real = bytearray((multi30k / "val.en.gz").read_bytes())
     real[len(real) // 2] ^= 0x01
-    serve(bytes(real), True)
+    source = serve(bytes(real), True)
     with pytest.raises(DataError, match=r"expected 14f7d25d.*got .*deleted") as err:
-        fetch_multi30k(tmp_path, ["en"], ["val"])
+        fetch_multi30k(tmp_path, ["en"], ["val"], source)
     assert "127.0.0.1" in str(err.value)
     assert list((tmp_path / "multi30k").iterdir()) == []
 
 
 def test_leftovers_of_an_interrupted_download_are_never_used(
-    tmp_path: Path, multi30k: Path, serve: Callable[[bytes, bool], None],
+    tmp_path: Path, multi30k: Path, serve: Callable[[bytes, bool], Multi30kSource],
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     real = (multi30k / "val.en.gz").read_bytes()
@@ -652,10 +656,10 @@ def test_leftovers_of_an_interrupted_download_are_never_used(
     base.mkdir()
     (base / ".val.en.gz.abc123.tmp").write_bytes(real)  # a killed transfer's temporary file
     (base / "val.en.gz").write_bytes(real[:1000])  # a partial copy under the final name
-    serve(real, True)
+    source = serve(real, True)
     caplog.set_level(logging.WARNING, logger="nmt.data")
-    fetch_multi30k(tmp_path, ["en"], ["val"])
-    assert corpus.sha256_file(base / "val.en.gz") == corpus.MULTI30K_SHA256["val.en.gz"]
+    fetch_multi30k(tmp_path, ["en"], ["val"], source)
+    assert sha256_file(base / "val.en.gz") == corpus.MULTI30K_SHA256["val.en.gz"]
     assert sorted(p.name for p in base.iterdir()) == ["val.en.gz"]  # the leftover is deleted
     assert "val.en.gz has sha256" in caplog.text and "fetching it again" in caplog.text
 
@@ -852,7 +856,7 @@ def test_decoding_a_huge_line_among_thousands_stays_within_budget(
                           max_positions=128)
     )  # fmt: skip
 
-    model = build_model(
+    model = create_model(
         cfg, src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD_ID, shared_vocab=True
     )
     opts = DecodeOptions(max_output_len_a=1.2, max_output_len_b=4, max_tokens=600)

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nmt.bench import results_table
-from nmt.runlog import RunLog
+from nmt.train.runlog import RunLog
 
 from .helpers import compose_config
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nmt.runlog import METRICS_FILE, RunLog, of_kind, read_events, summarize, write_summary
+from nmt.train.runlog import METRICS_FILE, RunLog, of_kind, read_events, summarize, write_summary
 
 
 def _run(tmp_path):

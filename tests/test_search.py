@@ -13,16 +13,10 @@ from omegaconf import OmegaConf
 from torch import Tensor
 
 from nmt.config import ConfigError, GRUBahdanauConfig, TransformerConfig
+from nmt.decode.options import DecodeOptions
+from nmt.decode.search import beam_search, clip_sources, greedy_search, max_output_lengths, search
 from nmt.models.base import DecoderState, Seq2Seq, lengths_to_mask
-from nmt.models.registry import build_model
-from nmt.search import (
-    DecodeOptions,
-    beam_search,
-    clip_sources,
-    greedy_search,
-    max_output_lengths,
-    search,
-)
+from nmt.models.registry import create_model
 
 PAD, BOS, EOS = 0, 2, 3
 
@@ -251,7 +245,7 @@ def real_model(name: str, seed: int = 0) -> Seq2Seq:
     schema, sizes = TINY[name]
     torch.manual_seed(seed)
     cfg = OmegaConf.structured(schema(**sizes))
-    model = build_model(cfg, src_vocab_size=SRC_V, tgt_vocab_size=TGT_V, pad_id=PAD)
+    model = create_model(cfg, src_vocab_size=SRC_V, tgt_vocab_size=TGT_V, pad_id=PAD)
     with torch.no_grad():
         model.out_proj.weight.mul_(4.0)
         model.out_proj.weight[EOS] *= 0.5

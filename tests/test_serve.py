@@ -23,11 +23,12 @@ import pytest
 import torch
 from aiohttp.test_utils import TestClient, TestServer
 
-from nmt.export import export_package, load_package
-from nmt.search import DecodeOptions
-from nmt.serve import load_backend, make_app
-from nmt.train import train
-from nmt.translate import translate_lines
+from nmt.decode.options import DecodeOptions
+from nmt.decode.translate import translate_lines
+from nmt.ship.export import export_package
+from nmt.ship.serve import load_backend, make_app
+from nmt.store.loading import load_package
+from nmt.train.command import train
 
 from .helpers import REPO, compose_config, tiny_run_overrides
 
@@ -257,7 +258,7 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(
 ) -> None:
     """PyTorch runs only on the decode thread (an OpenMP team started on the main thread
     slows every other thread's teams), and answers reach the event loop without tensors."""
-    import nmt.serve
+    import nmt.ship.serve
 
     loaded_on = []
 
@@ -265,9 +266,9 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(
         loaded_on.append(threading.current_thread())
         return load_backend(cfg)
 
-    monkeypatch.setattr(nmt.serve, "load_backend", load)
+    monkeypatch.setattr(nmt.ship.serve, "load_backend", load)
     cfg = serve_config(package, "engine=torch")
-    backend, executor = nmt.serve.start_backend(cfg)
+    backend, executor = nmt.ship.serve.start_backend(cfg)
     decoded_on = []
 
     def decode(sources: list, opts: DecodeOptions, attention: bool) -> list:
@@ -295,7 +296,15 @@ def start_server(package: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     """The server in a process of its own; its log (a line per request) goes to a file, which
     cannot fill up and stall it as an unread pipe would."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "nmt.serve", f"model={package}", "port=0", "threads=1", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nmt.ship.serve",
+        f"model={package}",
+        "port=0",
+        "threads=1",
+        *extra,
+    ]
     fd, name = tempfile.mkstemp(suffix=".log", dir=package.parent)  # in pytest's tmp folder
     log = Path(name)
     with os.fdopen(fd, "w") as err:  # the server keeps its own descriptor

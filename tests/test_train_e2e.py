@@ -11,8 +11,8 @@ import json
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from nmt.evaluate import evaluate
-from nmt.train import train
+from nmt.evaluate.scoring import evaluate
+from nmt.train.command import train
 
 from .helpers import compose_config, corpus_overrides, write_subset
 

@@ -16,13 +16,15 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from nmt import optim
-from nmt import train as train_mod
-from nmt.checkpoint import load_checkpoint
 from nmt.config import ConfigError, check_train_config
-from nmt.runlog import of_kind, read_events, summarize
-from nmt.train import Functions, train, validation_scores
-from nmt.trained import checkpoint_path
+from nmt.store.checkpoint import load_checkpoint
+from nmt.store.paths import checkpoint_path
+from nmt.train import optim
+from nmt.train.command import train
+from nmt.train.loop import Functions
+from nmt.train.runlog import of_kind, read_events, summarize
+from nmt.train.step import loss_sum, train_step
+from nmt.train.validation import validation_scores
 
 from .helpers import REPO, compose_config, tiny_run_overrides
 
@@ -157,9 +159,9 @@ def test_accumulation_equals_one_big_batch(corpus, tmp_path):
         "train", tiny_run_overrides(corpus, tmp_path, "model.dropout=0.0", "model.attn_dropout=0.0")
     )
     from nmt.data.batching import make_batch
-    from nmt.data.prepare import prepare_data
-    from nmt.runtime import DistInfo
-    from nmt.trained import build_model
+    from nmt.data.datasets import prepare_data
+    from nmt.runtime.distributed import DistInfo
+    from nmt.store.loading import build_model
 
     data = prepare_data(cfg.data)
     idx = list(range(16))
@@ -170,7 +172,7 @@ def test_accumulation_equals_one_big_batch(corpus, tmp_path):
         opt = optim.build_optimizer(model, cfg.optim)
         micro = [make_batch(data.train, g) for g in groups]
         cfg.trainer.accumulate = len(groups)
-        res = train_mod.train_step(model, micro, opt, None, cfg, torch.device("cpu"), DistInfo())
+        res = train_step(model, micro, opt, None, cfg, torch.device("cpu"), DistInfo())
         results.append((res, [p.grad.clone() for p in model.parameters()]))
     (one, p_one), (acc, p_acc) = results
     assert one.tokens == acc.tokens
@@ -188,7 +190,7 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(corpus, tmp_path, capl
 
     def sometimes_nan(model, batch, ls):
         calls["n"] += 1
-        loss = train_mod.loss_sum(model, batch, ls)
+        loss = loss_sum(model, batch, ls)
         return loss * float("nan") if calls["n"] == 3 or calls["n"] >= 10 else loss
 
     with pytest.raises(FloatingPointError, match="in a row"):
@@ -207,7 +209,7 @@ def _nan_on_third_update(on_nan):
 
     def nan_on_third(model, batch, ls):
         calls["n"] += 1
-        loss = train_mod.loss_sum(model, batch, ls)
+        loss = loss_sum(model, batch, ls)
         if calls["n"] != 3:
             return loss
         on_nan()
@@ -436,8 +438,8 @@ def test_multirun_sweep_gives_one_run_per_combination_and_a_summary(corpus, tmp_
 def test_validation_decodes_in_decodings_own_precision(corpus, tmp_path):
     # bf16 training on a CPU validates with an fp32 decode: the BLEU nmt-eval gives the
     # checkpoint, and no new bf16 kernel shape at every decoding step
-    from nmt.precision import resolve_precision
-    from nmt.search import translate_dataset
+    from nmt.decode.search import translate_dataset
+    from nmt.runtime.precision import resolve_precision
 
     seen: list[str] = []
 

@@ -22,25 +22,19 @@ import yaml
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from nmt.average import average_checkpoints
-from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from nmt.config import CheckpointChoice, Schedule, to_container
-from nmt.data.prepare import prepare_data
-from nmt.evaluate import evaluate
+from nmt.data.datasets import prepare_data
+from nmt.decode.translate import translate
+from nmt.evaluate.scoring import evaluate
+from nmt.evaluate.tune_decode import apply_to_run, tune
 from nmt.models import registry
-from nmt.plot_attention import plot_attention
-from nmt.train import train
-from nmt.trained import (
-    build_model,
-    checked_train_config,
-    checkpoint_path,
-    load_checked_checkpoint,
-    load_run_config,
-    load_trained,
-    run_decode_defaults,
-)
-from nmt.translate import translate
-from nmt.tune_decode import apply_to_run, tune
+from nmt.store.average import average_checkpoints
+from nmt.store.checkpoint import load_checkpoint, save_checkpoint
+from nmt.store.gate import CheckpointError, checked_train_config, load_run_config
+from nmt.store.loading import build_model, load_checked_checkpoint, load_trained
+from nmt.store.paths import checkpoint_path, run_decode_defaults
+from nmt.train.command import train
+from nmt.viz.plot_attention import plot_attention
 
 from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides
 

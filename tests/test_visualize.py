@@ -17,24 +17,18 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
-from nmt import visualize
-from nmt.checkpoint import save_checkpoint
-from nmt.config import (
-    ConfigError,
-    GRUBahdanauConfig,
-    TrainConfig,
-    TransformerConfig,
-    to_container,
-)
+from nmt.config import ConfigError, GRUBahdanauConfig, TrainConfig, TransformerConfig, to_container
 from nmt.data.batching import TokenDataset, make_batch
-from nmt.data.prepare import EvalSet
+from nmt.data.datasets import EvalSet
 from nmt.data.tokenizer import EOS_ID, TokenizerPair, train_tokenizer
+from nmt.decode.options import DecodeOptions
 from nmt.models.base import Seq2Seq
-from nmt.models.registry import build_model
-from nmt.plot_attention import plot_attention, quote_free_text
-from nmt.search import DecodeOptions
-from nmt.train import validation_options
-from nmt.visualize import (
+from nmt.models.registry import create_model
+from nmt.store.checkpoint import save_checkpoint
+from nmt.train.validation import validation_options
+from nmt.viz import visualize
+from nmt.viz.plot_attention import plot_attention, quote_free_text
+from nmt.viz.visualize import (
     attend,
     flatten_config,
     log_hparams,
@@ -114,7 +108,7 @@ def _views(model, src, src_lens, tokenizers, layers="last"):
 def build(kind: str, vocab: int = VOCAB) -> Seq2Seq:
     torch.manual_seed(0)
     schema, sizes = TINY[kind]
-    return build_model(
+    return create_model(
         OmegaConf.structured(schema(**sizes)), src_vocab_size=vocab, tgt_vocab_size=vocab
     )
 
@@ -288,7 +282,7 @@ def checkpoint(multi30k: Path, tmp_path_factory) -> Path:
         + ["model.enc_layers=1", "model.dec_layers=1"],
     )
     torch.manual_seed(0)
-    model = build_model(
+    model = create_model(
         cfg.model, src_vocab_size=400, tgt_vocab_size=400, pad_id=0, shared_vocab=True
     )
     config = {k: v for k, v in to_container(cfg).items() if k in ("data", "model", "optim")}
@@ -322,7 +316,7 @@ def test_plot_attention_writes_pngs(checkpoint: Path, tmp_path: Path) -> None:
 
 def test_nmt_attention_command_reads_a_file(checkpoint: Path, tmp_path: Path, monkeypatch):
     """The console entry point, Hydra config included; default output in the run dir."""
-    from nmt import plot_attention as cli
+    from nmt.viz import plot_attention as cli
 
     src = tmp_path / "in.de"
     src.write_text("Zwei Hunde.\n\nEin Mädchen läuft.\n", encoding="utf-8")

@@ -56,7 +56,8 @@ from nmt.bench.report import say as _say
 from nmt.bench.report import table
 from nmt.data.corpus import fetch_multi30k, read_parallel
 from nmt.data.synthetic import count_pairs, write_numbered_copies
-from nmt.runlog import METRICS_FILE
+from nmt.environment import child_environment, multi30k_source
+from nmt.train.runlog import METRICS_FILE
 
 SCHEMA = "nmt-bench-data/1"
 MB = 1 << 20
@@ -280,13 +281,13 @@ def bench_size(pairs: int, s: DataScaleSettings, base: Path, valid: Path) -> dic
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return child_environment(PYTHONUNBUFFERED="1")
 
 
 def measure_preparation(data: list[str], s: DataScaleSettings) -> dict[str, Any]:
     """A first ``nmt-prepare`` with the ``data`` overrides: time, memory, phases, cache size."""
     before = load_average()
-    prep = watch([sys.executable, "-m", "nmt.prepare", *data], _env(), s.cwd)
+    prep = watch([sys.executable, "-m", "nmt.data.prepare", *data], _env(), s.cwd)
     if prep.returncode != 0:
         raise SystemExit(f"nmt-prepare failed:\n{prep.tail}")
     cache = Path(prep.tail.strip().splitlines()[-1])
@@ -479,7 +480,7 @@ class DataScaleSettings:
 def run(s: DataScaleSettings) -> dict[str, Any]:
     """Every size, one after the other: the JSON-ready result."""
     (s.work / "corpus").mkdir(parents=True, exist_ok=True)
-    base = fetch_multi30k(s.data_root, ["de", "en"], ["train", "val"])
+    base = fetch_multi30k(s.data_root, ["de", "en"], ["train", "val"], multi30k_source())
     valid = write_valid(base, s.work)
     result: dict[str, Any] = {
         "schema": SCHEMA,

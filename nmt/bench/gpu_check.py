@@ -5,7 +5,7 @@ One run (under 8 minutes on an H200) that
 1. measures the device's matrix-product peak in the training precision
    (:func:`nmt.bench.machine.matmul_peak`);
 2. trains ``experiment=gpu_quick`` (``python -m nmt.train``) for ``--train-seconds`` of
-   training time, and reads the run's events (``metrics.jsonl``, :mod:`nmt.runlog`) for the
+   training time, and reads the run's events (``metrics.jsonl``, :mod:`nmt.train.runlog`) for the
    validation BLEU against wall-clock time and the training throughput (target tokens/s);
 3. times real training steps of the trained configuration
    (:func:`nmt.bench.timing.time_training`): target tokens/s, achieved TFLOP/s and model FLOPs
@@ -17,64 +17,41 @@ One run (under 8 minutes on an H200) that
 
 On the GPU machine run it through ``bash scripts/gpu_check.sh``, which first installs the
 Python packages the machine lacks from the wheels of ``make gpu-wheels``; ``scripts/
-gpu_check.py`` is the command line. This module imports only the standard library at load
-time: its wheel helpers run before those packages are there.
+gpu_check.py`` is the command line. This module holds the check's steps and the result
+they make; :mod:`nmt.bench.gpu_wheels` finds and installs those packages' wheels,
+:mod:`nmt.bench.gpu_check_report` prints the summary. All three import only the standard
+library at load time: the wheel helpers run before those packages are there.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
 import time
-import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nmt.bench.report import run_summary, table
+from nmt.bench.report import run_summary
 from nmt.bench.report import say as _say
+from nmt.environment import MULTI30K_MIRROR, child_environment, multi30k_source
 
 SCHEMA = "nmt-gpu-check/1"
-WHEELS_DIR = Path("scripts") / "gpu_wheels"  # in the repository: where make gpu-wheels puts them
 OUT = Path("outputs") / "gpu_check" / "gpu_check.json"  # in the repository: the default JSON
-MIRROR_ENV = "NMT_MULTI30K_MIRROR"
 MULTI30K_FILES = tuple(
     f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("de", "en")
 )
 TEST_SET = "test_2016_flickr"
 
-# Packages that nmt imports and a fresh GPU machine may lack: import name -> distribution.
-# They travel as wheels (make gpu-wheels). PyTorch, numpy, sentencepiece, sacrebleu and
-# tensorboard must already be installed there.
-WHEEL_PACKAGES = {
-    "hydra": "hydra-core",
-    "omegaconf": "omegaconf",
-    "antlr4": "antlr4-python3-runtime",
-    "yaml": "PyYAML",
-    "tqdm": "tqdm",
-    "matplotlib": "matplotlib",
-    "contourpy": "contourpy",
-    "cycler": "cycler",
-    "fontTools": "fonttools",
-    "kiwisolver": "kiwisolver",
-    "PIL": "pillow",
-    "pyparsing": "pyparsing",
-    "dateutil": "python-dateutil",
-    "tzdata": "tzdata",
-    "packaging": "packaging",
-}
-SOURCE_ONLY = {"antlr4-python3-runtime"}  # no wheel on the index: built from its sdist
+# Packages nmt imports that must be on the GPU machine already; the others come as
+# wheels (nmt.bench.gpu_wheels).
 PREINSTALLED = ("torch", "numpy", "sentencepiece", "sacrebleu", "tensorboard")
 RUNTIME_IMPORTS = (*PREINSTALLED, "hydra", "omegaconf", "yaml", "tqdm", "matplotlib.figure")
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
 class CheckFailed(RuntimeError):
@@ -101,127 +78,6 @@ class GpuCheckSettings:
 def say(msg: str) -> None:
     """Progress on stderr."""
     _say("gpu-check", msg)
-
-
-# ------------------------------------------------------------------------------ wheels
-
-
-def normalize(name: str) -> str:
-    """A distribution name as wheel file names spell it (PEP 503, underscores, lower case)."""
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
-def wheels_needed(
-    wheel_dir: Path, present: Callable[[str], bool] | None = None
-) -> tuple[list[Path], list[str]]:
-    """Wheels in ``wheel_dir`` for the packages this Python lacks, and the lacking ones
-    that have no wheel there."""
-    present = present or (lambda module: importlib.util.find_spec(module) is not None)
-    wanted = [dist for module, dist in WHEEL_PACKAGES.items() if not present(module)]
-    files = sorted(wheel_dir.glob("*.whl")) if wheel_dir.is_dir() else []
-    by_dist = {normalize(f.name.split("-", 1)[0]): f for f in files}
-    found = [by_dist[normalize(d)] for d in wanted if normalize(d) in by_dist]
-    absent = [d for d in wanted if normalize(d) not in by_dist]
-    return found, absent
-
-
-def wrong_python(wheels: Sequence[Path], version: tuple[int, int] | None = None) -> list[Path]:
-    """The wheels built for another CPython than this one (``cp312`` on Python 3.11)."""
-    major, minor = version or sys.version_info[:2]
-    ours = f"cp{major}{minor}"
-    bad = []
-    for wheel in wheels:
-        tags = wheel.name[: -len(".whl")].split("-")[-3].split(".")
-        if not any(t.startswith("py") or t == ours for t in tags):
-            bad.append(wheel)
-    return bad
-
-
-def missing_wheels_message(wheel_dir: Path, absent: Sequence[str]) -> str:
-    where = f"{wheel_dir} has no wheel for them" if wheel_dir.is_dir() else f"{wheel_dir} is absent"
-    return (
-        f"error: this Python ({sys.executable}, {sys.version.split()[0]}) lacks "
-        f"{', '.join(absent)}, and {where}. Run `make gpu-wheels` on a machine with network "
-        f"access and bring {WHEELS_DIR}/ along with the repository, or "
-        "set NMT_GPU_WHEELS to a folder holding those wheels."
-    )
-
-
-def wheels_to_install(wheel_dir: Path) -> list[Path]:
-    """The wheels of ``wheel_dir`` that this Python needs; CheckFailed says what is missing
-    (no wheel for a package it lacks, or wheels for another Python)."""
-    found, absent = wheels_needed(wheel_dir)
-    if absent:
-        raise CheckFailed(missing_wheels_message(wheel_dir, absent))
-    bad = wrong_python(found)
-    if bad:
-        raise CheckFailed(
-            f"error: {', '.join(w.name for w in bad)} in {wheel_dir} are not for this "
-            f"Python ({sys.executable}, {sys.version.split()[0]}): run `make gpu-wheels "
-            f"GPU_PYTHON_VERSION={sys.version_info[0]}.{sys.version_info[1]}` for it"
-        )
-    return found
-
-
-def unpack_wheel(wheel: Path, site: Path) -> None:
-    """Install a wheel by extracting it into ``site`` (what pip does for a --target install,
-    without scripts, headers and data files)."""
-    root = site.resolve()
-    with zipfile.ZipFile(wheel) as z:
-        for info in z.infolist():
-            parts = info.filename.split("/")
-            if parts[0].endswith(".data"):
-                if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
-                    continue
-                parts = parts[2:]
-            target = root.joinpath(*parts).resolve()
-            if root not in target.parents:
-                raise CheckFailed(f"{wheel.name}: entry {info.filename!r} leaves the target")
-            if info.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with z.open(info) as src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            mode = (info.external_attr >> 16) & 0o777
-            if mode:
-                target.chmod(mode | 0o600)
-
-
-def installed_version(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        raise CheckFailed(
-            f"{dist} is not installed in this Python ({sys.executable}): run `make install` first"
-        ) from None
-
-
-def fetch_wheels(dest: Path, python_version: str) -> list[Path]:
-    """Download (or build) the wheels, pinned to the versions installed here."""
-    pins = {dist: installed_version(dist) for dist in WHEEL_PACKAGES.values()}
-    dest.mkdir(parents=True, exist_ok=True)
-    for old in dest.glob("*.whl"):
-        old.unlink()
-    pip = [sys.executable, "-m", "pip"]
-    binary = [f"{d}=={v}" for d, v in pins.items() if d not in SOURCE_ONLY]
-    platforms = [arg for plat in PLATFORMS for arg in ("--platform", plat)]
-    subprocess.run(
-        [*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", python_version,
-         "--implementation", "cp", *platforms, "-d", str(dest), *binary],
-        check=True,
-    )  # fmt: skip
-    for dist in SOURCE_ONLY:
-        subprocess.run(
-            [*pip, "wheel", "--no-deps", f"{dist}=={pins[dist]}", "-w", str(dest)], check=True
-        )
-    wheels = sorted(dest.glob("*.whl"))
-    _, absent = wheels_needed(dest, present=lambda _module: False)
-    if absent:
-        raise CheckFailed(f"no wheel came for: {', '.join(absent)}")
-    return wheels
 
 
 # ------------------------------------------------------------------------------ preconditions
@@ -262,11 +118,11 @@ def corpus_problem(data_root: Path, mirror: str | None) -> str | None:
     missing = [f for f in MULTI30K_FILES if not any((p / f).is_file() for p in places)]
     if not missing:
         return None
-    mirror_text = f"{MIRROR_ENV}={mirror}" if mirror else f"{MIRROR_ENV} is not set"
+    mirror_text = f"{MULTI30K_MIRROR}={mirror}" if mirror else f"{MULTI30K_MIRROR} is not set"
     return (
         f"error: Multi30k not found: {mirror_text} and {local} lacks {', '.join(missing)}. "
         f"Bring {local.relative_to(data_root.parent)}/ along (any "
-        f"training run fills it) or set {MIRROR_ENV} to a directory holding "
+        f"training run fills it) or set {MULTI30K_MIRROR} to a directory holding "
         f"{', '.join(MULTI30K_FILES)}."
     )
 
@@ -286,11 +142,11 @@ def tokens_per_s(windows: list[dict[str, Any]]) -> dict[str, float] | None:
 
 
 def run_history(events: list[dict[str, Any]], started: float) -> dict[str, Any]:
-    """What the check reports of a training run, from its events (:func:`nmt.runlog.
+    """What the check reports of a training run, from its events (:func:`nmt.train.runlog.
     read_events`): validation BLEU over time, the log windows' throughput, epochs, the averaged
     checkpoint. ``wall_s`` is seconds since the training process started (Unix time
     ``started``); ``since_train_start_s`` since the run's ``start`` event."""
-    from nmt.runlog import of_kind
+    from nmt.train.runlog import of_kind
 
     def wall(e: dict[str, Any]) -> float:
         return round(e["time"] - started, 2)
@@ -350,7 +206,7 @@ def run_history(events: list[dict[str, Any]], started: float) -> dict[str, Any]:
 def stream(cmd: Sequence[str], cwd: Path, log_file: Path) -> int:
     """Run ``cmd`` in ``cwd``, echo its output to stderr and copy it into ``log_file``;
     returns the exit status."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = child_environment(PYTHONUNBUFFERED="1")
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(
@@ -393,7 +249,7 @@ def run_training(s: GpuCheckSettings, run_dir: Path) -> dict[str, Any]:
     rc = stream(cmd, s.repo, run_dir.parent / f"{run_dir.name}.console.log")
     if rc != 0:
         raise CheckFailed(f"training failed (exit status {rc}); its log: {run_dir}/train.log")
-    from nmt.runlog import METRICS_FILE, read_events
+    from nmt.train.runlog import METRICS_FILE, read_events
 
     events = read_events(run_dir)
     summary = run_summary(run_dir)
@@ -407,7 +263,7 @@ def run_training(s: GpuCheckSettings, run_dir: Path) -> dict[str, Any]:
 def model_class(run_dir: Path) -> str:
     """The class name of the run's model (its config's ``model.arch``)."""
     from nmt.models.registry import MODELS
-    from nmt.trained import load_run_config
+    from nmt.store.gate import load_run_config
 
     arch = load_run_config(run_dir).model.arch
     return MODELS[arch].__name__ if arch in MODELS else str(arch)
@@ -429,15 +285,15 @@ def run_bench(
     from omegaconf import OmegaConf
 
     from nmt.bench.timing import StepSettings, time_training
-    from nmt.checkpoint import load_checkpoint
-    from nmt.data.prepare import prepare_data
+    from nmt.data.datasets import prepare_data
     from nmt.data.tokenizer import TokenizerPair
+    from nmt.store.checkpoint import load_checkpoint
 
     payload = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     cfg = OmegaConf.create(payload["config"])
     tokenizers = TokenizerPair.from_state_dict(payload["tokenizers"])
     del payload
-    data = prepare_data(cfg.data, tokenizers)
+    data = prepare_data(cfg.data, tokenizers, multi30k_source())
     steps = StepSettings(device, s.bench_steps, s.bench_warmup)
     say(f"bench: {s.bench_warmup} + {s.bench_steps} training steps in {precision}")
     return time_training(cfg, data, precision, steps, peak_tflops)
@@ -463,7 +319,7 @@ def machine_info(device: Any) -> dict[str, Any]:
 
     import torch
 
-    from nmt.runtime import device_name
+    from nmt.runtime.device import device_name
 
     info: dict[str, Any] = {
         "device": str(device),
@@ -482,7 +338,7 @@ def machine_info(device: Any) -> dict[str, Any]:
     return info
 
 
-# ------------------------------------------------------------------------------ report
+# ------------------------------------------------------------------------------ scores and goal
 
 
 def test_scores(evaluation: dict[str, Any]) -> dict[str, Any]:
@@ -517,71 +373,6 @@ def goal(result: dict[str, Any], target: float) -> dict[str, Any]:
     }
 
 
-def _fmt(x: float | None, spec: str, none: str = "-") -> str:
-    return none if x is None else format(x, spec)
-
-
-def report(result: dict[str, Any]) -> str:
-    m, train = result["machine"], result["training"]
-    summary = train["summary"]
-    peak = result["peak"]
-    lines = [
-        f"device: {m['device_name']} ({m['device']}), torch {m['torch']}, python {m['python']}",
-        f"matmul peak ({result['precision']}, measured): {peak['tflops']:.1f} TFLOP/s",
-        "",
-        f"training: {train['model'].get('parameters', 0):,} parameters, "
-        f"{summary['step']} updates, {summary['epoch']} epochs, "
-        f"{summary['train_time']:.0f} s of training; {summary['stop_reason']}",
-        "validation BLEU over time (greedy, validation split; wall s since training began):",
-    ]
-    rows = [
-        [f"{v['since_train_start_s']:.0f}", str(v["step"]), f"{v['bleu']:.2f}",
-         f"{v['chrf']:.2f}", f"{v['loss']:.3f}"]
-        for v in train["validation_history"]
-    ]  # fmt: skip
-    lines.append(table(["wall s", "step", "BLEU", "chrF", "loss"], rows))
-    if train["averaged"]:
-        avg = train["averaged"]
-        lines.append(f"averaged {len(avg['checkpoints'])} checkpoints: validation BLEU "
-                     f"{avg['bleu']:.2f}")  # fmt: skip
-    tps = train["tgt_tokens_per_s"]
-    lines += ["", "throughput (target tokens/s):"]
-    rows = []
-    if tps:
-        mfu = result.get("train_mfu")
-        achieved = result.get("train_achieved_tflops")
-        rows.append(["training (log)", f"{tps['median']:.0f}", _fmt(achieved, ".3g"),
-                     _fmt(mfu, ".1%")])  # fmt: skip
-    b = result.get("bench")
-    if b:
-        rows.append([f"bench ({b['steps']} steps)", f"{b['tgt_tokens_per_s']:.0f}",
-                     f"{b['achieved_tflops']:.3g}", f"{b['mfu']:.1%}"])  # fmt: skip
-    lines.append(table(["", "tgt tok/s", "TFLOP/s", "MFU"], rows))
-    lines.append("")
-    for name, t in (result.get("test") or {}).items():
-        ev = result["evaluation"]
-        opts = ev.get("options", {})
-        lines.append(
-            f"test {name}: BLEU {t['bleu']:.2f}, chrF {_fmt(t['chrf'], '.2f')} "
-            f"({Path(ev['checkpoint']).name}, beam {opts.get('beam')}, {t['sentences']} sentences)"
-        )
-    g = result["goal"]
-    first = g["first_validation_at_target"]
-    if first:
-        lines.append(
-            f"validation BLEU first reached {g['target_bleu']:g} at step {first['step']}, "
-            f"{first['since_train_start_s']:.0f} s after training began"
-        )
-    verdict = "MET" if g["met"] else "NOT MET"
-    lines.append(
-        f"goal: {g['target_bleu']:g} BLEU on {g['test_set']} in {_fmt(g['train_seconds'], '.0f')} s"
-        f" of training: {verdict} ({_fmt(g['test_bleu'], '.2f')})"
-    )
-    phases = ", ".join(f"{k} {v:.0f} s" for k, v in result["phase_seconds"].items())
-    lines.append(f"time: {phases}; total {result['seconds']:.0f} s")
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------------------ main
 
 
@@ -594,7 +385,8 @@ def preconditions(s: GpuCheckSettings) -> None:
             "the wheels of `make gpu-wheels` (bash scripts/gpu_check.sh installs them)"
         )
     if uses_multi30k(s.override):
-        problem = corpus_problem(s.repo / "data", os.environ.get(MIRROR_ENV, "").strip() or None)
+        mirror = multi30k_source().mirror
+        problem = corpus_problem(s.repo / "data", str(mirror) if mirror else None)
         if problem:
             raise CheckFailed(problem)
 
@@ -606,7 +398,7 @@ def run_check(s: GpuCheckSettings) -> dict[str, Any]:
     preconditions(s)
     import torch
 
-    from nmt.precision import resolve_precision
+    from nmt.runtime.precision import resolve_precision
 
     device = torch.device(s.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from nmt.bench.memory import load_average
-from nmt.runtime import cpu_model, device_name, native_bf16
+from nmt.runtime.device import cpu_model, device_name, native_bf16
 
 # the dtype of each training precision, for the matmul peak measured in it
 PRECISION_DTYPES = {"32": torch.float32, "bf16": torch.bfloat16, "16": torch.float16}

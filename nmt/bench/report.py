@@ -1,5 +1,5 @@
 """What the benchmarks print and write: progress lines, text tables, JSON files, and the
-summary of a training run (read through :mod:`nmt.runlog`).
+summary of a training run (read through :mod:`nmt.train.runlog`).
 
 Standard library only at import time (the GPU check loads it before its wheels are installed).
 """
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nmt.runlog import SUMMARY_FILE, read_events, summarize
+from nmt.train.runlog import SUMMARY_FILE, read_events, summarize
 
 
 class SetupError(Exception):

@@ -30,9 +30,10 @@ from typing import Any
 
 from nmt.bench.report import run_summary
 from nmt.config import to_container
-from nmt.evaluate import options_tag
-from nmt.search import DecodeOptions
-from nmt.trained import chosen_checkpoint, load_run_config, run_decode_defaults
+from nmt.decode.options import DecodeOptions
+from nmt.evaluate.scoring import options_tag
+from nmt.store.gate import load_run_config
+from nmt.store.paths import chosen_checkpoint, run_decode_defaults
 
 TEST_SET = "test_2016_flickr"
 
@@ -101,7 +102,8 @@ def decoding_text(decode: dict[str, Any]) -> str:
 
 
 def decode_tag(decode: dict[str, Any]) -> str:
-    """The file tag ``make eval`` gives the run's own decoding (nmt.evaluate.options_tag)."""
+    """The file tag ``make eval`` gives the run's own decoding
+    (:func:`nmt.evaluate.scoring.options_tag`)."""
     opts = DecodeOptions(
         beam=int(decode.get("beam", 1)), length_penalty=float(decode.get("length_penalty", 1.0))
     )

@@ -29,7 +29,7 @@ from typing import Any
 
 from nmt.bench.memory import kill_tree, load_average, rss
 from nmt.bench.report import run_summary
-from nmt.runlog import of_kind, read_events
+from nmt.train.runlog import of_kind, read_events
 
 # events written after the training loop: the averaged checkpoint, the end of the run
 AFTER_TRAINING = ("averaged", "end")

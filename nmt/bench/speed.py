@@ -5,10 +5,10 @@ Measures, in one run on one device (CPU or CUDA):
 * the machine: device name, torch version and threads, and the matrix-product peak in fp32
   and bf16 (large square products, median of several samples), against which model FLOPs
   utilisation is computed;
-* training, per model and precision: a real optimizer step (``nmt.train.train_step``) on
+* training, per model and precision: a real optimizer step (``nmt.train.step.train_step``) on
   token batches of the training split (``TokenBatchSampler``, ``data.max_tokens``), timed per
   step after a warm-up; target and source+target tokens/s (non-pad), model FLOPs per target
-  token (:mod:`nmt.flops`, padding excluded), achieved FLOP/s and its share of the measured
+  token (:mod:`nmt.bench.flops`, padding excluded), achieved FLOP/s and its share of the measured
   peak, peak memory and padding share;
 * decoding on the test split: greedy and beam search, batched and one sentence at a time, and
   for the Transformer greedy search without its incremental cache (the whole model re-run on
@@ -41,12 +41,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from nmt.bench.machine import (
-    MatmulSettings,
-    busy_warning,
-    load_average_or_none,
-    machine_info,
-)
+from nmt.bench.machine import MatmulSettings, busy_warning, load_average_or_none, machine_info
 from nmt.bench.report import SetupError, table
 from nmt.bench.report import say as _say
 from nmt.bench.timing import (
@@ -60,12 +55,14 @@ from nmt.bench.timing import (
     run_stats,
     time_training,
 )
+from nmt.cli import config_dir
 from nmt.config import to_container
-from nmt.data.prepare import PreparedData, prepare_data
-from nmt.precision import resolve_precision
-from nmt.runtime import config_dir, native_bf16, pick_device
-from nmt.search import DecodeOptions
-from nmt.trained import build_model
+from nmt.data.datasets import PreparedData, prepare_data
+from nmt.decode.options import DecodeOptions
+from nmt.environment import multi30k_source
+from nmt.runtime.device import native_bf16, pick_device
+from nmt.runtime.precision import resolve_precision
+from nmt.store.loading import build_model
 
 MODELS = ("transformer", "gru_bahdanau")
 SCHEMA = "nmt-bench/1"
@@ -75,9 +72,9 @@ DEFINITIONS = {
     "tgt_tokens_per_s": "non-pad target tokens (target + EOS) per second of a training step, "
     "batch building included; median over the timed steps",
     "src_tgt_tokens_per_s": "non-pad source (with EOS) plus target tokens per second",
-    "train_flops_per_tgt_token": "3 x forward matmul FLOPs (nmt.flops) for the unpadded lengths "
-    "of each sentence, per target token; causal self-attention counted as the full T x T the "
-    "model computes; embeddings, norms, softmax and loss not counted",
+    "train_flops_per_tgt_token": "3 x forward matmul FLOPs (nmt.bench.flops) for the unpadded "
+    "lengths of each sentence, per target token; causal self-attention counted as the full T x T "
+    "the model computes; embeddings, norms, softmax and loss not counted",
     "mfu": "achieved FLOP/s (median over steps) / matmul peak measured in this run in the "
     "training precision",
     "memory_growth_bytes": "CUDA: max_memory_allocated minus the level before the model was "
@@ -273,7 +270,7 @@ class DataCache:
         key = OmegaConf.to_yaml(cfg.data, resolve=True)
         if key not in self._data:
             say(f"preparing data {cfg.data.name}")
-            self._data[key] = prepare_data(cfg.data)
+            self._data[key] = prepare_data(cfg.data, source=multi30k_source())
         return self._data[key]
 
 

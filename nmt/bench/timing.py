@@ -1,8 +1,8 @@
 """Timed training steps and decoding runs, shared by the benchmarks.
 
-Training: real optimizer steps (``nmt.train.train_step``) of a freshly built model on token
+Training: real optimizer steps (``nmt.train.step.train_step``) of a freshly built model on token
 batches of the training split, timed one by one after a warm-up, with model FLOPs
-(:mod:`nmt.flops`), peak memory and padding. Decoding: the library's search over a test set
+(:mod:`nmt.bench.flops`), peak memory and padding. Decoding: the library's search over a test set
 (detokenization included) and, as the baseline of the incremental cache, a greedy search that
 re-runs the whole model on the growing prefix at every step.
 """
@@ -22,24 +22,24 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from nmt.bench.flops import TRAIN_FACTOR, forward_flops_breakdown
 from nmt.bench.machine import synchronize
 from nmt.bench.memory import PeakMemory
+from nmt.cli import config_dir
 from nmt.config import register_configs, to_container
 from nmt.data.batching import TokenBatchSampler, TokenDataset, make_batch, padding_share
-from nmt.data.prepare import EvalSet, PreparedData, load_test_sets
+from nmt.data.datasets import EvalSet, PreparedData, load_test_sets
 from nmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
-from nmt.flops import TRAIN_FACTOR, forward_flops_breakdown
+from nmt.decode.options import DecodeOptions
+from nmt.decode.search import decode_batches, decode_dataset
+from nmt.environment import multi30k_source
 from nmt.models.base import Seq2Seq
-from nmt.optim import build_optimizer, build_scheduler
-from nmt.precision import resolve_precision
-from nmt.runtime import DistInfo, autocast, config_dir
-from nmt.search import (
-    DecodeOptions,
-    decode_batches,
-    decode_dataset,
-)
-from nmt.train import train_step
-from nmt.trained import build_model, load_trained
+from nmt.runtime.device import autocast
+from nmt.runtime.distributed import DistInfo
+from nmt.runtime.precision import resolve_precision
+from nmt.store.loading import build_model, load_trained
+from nmt.train.optim import build_optimizer, build_scheduler
+from nmt.train.step import train_step
 
 TEST_SET = "test_2016_flickr"
 COMPILE_WARMUP = 3  # extra untimed steps for torch.compile: first shapes, then dynamic ones
@@ -262,7 +262,7 @@ def decode_subject(
     if path is None:
         torch.manual_seed(cfg.trainer.seed)
         net = build_model(cfg, data.tokenizers).to(device).eval()
-        test = test_set(load_test_sets(cfg.data, data.tokenizers))
+        test = test_set(load_test_sets(cfg.data, data.tokenizers, multi30k_source()))
         config = to_container(cfg.model)
         return DecodeSubject(net, data.tokenizers.tgt, test, "random", None, None, config)
     say(f"decoding {model} with {path}")
@@ -270,7 +270,7 @@ def decode_subject(
     data_cfg = copy.deepcopy(trained.cfg.data)
     if data_cfg.corpus == "multi30k":
         data_cfg.root = str(s.data_root)
-    test = test_set(load_test_sets(data_cfg, trained.tokenizers))
+    test = test_set(load_test_sets(data_cfg, trained.tokenizers, multi30k_source()))
     config = OmegaConf.to_container(trained.cfg.model, resolve=True)
     return DecodeSubject(
         trained.model, trained.tokenizers.tgt, test, "trained", str(path), trained.step, config

@@ -1,29 +1,15 @@
-"""Training corpora prepared once into memory-mappable arrays: ``nmt-prepare``.
+"""Building the prepared training data (``nmt-prepare``, or a run that finds none).
 
 A preparation streams the training corpora (``data.train``, one or several), cleans them as
 :func:`~nmt.data.corpus.clean_pairs` does, trains sentencepiece on ``data.spm_sample`` pairs
 drawn uniformly in one pass (unless tokenizers are given), encodes chunks of pairs in
 ``data.num_workers`` processes, drops pairs over the length limits, and appends the ids to
-flat arrays on disk. Memory is bounded by the chunk and sample sizes, not by the corpus.
+flat arrays on disk. Memory is bounded by the chunk and sample sizes, not by the corpus. The
+format and its checks are :mod:`nmt.data.cache`'s.
 
-The result is a directory ``<data.root>/cache/prepared/<key>/``:
-
-* ``{src,tgt}.tokens.npy``: every kept sentence's ids, one after the other (uint16 when the
-  vocabulary has at most 65,536 entries, else int32);
-* ``{src,tgt}.lengths.npy`` (int32, one per pair) and ``{src,tgt}.offsets.npy`` (int64, one
-  more: sentence ``i`` is ``tokens[offsets[i]:offsets[i + 1]]``);
-* the sentencepiece model(s), ``spm.model`` (joint) or ``src.model`` and ``tgt.model``;
-* ``manifest.json``: format version, the key's inputs (every input file's size and sha256,
-  every option that changes the result), counts and cleaning statistics per corpus, the
-  tokenizers' sha256, and each array's dtype, shape, size, sha256 and the sha256 of its last
-  bytes.
-
-The key is the sha256 of the manifest's inputs, like the sentencepiece cache's. The
-directory is built under a temporary name beside it, fully verified, and renamed into place,
-so a killed preparation never leaves a directory under a final name. Opening checks sizes,
-shapes, counts, offsets and the arrays' last bytes (fast at any size); ``verify=True``
-(``nmt-prepare --verify``) also checks every checksum and the arrays' contents. A directory
-that fails is reported, naming the file and the problem, and rebuilt.
+The directory is built under a temporary name beside its final one, fully verified, and
+renamed into place, so a killed preparation never leaves a directory under a final name. A
+directory that fails its checks is reported, naming the file and the problem, and rebuilt.
 
 Nothing here imports torch: the preparing process and its workers stay small.
 """
@@ -39,404 +25,50 @@ import multiprocessing
 import os
 import shutil
 import socket
-import struct
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nmt.atomic import atomic_write_bytes, fsync_dir
+from nmt.atomic import atomic_write_bytes, fsync_dir, sha256_range
 from nmt.cli import usable_cores
-from nmt.config import train_corpora
-from nmt.data.corpus import (
-    DataError,
-    clean_pairs,
-    fetch_multi30k,
-    iter_parallel_blocks,
-    resolve_pair,
-    sha256_file,
+from nmt.data.cache import (
+    FORMAT,
+    HEADER_BYTES,
+    MANIFEST,
+    SAMPLE_SEED,
+    SIDES,
+    CacheError,
+    InputFingerprints,
+    PreparedCache,
+    Spec,
+    _given,
+    _npy_header,
+    _recipe,
+    _spec,
+    _tail_range,
+    _tokenizer_hashes,
+    open_prepared,
 )
-from nmt.data.tokenizer import _CACHE_VERSION as SPM_RECIPE_VERSION
+from nmt.data.corpus import (
+    clean_pairs,
+    iter_parallel_blocks,
+)
+from nmt.data.splits import Split, TrainSplit, filter_by_length, no_data_error, resolve_train
 from nmt.data.tokenizer import Tokenizer, TokenizerPair, train_tokenizers
+from nmt.environment import Multi30kSource
 
 try:
     import fcntl
 except ImportError:  # not POSIX: no locks; concurrent preparations each build, one rename wins
     fcntl = None  # type: ignore[assignment]
 
-log = logging.getLogger("nmt.data")
-
-FORMAT = "nmt-prepared/1"  # bump when the layout or the cleaning rules change
-SAMPLE_SEED = 20240901  # the sentencepiece sample's random draw (part of the key)
+log = logging.getLogger(__name__)
 CHUNK_PAIRS = 20_000  # pairs encoded per task
 SMALL_INPUT_BYTES = 16 << 20  # data.num_workers=0: inputs this small are encoded in process
-HEADER_BYTES = 128  # the .npy header, written with room for any shape
-TAIL_BYTES = 1 << 16  # the last bytes of each array, checked at every open
-SIDES = ("src", "tgt")
-KINDS = ("tokens", "lengths", "offsets")
-MANIFEST = "manifest.json"
-
-
-class CacheError(DataError):
-    """A prepared-data directory that cannot be trusted; the message names file and problem."""
-
-
-# --------------------------------------------------------------------------- corpora
-
-
-@dataclass
-class Split:
-    """A parallel split: its display name and its two files."""
-
-    name: str
-    src_path: Path
-    tgt_path: Path
-
-
-@dataclass
-class TrainSplit(Split):
-    """A training corpus and its sampling weight (``data.train``)."""
-
-    weight: float = 1.0
-
-
-def resolve_splits(cfg: Any, names: Sequence[str]) -> list[Split]:
-    """The files of the named splits (fetching Multi30k if needed)."""
-    if cfg.corpus == "multi30k":
-        base = fetch_multi30k(Path(cfg.root), [cfg.src_lang, cfg.tgt_lang], dict.fromkeys(names))
-        prefixes: list[str | Path] = [base / name for name in names]
-    elif cfg.corpus == "parallel":
-        prefixes = list(names)
-    else:
-        raise DataError(f"data.corpus={cfg.corpus!r} is not one of: multi30k, parallel")
-    return [
-        Split(Path(str(p)).name, *resolve_pair(p, cfg.src_lang, cfg.tgt_lang)) for p in prefixes
-    ]
-
-
-def resolve_train(cfg: Any) -> list[TrainSplit]:
-    """The training corpora of ``data.train`` with their weights."""
-    corpora = train_corpora(cfg.train)
-    splits = resolve_splits(cfg, [c.prefix for c in corpora])
-    names = [s.name for s in splits]
-    unique = len(set(names)) == len(names)
-    return [
-        TrainSplit(s.name if unique else c.prefix, s.src_path, s.tgt_path, c.weight)
-        for s, c in zip(splits, corpora, strict=True)
-    ]
-
-
-def no_data_error(split: Split, stats: dict, cfg: Any) -> DataError:
-    """Nothing left of a training corpus after cleaning and filtering."""
-    return DataError(
-        f"no training pairs left from {split.src_path} / {split.tgt_path}: read "
-        f"{stats['read']}, dropped {stats['dropped_empty']} with an empty side, "
-        f"{stats.get('dropped_too_long', 0)} longer than data.max_len={cfg.max_len} tokens, "
-        f"{stats.get('dropped_ratio', 0)} with a length ratio above "
-        f"data.max_len_ratio={cfg.max_len_ratio}"
-    )
-
-
-def filter_by_length(
-    src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int, max_len_ratio: float
-) -> tuple[np.ndarray, dict]:
-    """Indices of pairs within ``max_len`` tokens per side and ``max_len_ratio``; drop counts.
-
-    A pair over the length limit counts as ``dropped_too_long`` only, even if its ratio is bad.
-    """
-    s = np.asarray(src_lens, dtype=np.int64)  # (N,)
-    t = np.asarray(tgt_lens, dtype=np.int64)  # (N,)
-    too_long = (s > max_len) | (t > max_len)
-    ratio = np.maximum(s, t) / np.maximum(np.minimum(s, t), 1)
-    bad_ratio = ~too_long & (ratio > max_len_ratio)
-    keep = np.flatnonzero(~(too_long | bad_ratio))
-    return keep, {"dropped_too_long": int(too_long.sum()), "dropped_ratio": int(bad_ratio.sum())}
-
-
-# --------------------------------------------------------------------------- fingerprints
-
-
-class InputFingerprints:
-    """Size and sha256 of input files, remembered by their ``stat`` in a small JSON file.
-
-    A file whose device, inode, size, modification and change times are unchanged is not read
-    again (an edit changes its change time, which no tool can set back); ``rehash`` reads
-    every file regardless.
-    """
-
-    def __init__(self, memo: Path, rehash: bool = False) -> None:
-        self.memo, self.rehash = memo, rehash
-        self.entries: dict[str, dict] = {}
-        self.changed = False
-        with contextlib.suppress(OSError, ValueError):
-            loaded = json.loads(memo.read_text())
-            if isinstance(loaded, dict):
-                self.entries = loaded
-
-    def get(self, path: Path) -> dict:
-        """``{"size", "sha256"}`` of ``path``."""
-        st = path.stat()
-        key = str(path.resolve())
-        sig = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-        entry = self.entries.get(key)
-        if not self.rehash and isinstance(entry, dict) and entry.get("stat") == sig:
-            return {"size": st.st_size, "sha256": str(entry["sha256"])}
-        digest = sha256_file(path)
-        self.entries[key] = {"stat": sig, "sha256": digest}
-        self.changed = True
-        return {"size": st.st_size, "sha256": digest}
-
-    def save(self) -> None:
-        """Write the memo (atomically), keeping only files that still exist."""
-        if not self.changed:
-            return
-        kept = {k: v for k, v in self.entries.items() if Path(k).exists()}
-        with contextlib.suppress(OSError):
-            atomic_write_bytes(self.memo, json.dumps(kept, indent=0, sort_keys=True).encode())
-        self.changed = False
-
-
-# --------------------------------------------------------------------------- the key
-
-
-@dataclass
-class Spec:
-    """Everything that determines a prepared directory's contents, and its key."""
-
-    inputs: list[dict]  # per corpus: name, src/tgt path, size, sha256
-    options: dict  # length filter and tokenizer (trained recipe or given models' sha256)
-
-    @property
-    def key(self) -> str:
-        contents = [{"src": i["src"]["sha256"], "tgt": i["tgt"]["sha256"]} for i in self.inputs]
-        sizes = [{"src": i["src"]["size"], "tgt": i["tgt"]["size"]} for i in self.inputs]
-        blob = {"format": FORMAT, "inputs": contents, "sizes": sizes, "options": self.options}
-        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
-
-
-def _recipe(cfg: Any) -> dict:
-    """The options of a sentencepiece model trained by a preparation."""
-    return {
-        "trained": {
-            "joint": bool(cfg.joint_vocab),
-            "vocab_size": int(cfg.vocab_size),
-            "model_type": str(cfg.spm_model_type),
-            "character_coverage": float(cfg.character_coverage),
-            "spm_sample": int(cfg.spm_sample),
-            "sample_seed": SAMPLE_SEED,
-            "spm_recipe": SPM_RECIPE_VERSION,
-        }
-    }
-
-
-def _given(tokenizers: TokenizerPair) -> dict:
-    return {"given": _tokenizer_hashes(tokenizers)}
-
-
-def _tokenizer_hashes(tokenizers: TokenizerPair) -> dict:
-    return {
-        "joint": tokenizers.joint,
-        "src": hashlib.sha256(tokenizers.src.proto).hexdigest(),
-        "tgt": hashlib.sha256(tokenizers.tgt.proto).hexdigest(),
-    }
-
-
-def _spec(cfg: Any, corpora: Sequence[TrainSplit], prints: InputFingerprints, tok: dict) -> Spec:
-    inputs = [
-        {
-            "name": c.name,
-            "src": {"path": str(c.src_path), **prints.get(c.src_path)},
-            "tgt": {"path": str(c.tgt_path), **prints.get(c.tgt_path)},
-        }
-        for c in corpora
-    ]
-    options = {
-        "max_len": int(cfg.max_len),
-        "max_len_ratio": float(cfg.max_len_ratio),
-        "tokenizer": tok,
-    }
-    return Spec(inputs, options)
-
-
-# --------------------------------------------------------------------------- opened caches
-
-
-@dataclass
-class PreparedCache:
-    """An opened prepared directory: its manifest, tokenizers and memory-mapped arrays."""
-
-    path: Path
-    manifest: dict
-    tokenizers: TokenizerPair
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)  # "src.tokens" -> memmap
-    splits: list[TrainSplit] = field(default_factory=list)  # the files it was asked for
-
-    @property
-    def corpora(self) -> list[dict]:
-        """Per corpus, in order: ``name``, ``start`` (first pair), ``pairs``, ``stats``."""
-        return self.manifest["corpora"]
-
-    @property
-    def pairs(self) -> int:
-        return int(self.manifest["pairs"])
-
-    def side(self, side: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(tokens, offsets, lengths) of ``side`` ("src" or "tgt")."""
-        a = self.arrays
-        return a[f"{side}.tokens"], a[f"{side}.offsets"], a[f"{side}.lengths"]
-
-    @property
-    def stats(self) -> dict:
-        """Cleaning statistics summed over the corpora (the keys of one corpus's)."""
-        total = dict.fromkeys(
-            ("read", "dropped_empty", "dropped_too_long", "dropped_ratio", "kept"), 0
-        )
-        for c in self.corpora:
-            for k in total:
-                total[k] += int(c["stats"][k])
-        return total
-
-
-def _npy_header(dtype: np.dtype, n: int) -> bytes:
-    """A version 1.0 ``.npy`` header for a 1-D array, padded to HEADER_BYTES."""
-    d = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False}
-    text = repr({**d, "shape": (n,)}).encode("latin1")
-    room = HEADER_BYTES - 10  # magic (6), version (2), header length (2)
-    if len(text) + 1 > room:
-        raise ValueError(f"npy header for {n} elements does not fit in {HEADER_BYTES} bytes")
-    return b"\x93NUMPY\x01\x00" + struct.pack("<H", room) + text.ljust(room - 1) + b"\n"
-
-
-def _file_sha256(path: Path, start: int, end: int | None = None) -> str:
-    """sha256 of bytes ``[start, end)`` of a file, read a megabyte at a time."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        f.seek(start)
-        left = None if end is None else end - start
-        while left is None or left > 0:
-            chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
-            if not chunk:
-                break
-            h.update(chunk)
-            if left is not None:
-                left -= len(chunk)
-    return h.hexdigest()
-
-
-def _tail_range(info: dict) -> tuple[int, int]:
-    end = int(info["bytes"])
-    return max(HEADER_BYTES, end - TAIL_BYTES), end
-
-
-def _load_array(path: Path, info: dict, full: bool) -> np.ndarray:
-    """One array, checked against its manifest entry, memory-mapped read-only."""
-    try:
-        size = path.stat().st_size
-    except OSError as err:
-        raise CacheError(f"{path}: missing ({err.strerror})") from err
-    if size != int(info["bytes"]):
-        raise CacheError(f"{path}: {size} bytes, the manifest says {info['bytes']} (truncated?)")
-    try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise CacheError(f"{path}: not a readable .npy array ({err})") from err
-    if str(arr.dtype.str) != info["dtype"] or list(arr.shape) != list(info["shape"]):
-        raise CacheError(
-            f"{path}: holds {arr.dtype.str} {list(arr.shape)}, the manifest says "
-            f"{info['dtype']} {info['shape']}"
-        )
-    if _file_sha256(path, *_tail_range(info)) != info["tail_sha256"]:
-        raise CacheError(f"{path}: its last bytes do not match the manifest's checksum")
-    if full and _file_sha256(path, HEADER_BYTES) != info["sha256"]:
-        raise CacheError(f"{path}: sha256 does not match the manifest")
-    return arr
-
-
-def _check_side(cache: PreparedCache, side: str, full: bool) -> None:
-    """Offsets, lengths and token counts agree (all of them when ``full``)."""
-    tokens, offsets, lengths = cache.side(side)
-    n = cache.pairs
-    where = cache.path / f"{side}.offsets.npy"
-    if offsets.shape != (n + 1,) or lengths.shape != (n,):
-        raise CacheError(f"{where}: {offsets.shape[0]} offsets for {n} pairs")
-    if int(offsets[0]) != 0 or int(offsets[-1]) != tokens.shape[0]:
-        raise CacheError(
-            f"{where}: spans [{int(offsets[0])}, {int(offsets[-1])}), "
-            f"{side}.tokens.npy holds {tokens.shape[0]} ids"
-        )
-    if not full:
-        return
-    vocab = cache.manifest["tokenizers"][side]["vocab_size"]
-    max_len = cache.manifest["options"]["max_len"]
-    step = 1 << 20
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        span = np.diff(offsets[a : b + 1])
-        if not np.array_equal(span, lengths[a:b]) or (span > max_len).any():
-            raise CacheError(
-                f"{cache.path / f'{side}.lengths.npy'}: lengths disagree with the offsets or "
-                f"the length limit in pairs {a}-{b - 1}"
-            )
-    step = 1 << 24
-    for a in range(0, tokens.shape[0], step):
-        if int(tokens[a : a + step].max()) >= vocab:
-            raise CacheError(
-                f"{cache.path / f'{side}.tokens.npy'}: an id >= the vocabulary size {vocab}"
-            )
-
-
-def _load_tokenizers(path: Path, manifest: dict) -> TokenizerPair:
-    loaded = {}
-    for side in SIDES:
-        info = manifest["tokenizers"][side]
-        file = path / info["file"]
-        if side == "tgt" and manifest["tokenizers"]["joint"]:
-            loaded[side] = loaded["src"]
-            continue
-        try:
-            proto = file.read_bytes()
-        except OSError as err:
-            raise CacheError(f"{file}: missing ({err.strerror})") from err
-        if hashlib.sha256(proto).hexdigest() != info["sha256"]:
-            raise CacheError(f"{file}: sha256 does not match the manifest")
-        loaded[side] = Tokenizer.from_proto(proto, origin=str(file))
-    return TokenizerPair(loaded["src"], loaded["tgt"], bool(manifest["tokenizers"]["joint"]))
-
-
-def open_prepared(path: str | Path, full: bool = False, key: str | None = None) -> PreparedCache:
-    """Open a prepared directory after checking it (every checksum too when ``full``).
-
-    ``key``: the key its manifest must name (default: the directory's name). Raises
-    :class:`CacheError` naming the file and the problem.
-    """
-    path = Path(path)
-    key = path.name if key is None else key
-    man_path = path / MANIFEST
-    try:
-        manifest = json.loads(man_path.read_text())
-    except OSError as err:
-        raise CacheError(f"{man_path}: missing ({err.strerror})") from err
-    except ValueError as err:
-        raise CacheError(f"{man_path}: not valid JSON ({err})") from err
-    try:
-        if manifest.get("format") != FORMAT:
-            raise CacheError(f"{man_path}: format {manifest.get('format')!r}, expected {FORMAT}")
-        if manifest.get("key") != key:
-            raise CacheError(f"{man_path}: written for key {manifest.get('key')}, not {key}")
-        cache = PreparedCache(path, manifest, _load_tokenizers(path, manifest))
-        for name, info in manifest["arrays"].items():
-            cache.arrays[name] = _load_array(path / info["file"], info, full)
-        if sum(int(c["pairs"]) for c in cache.corpora) != cache.pairs:
-            raise CacheError(f"{man_path}: the corpora's pair counts do not add up to the total")
-        for side in SIDES:
-            _check_side(cache, side, full)
-    except (KeyError, TypeError, AttributeError) as err:
-        raise CacheError(f"{man_path}: incomplete manifest ({type(err).__name__}: {err})") from err
-    return cache
 
 
 # --------------------------------------------------------------------------- building
@@ -602,7 +234,7 @@ class _ArrayWriter:
             "bytes": HEADER_BYTES + self.n * self.dtype.itemsize,
             "sha256": self.sha.hexdigest(),
         }
-        info["tail_sha256"] = _file_sha256(self.path, *_tail_range(info))
+        info["tail_sha256"] = sha256_range(self.path, *_tail_range(info))
         return info
 
     def discard(self) -> None:
@@ -860,15 +492,19 @@ def _sweep(base: Path) -> None:
 
 
 def ensure_prepared(
-    cfg: Any, tokenizers: TokenizerPair | None = None, verify: bool = False
+    cfg: Any,
+    tokenizers: TokenizerPair | None = None,
+    verify: bool = False,
+    source: Multi30kSource | None = None,
 ) -> PreparedCache:
     """The prepared training data of a data config: opened if present and sound, else built.
 
     With ``tokenizers`` the data is encoded with them (the key holds their sha256); a
     directory prepared with a trained tokenizer that equals them serves as well. ``verify``
-    checks every checksum of an existing directory and re-reads the inputs' checksums.
+    checks every checksum of an existing directory and re-reads the inputs' checksums. Missing
+    Multi30k files are fetched from ``source``.
     """
-    corpora = resolve_train(cfg)
+    corpora = resolve_train(cfg, source)
     cache = _ensure(cfg, corpora, tokenizers, verify)
     cache.splits = corpora
     return cache

@@ -12,7 +12,6 @@ import gzip
 import hashlib
 import http.client
 import logging
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,16 +20,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-# fsync_dir and atomic_write_bytes are re-exported for the modules that import them from here
-from nmt.atomic import atomic_file, atomic_write_bytes, fsync_dir  # noqa: F401
+from nmt.atomic import atomic_file, sha256_file
 from nmt.cli import UserError
+from nmt.environment import MULTI30K_MIRROR, MULTI30K_URL, Multi30kSource
 
-log = logging.getLogger("nmt.data")
+log = logging.getLogger(__name__)
 
-MIRROR_ENV = "NMT_MULTI30K_MIRROR"
-URL_ENV = "NMT_MULTI30K_URL"
 # files are <base>/<split>.<lang>.gz; NMT_MULTI30K_URL replaces this base (an HTTP mirror)
-MULTI30K_BASE_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"
 MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
 MULTI30K_LANGS = ("en", "de", "fr", "cs")
 MULTI30K_SHA256 = {
@@ -59,14 +55,17 @@ class DataError(UserError):
 # --------------------------------------------------------------------------- Multi30k
 
 
-def fetch_multi30k(root: Path, langs: Iterable[str], splits: Iterable[str]) -> Path:
+def fetch_multi30k(
+    root: Path, langs: Iterable[str], splits: Iterable[str], source: Multi30kSource | None
+) -> Path:
     """Make verified Multi30k files ``<split>.<lang>.gz`` available; return ``root/multi30k``.
 
     A file already present with the right sha256 is used as is. Otherwise it is copied from
-    the directory named by ``NMT_MULTI30K_MIRROR`` or, if that is unset, downloaded from
-    ``NMT_MULTI30K_URL`` (default: the official URL). Files are written under a temporary name,
-    verified, then renamed, so a failed or partial transfer never appears under the final name;
-    temporary files that a killed transfer left are deleted first.
+    ``source.mirror`` or, without one, downloaded from ``source.url`` (the commands' source is
+    :func:`nmt.environment.multi30k_source`); with no ``source`` a missing file is an error.
+    Files are written under a temporary name, verified, then renamed, so a failed or partial
+    transfer never appears under the final name; temporary files that a killed transfer left
+    are deleted first.
     """
     langs, splits = list(langs), list(splits)
     _check_choices("split", splits, MULTI30K_SPLITS)
@@ -75,7 +74,7 @@ def fetch_multi30k(root: Path, langs: Iterable[str], splits: Iterable[str]) -> P
     dest_dir.mkdir(parents=True, exist_ok=True)
     for split in splits:
         for lang in langs:
-            _ensure_file(dest_dir, f"{split}.{lang}.gz", split, lang)
+            _ensure_file(dest_dir, f"{split}.{lang}.gz", split, lang, source)
     return dest_dir
 
 
@@ -87,16 +86,9 @@ def _check_choices(kind: str, values: Sequence[str], valid: Sequence[str]) -> No
         )
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _ensure_file(dest_dir: Path, name: str, split: str, lang: str) -> None:
+def _ensure_file(
+    dest_dir: Path, name: str, split: str, lang: str, source: Multi30kSource | None
+) -> None:
     """Leave a verified copy of ``name`` in ``dest_dir``."""
     dest = dest_dir / name
     expected = MULTI30K_SHA256[name]
@@ -106,30 +98,30 @@ def _ensure_file(dest_dir: Path, name: str, split: str, lang: str) -> None:
             return
         log.warning("%s has sha256 %s, expected %s: fetching it again", dest, actual, expected)
         dest.unlink()
-    mirror = os.environ.get(MIRROR_ENV, "").strip()
-    if mirror:
-        _copy_from_mirror(Path(mirror), dest, expected)
+    if source is None:
+        raise DataError(f"{dest} is missing, and no Multi30k source was given to fetch it from")
+    if source.mirror is not None:
+        _copy_from_mirror(Path(source.mirror), dest, expected)
     else:
-        _download(multi30k_url(split, lang), dest, expected)
+        _download(multi30k_url(source, split, lang), dest, expected)
 
 
-def multi30k_url(split: str, lang: str) -> str:
-    """The URL of ``<split>.<lang>.gz``: under ``$NMT_MULTI30K_URL`` if set, else the official."""
-    base = os.environ.get(URL_ENV, "").strip() or MULTI30K_BASE_URL
-    if not urllib.parse.urlsplit(base).scheme:
+def multi30k_url(source: Multi30kSource, split: str, lang: str) -> str:
+    """The URL of ``<split>.<lang>.gz`` under ``source.url``."""
+    if not urllib.parse.urlsplit(source.url).scheme:
         raise DataError(
-            f"{URL_ENV}={base!r} is not a URL: give the base URL of the Multi30k files, "
-            "e.g. https://host/multi30k (they are fetched as <base>/<split>.<lang>.gz)"
+            f"{MULTI30K_URL}={source.url!r} is not a URL: give the base URL of the Multi30k "
+            "files, e.g. https://host/multi30k (they are fetched as <base>/<split>.<lang>.gz)"
         )
-    return f"{base.rstrip('/')}/{split}.{lang}.gz"
+    return source.file_url(split, lang)
 
 
 def _copy_from_mirror(mirror: Path, dest: Path, expected: str) -> None:
     if not mirror.is_dir():
-        raise DataError(f"{MIRROR_ENV}={str(mirror)!r} is not a directory")
+        raise DataError(f"{MULTI30K_MIRROR}={str(mirror)!r} is not a directory")
     src = mirror / dest.name
     if not src.is_file():
-        raise DataError(f"{MIRROR_ENV}={str(mirror)!r} has no file {dest.name!r} ({src})")
+        raise DataError(f"{MULTI30K_MIRROR}={str(mirror)!r} has no file {dest.name!r} ({src})")
     log.info("copying %s -> %s", src, dest)
     with open(src, "rb") as fin:
         _write_verified(fin, dest, expected, origin=str(src))
@@ -143,9 +135,10 @@ def _download(url: str, dest: Path, expected: str) -> None:
             _write_verified(resp, dest, expected, origin=url, size=int(size) if size else None)
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
         raise DataError(
-            f"could not download {url}: {err}. Without internet access, put the Multi30k files "
-            f"(<split>.<lang>.gz) in a directory and set {MIRROR_ENV} to that directory, or set "
-            f"{URL_ENV} to the base URL of an HTTP mirror serving them as <base>/<split>.<lang>.gz"
+            f"could not download {url}: {err}. Without internet access, put the Multi30k "
+            f"files (<split>.<lang>.gz) in a directory and set {MULTI30K_MIRROR} to that "
+            f"directory, or set {MULTI30K_URL} to the base URL of an HTTP mirror serving them "
+            "as <base>/<split>.<lang>.gz"
         ) from err
 
 

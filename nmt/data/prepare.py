@@ -1,140 +1,62 @@
-"""From a data config to tokenized training data and evaluation sets.
+"""Prepare the training data once: ``nmt-prepare`` / ``make prepare ARGS="..."``.
 
-The training corpora come from a prepared cache (:mod:`nmt.data.binarize`): built once under
-``<data.root>/cache/prepared/``, verified when opened, and memory-mapped by every run and
-every rank. Validation and test sets are small: read, stripped and encoded in memory, and never
-filtered. The trainer reads only the validation set; the test sets are read by nmt-eval
-(:func:`load_test_sets`). Besides Multi30k downloads, only the sentencepiece and prepared caches
-are written to disk, each atomically, so a failed preparation leaves nothing behind that a later
-run trusts.
+Composes the same config as ``nmt-train`` (so ``data=...`` and every other override mean the
+same) and only prepares the training corpora into ``<data.root>/cache/prepared/<key>/``
+(:mod:`nmt.data.binarize`); ``nmt-train`` then maps that directory at start-up. A training
+run does this step itself when it finds no sound preparation, so running it first is only
+needed to prepare ahead (a large corpus, before several runs or a multi-GPU job).
+
+    nmt-prepare data=parallel data.src_lang=de data.tgt_lang=en \\
+        data.train=/corpus/train data.valid=/corpus/dev
+    nmt-prepare --verify          # check every checksum of the existing preparation too
+
+Prints the prepared directory on stdout; progress and statistics go to the log (stderr).
+Torch is not imported here: the preparing process and its workers stay small.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+import sys
 
-from nmt.config import train_corpora
-from nmt.data.batching import TokenDataset
-from nmt.data.binarize import (
-    Split,
-    ensure_prepared,
-    log_shares,
-    resolve_splits,
-)
-from nmt.data.corpus import read_parallel, strip_lines
-from nmt.data.tokenizer import TokenizerPair
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 
-log = logging.getLogger("nmt.data")
+from nmt.cli import config_dir, exit_on_error, setup_logging
+from nmt.config import check_train_config, register_configs
+from nmt.data.binarize import ensure_prepared
+from nmt.environment import multi30k_source
+
+log = logging.getLogger(__name__)
 
 
-@dataclass
-class EvalSet:
-    """A validation or test split: stripped raw text (references for BLEU) and token ids."""
-
-    name: str
-    src_text: list[str]
-    ref_text: list[str]
-    data: TokenDataset
-
-    def __len__(self) -> int:
-        return len(self.src_text)
-
-
-@dataclass
-class TrainCorpusInfo:
-    """One training corpus of a run: its name, pairs kept, and sampling weight."""
-
-    name: str
-    pairs: int
-    weight: float = 1.0
-
-
-@dataclass
-class PreparedData:
-    tokenizers: TokenizerPair
-    train: TokenDataset  # the training corpora, one after the other
-    valid: EvalSet
-    stats: dict = field(default_factory=dict)
-    train_corpora: list[TrainCorpusInfo] = field(default_factory=list)  # in ``train`` order
-    cache_dir: Path | None = None  # the prepared cache ``train`` maps
-
-
-def load_test_sets(cfg: Any, tokenizers: TokenizerPair) -> list[EvalSet]:
-    """The test split(s) of a data config, without reading the training data."""
-    return [_eval_set(s, tokenizers) for s in resolve_splits(cfg, list(cfg.test))]
-
-
-def load_valid_set(cfg: Any, tokenizers: TokenizerPair) -> EvalSet:
-    """The validation split of a data config, without reading the training data."""
-    return _eval_set(resolve_splits(cfg, [cfg.valid])[0], tokenizers)
-
-
-def encode_texts(
-    tokenizers: TokenizerPair, src_text: Sequence[str], ref_text: Sequence[str]
-) -> TokenDataset:
-    """Token ids of both sides (no filtering, no truncation)."""
-    return TokenDataset(
-        tokenizers.src.encode_batch(src_text), tokenizers.tgt.encode_batch(ref_text)
+def main(argv: list[str] | None = None) -> int:
+    """Prepare (or check) the training data of a training config; the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="nmt-prepare",
+        description="Prepare the training corpora of a training config into the binarized, "
+        "memory-mapped cache that nmt-train reads.",
     )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="also check every checksum of an existing preparation and re-read the inputs' "
+        "checksums; a damaged preparation is reported and rebuilt",
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for nmt-train")
+    args = parser.parse_args(argv)
+    setup_logging()
+    register_configs()
+    with exit_on_error(log, HydraException, OmegaConfBaseException):
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=args.overrides)
+        check_train_config(cfg)
+        cache = ensure_prepared(cfg.data, verify=args.verify, source=multi30k_source())
+    print(cache.path)
+    return 0
 
 
-def load_eval_set(
-    name: str, src_path: str | Path, ref_path: str | Path, tokenizers: TokenizerPair
-) -> EvalSet:
-    """Read, strip and encode a parallel evaluation set (nothing is dropped)."""
-    src, ref = read_parallel(src_path, ref_path)
-    src, ref = strip_lines(src), strip_lines(ref)
-    return EvalSet(name, src, ref, encode_texts(tokenizers, src, ref))
-
-
-def _eval_set(split: Split, tokenizers: TokenizerPair) -> EvalSet:
-    evalset = load_eval_set(split.name, split.src_path, split.tgt_path, tokenizers)
-    log.info("%s: %d sentences", split.name, len(evalset))
-    return evalset
-
-
-def prepare_data(cfg: Any, tokenizers: TokenizerPair | None = None) -> PreparedData:
-    """The training corpora of ``cfg`` (DataConfig) from their prepared cache, built if needed
-    (:func:`nmt.data.binarize.ensure_prepared`), and the validation set.
-
-    Tokenizers are trained (or taken from the caches) on a sample of the cleaned training
-    pairs unless given; given ones encode the training data as they are. Only the training
-    corpora are filtered; validation sentences are kept as they are. The test splits' files
-    are located (so a missing one fails now, not after training) but not read: training never
-    uses them, and nmt-eval loads them itself (:func:`load_test_sets`).
-    """
-    cache = ensure_prepared(cfg, tokenizers)
-    tokenizers = cache.tokenizers if tokenizers is None else tokenizers
-    train = TokenDataset.from_arrays(cache.side("src"), cache.side("tgt"))
-    weights = [c.weight for c in train_corpora(cfg.train)]
-    corpora = [
-        TrainCorpusInfo(split.name, int(c["pairs"]), w)
-        for split, c, w in zip(cache.splits, cache.corpora, weights, strict=True)
-    ]
-    if len(corpora) > 1 or any(w != 1 for w in weights):
-        log_shares([c.name for c in corpora], [c.pairs for c in corpora], weights)
-    valid_split, *test_splits = resolve_splits(cfg, [cfg.valid, *cfg.test])
-    valid = _eval_set(valid_split, tokenizers)
-    stats = {
-        "train": cache.stats,
-        "corpora": [
-            {"name": c.name, "weight": c.weight, **s["stats"]}
-            for c, s in zip(corpora, cache.corpora, strict=True)
-        ],
-        "valid": {valid.name: len(valid)},
-        "vocab": {
-            "src": tokenizers.src.vocab_size,
-            "tgt": tokenizers.tgt.vocab_size,
-            "joint": tokenizers.joint,
-        },
-        "files": {
-            s.name: [str(s.src_path), str(s.tgt_path)]
-            for s in (*cache.splits, valid_split, *test_splits)
-        },
-        "cache": str(cache.path),
-    }
-    return PreparedData(tokenizers, train, valid, stats, corpora, cache.path)
+if __name__ == "__main__":
+    sys.exit(main())

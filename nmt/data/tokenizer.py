@@ -22,7 +22,7 @@ import sentencepiece as spm
 from nmt.atomic import atomic_write_bytes
 from nmt.data.corpus import DataError
 
-log = logging.getLogger("nmt.data")
+log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")

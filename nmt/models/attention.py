@@ -34,6 +34,16 @@ def masked_softmax(scores: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor
     return filled.softmax(dim) * mask  # like scores; an all-masked slice becomes 0 here
 
 
+def scaled_dot_product(q: Tensor, k: Tensor, dim: int) -> Tensor:
+    """score(q, k) = q . k / sqrt(dim) for every query against every key.
+
+    q: (..., Tq, D), k: (..., Tk, D); returns (..., Tq, Tk). ``dim`` = D gives the scaled
+    dot-product scores of multi-head attention and of :class:`ScaledDotScore`; ``dim`` = 1 the
+    plain dot products of :class:`DotScore`.
+    """
+    return q @ k.transpose(-2, -1) / math.sqrt(dim)
+
+
 # ---------------------------------------------------------------------------------------------
 # Scoring functions of the recurrent model: one query vector against a sequence of keys.
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +121,7 @@ class DotScore(ScoredAttention):
         super().__init__()
         same = query_dim == key_dim
         self.key_proj = nn.Identity() if same else nn.Linear(key_dim, query_dim, bias=False)
-        self.scale = 1.0
+        self.scale_dim = 1  # the dot product is not scaled
 
     def project_keys(self, keys: Tensor) -> Tensor:
         return self.key_proj(keys)  # (B, S, Dq)
@@ -119,7 +129,7 @@ class DotScore(ScoredAttention):
     def score(self, query: Tensor, projected_keys: Tensor) -> Tensor:
         grouped = query.dim() == 3
         q = query if grouped else query.unsqueeze(1)  # (B, G, Dq)
-        scores = torch.bmm(q, projected_keys.transpose(1, 2)) * self.scale  # (B, G, S)
+        scores = scaled_dot_product(q, projected_keys, self.scale_dim)  # (B, G, S)
         return scores if grouped else scores.squeeze(1)
 
 
@@ -131,7 +141,7 @@ class ScaledDotScore(DotScore):
 
     def __init__(self, query_dim: int, key_dim: int) -> None:
         super().__init__(query_dim, key_dim)
-        self.scale = 1.0 / math.sqrt(query_dim)
+        self.scale_dim = query_dim
 
 
 class GeneralScore(DotScore):
@@ -238,7 +248,7 @@ class MultiHeadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
     ) -> tuple[Tensor, Tensor]:
         """Attention with materialised weights: (B, H, Tq, dk) output, (B, H, Tq, Tk) weights."""
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, Tq, Tk)
+        scores = scaled_dot_product(q, k, self.d_head)  # (B, H, Tq, Tk)
         weights = masked_softmax(scores, mask)  # (B, H, Tq, Tk)
         dropped = dropout(weights, self.dropout, self.training)  # (B, H, Tq, Tk)
         return dropped @ v, weights  # (B, H, Tq, dk), (B, H, Tq, Tk)

@@ -53,6 +53,13 @@ class _Masked(torch.autograd.Function):
         return grad.mul(keep).mul_(ctx.scale), None, None
 
 
+def reference_dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Dropout as defined: each element is zeroed with probability ``p`` and the kept ones are
+    scaled by 1 / (1 - p), so that the expectation is ``x``; the identity outside training.
+    PyTorch's ``F.dropout``, which :func:`dropout` equals in distribution."""
+    return F.dropout(x, p, training)
+
+
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """``F.dropout(x, p, training)``, with the mask of :func:`keep_mask` on the CPU."""
     if not training or p == 0.0:

@@ -24,7 +24,26 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+
+def reference_cross_entropy(
+    x: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, label_smoothing: float = 0.0
+) -> Tensor:
+    """The definition :func:`projected_cross_entropy` computes: project the features ``x``
+    (N, D) onto the vocabulary (``weight`` (V, D), ``bias`` (V,) or None), and sum the
+    label-smoothed cross-entropy of the N ``targets``, in fp32.
+
+    With smoothing s, the target distribution puts 1 - s + s/V on the reference token and s/V
+    on every other; the loss of a token is -sum_v q_v log softmax(z)_v. This builds the N x V
+    logits: the tests' oracle, and the plain version for a reader.
+    """
+    logits = F.linear(x, weight, bias)  # (N, V)
+    return F.cross_entropy(
+        logits.float(), targets, label_smoothing=label_smoothing, reduction="sum"
+    )
+
 
 # elements of one block's fp32 logits: 2 M (8 MB) keeps a block in a CPU core's cache; a GPU
 # is served better by fewer, larger products

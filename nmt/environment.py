@@ -1,0 +1,118 @@
+"""Every environment variable nmt reads or sets, and the functions that do it.
+
+No other module touches ``os.environ``: the commands (and the tests) read the variables through
+these functions and pass the values on, and the code below the commands takes them as
+arguments. :data:`VARIABLES` is the table the README's "Environment variables" lists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG_DIR = "NMT_CONFIG_DIR"
+MULTI30K_MIRROR = "NMT_MULTI30K_MIRROR"
+MULTI30K_URL = "NMT_MULTI30K_URL"
+MULTI30K_OFFICIAL_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"
+# torchrun's rank variables, and submitit's marker of a SLURM task
+LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SUBMITIT_EXECUTOR")
+ONEDNN_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+ONEDNN_CACHE_ENTRIES = "16"
+SACREBLEU_SEED = "SACREBLEU_SEED"
+MKL_FAST_MM = "MKL_DISABLE_FAST_MM"
+
+VARIABLES: dict[str, str] = {
+    CONFIG_DIR: "read: the Hydra config directory of every command (default: `./configs` when "
+    "it has a `train.yaml`, else the configs inside the package)",
+    MULTI30K_MIRROR: "read: a directory holding Multi30k's `.gz` files, copied instead of "
+    "downloaded (offline machines, CI)",
+    MULTI30K_URL: "read: the base URL of an HTTP mirror serving Multi30k as "
+    "`<base>/<split>.<lang>.gz` (default: the official repository)",
+    "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT": "read (set by torchrun): "
+    "`nmt-train` joins a process group when `WORLD_SIZE` > 1",
+    "SUBMITIT_EXECUTOR": "read (set by submitit): a SLURM task of several gets its rank "
+    "variables from SLURM (`hydra/launcher=slurm`)",
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY, LRU_CACHE_CAPACITY": "set to 16 when nmt is imported, "
+    "unless already set: oneDNN's kernel caches, which otherwise grow by gigabytes over a bf16 "
+    "CPU run",
+    MKL_FAST_MM: "set to 1 by `nmt-serve engine=ctranslate2`, unless already set: Intel MKL "
+    "gives the memory of the largest batches back",
+    SACREBLEU_SEED: "set for the length of one paired bootstrap test (sacreBLEU reads its seed "
+    "from it only), then restored",
+}
+
+
+def config_dir_override() -> Path | None:
+    """``$NMT_CONFIG_DIR`` as an absolute path, or None when unset."""
+    value = os.environ.get(CONFIG_DIR)
+    return Path(value).resolve() if value else None
+
+
+@dataclass(frozen=True)
+class Multi30kSource:
+    """Where Multi30k files missing from the data root come from: a mirror directory, else the
+    base URL of the ``<split>.<lang>.gz`` files."""
+
+    mirror: Path | None = None
+    url: str = MULTI30K_OFFICIAL_URL
+
+    def file_url(self, split: str, lang: str) -> str:
+        return f"{self.url.rstrip('/')}/{split}.{lang}.gz"
+
+
+def multi30k_source() -> Multi30kSource:
+    """The source ``$NMT_MULTI30K_MIRROR`` and ``$NMT_MULTI30K_URL`` name."""
+    mirror = os.environ.get(MULTI30K_MIRROR, "").strip()
+    url = os.environ.get(MULTI30K_URL, "").strip() or MULTI30K_OFFICIAL_URL
+    return Multi30kSource(Path(mirror) if mirror else None, url)
+
+
+def launcher_variables() -> dict[str, str]:
+    """The launcher's variables that are set (torchrun's ranks, submitit's executor)."""
+    return {k: os.environ[k] for k in LAUNCHER if k in os.environ}
+
+
+def export_launcher_variables(values: Mapping[str, str]) -> None:
+    """Set rank variables for ``torch.distributed``'s ``env://`` rendezvous, which reads them."""
+    os.environ.update(values)
+
+
+def child_environment(**extra: str) -> dict[str, str]:
+    """This process's environment with ``extra`` added, for a child process."""
+    return {**os.environ, **extra}
+
+
+def set_onednn_cache_capacity() -> None:
+    """Bound oneDNN's two kernel caches (read when oneDNN first builds a kernel).
+
+    PyTorch runs bf16 matrix products on a CPU with oneDNN, which keeps what it builds for each
+    operation and tensor shape in two process-wide caches of 1,024 entries: oneDNN's primitive
+    cache and ideep's (``LRU_CACHE_CAPACITY``). Token batches have many shapes, and a bf16
+    training run on a CPU grew by gigabytes of resident memory over 30 minutes as the caches
+    filled (fp32 does not use them and stays flat). Sixteen entries each keep bf16 training flat
+    at the same speed. Values already in the environment win.
+    """
+    for name in ONEDNN_CACHES:
+        os.environ.setdefault(name, ONEDNN_CACHE_ENTRIES)
+
+
+def disable_mkl_fast_mm() -> None:
+    """Turn Intel MKL's memory pool off (read when MKL first allocates) unless set already."""
+    os.environ.setdefault(MKL_FAST_MM, "1")
+
+
+@contextlib.contextmanager
+def sacrebleu_seed(seed: int) -> Iterator[None]:
+    """``$SACREBLEU_SEED`` set to ``seed`` for the block, then restored."""
+    saved = os.environ.get(SACREBLEU_SEED)
+    os.environ[SACREBLEU_SEED] = str(seed)
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[SACREBLEU_SEED]
+        else:
+            os.environ[SACREBLEU_SEED] = saved

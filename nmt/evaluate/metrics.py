@@ -1,0 +1,201 @@
+"""Corpus-level scores with sacreBLEU, on detokenized hypotheses against raw references.
+
+BLEU and chrF come with sacreBLEU's bootstrap 95% confidence interval when asked
+(``resamples`` > 0), and :func:`paired_bootstrap` runs sacreBLEU's paired bootstrap
+resampling test of several systems against a baseline on the same sentences.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+from sacrebleu.metrics import BLEU, CHRF, TER
+from sacrebleu.metrics.base import Metric
+from sacrebleu.significance import PairedTest
+
+from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, ConfigError
+from nmt.environment import sacrebleu_seed
+
+MIN_RESAMPLES = 100  # fewer cannot place the 2.5th and 97.5th percentiles of the resamples
+
+
+@dataclass
+class Interval:
+    """A 95% bootstrap confidence interval of a corpus score, as sacreBLEU estimates it.
+
+    The corpus is resampled ``resamples`` times (sentences drawn with replacement, RNG seeded
+    with ``seed``) and rescored; the interval is the mean of those scores ± half the distance
+    between their 2.5th and 97.5th percentiles (``low`` = mean - half_width).
+    """
+
+    low: float
+    high: float
+    mean: float
+    half_width: float
+    resamples: int
+    seed: int
+
+    @classmethod
+    def around(cls, mean: float, half_width: float, resamples: int, seed: int) -> Interval:
+        mean, half_width = float(mean), float(half_width)  # sacreBLEU hands numpy floats
+        return cls(mean - half_width, mean + half_width, mean, half_width, resamples, seed)
+
+    def text(self) -> str:
+        return f"95% CI [{self.low:.2f}, {self.high:.2f}]"
+
+
+@dataclass
+class Score:
+    name: str  # BLEU | chrF2 | TER | BLEU-lc
+    score: float
+    signature: str
+    detail: str  # sacreBLEU's one-line summary (n-gram precisions, brevity penalty, ...)
+    length_ratio: float | None = None  # BLEU: hypothesis / reference length (tokens)
+    ci: Interval | None = None  # bootstrap 95% confidence interval, when asked for
+
+    def line(self) -> str:
+        ci = f"  {self.ci.text()}" if self.ci is not None else ""
+        return f"{self.detail}{ci}  [{self.signature}]"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_bootstrap(resamples: int, seed: int, resamples_key: str, seed_key: str) -> None:
+    """Raise :class:`ConfigError` naming the option when resampling cannot be done as asked."""
+    if resamples != 0 and resamples < MIN_RESAMPLES:
+        raise ConfigError(
+            f"{resamples_key}={resamples}: use 0 (no interval) or at least {MIN_RESAMPLES} "
+            "resamples"
+        )
+    if seed < 1:  # sacreBLEU's paired test takes a seed of 0 for "no seed"
+        raise ConfigError(f"{seed_key}={seed} must be a positive integer")
+
+
+@contextmanager
+def _sacrebleu_seed(seed: int) -> Iterator[None]:
+    """sacreBLEU reads its resampling seed from ``SACREBLEU_SEED`` only: set it for one call
+    (and keep its progress messages out of our log)."""
+    logger = logging.getLogger("sacrebleu")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        with sacrebleu_seed(seed):
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _check_lengths(hyps: Sequence[str], refs: Sequence[str]) -> None:
+    if len(hyps) != len(refs):
+        raise ValueError(
+            f"{len(hyps)} hypotheses but {len(refs)} references: the files must have one line "
+            "per sentence"
+        )
+
+
+def _score(
+    metric: Metric, name: str, hyps: Sequence[str], refs: Sequence[str], resamples: int, seed: int
+) -> Score:
+    """The corpus score with its plain signature, then (``resamples`` > 0) its interval."""
+    _check_lengths(hyps, refs)
+    result = metric.corpus_score(hyps, [refs])
+    score = Score(name, result.score, str(metric.get_signature()), str(result))
+    if hasattr(result, "sys_len"):  # BLEU
+        score.length_ratio = result.sys_len / result.ref_len if result.ref_len else 0.0
+    if resamples:
+        with _sacrebleu_seed(seed):
+            boot = metric.corpus_score(hyps, [refs], n_bootstrap=resamples)
+        # sacreBLEU keeps its estimate on the score object: mean and half-width
+        score.ci = Interval.around(boot._mean, boot._ci, resamples, seed)
+    return score
+
+
+def bleu(
+    hyps: Sequence[str],
+    refs: Sequence[str],
+    lowercase: bool = False,
+    resamples: int = 0,
+    seed: int = BOOTSTRAP_SEED,
+) -> Score:
+    """Corpus BLEU on detokenized text with the default 13a tokenizer; cased unless asked.
+
+    The standard figure is cased. ``lowercase=True`` gives the lowercased, 13a-tokenized
+    BLEU that is closer to the figures of tutorials scoring lowercased word tokens; it is
+    reported as ``BLEU-lc`` and never in place of the cased score.
+    """
+    name = "BLEU-lc" if lowercase else "BLEU"
+    return _score(BLEU(lowercase=lowercase), name, hyps, refs, resamples, seed)
+
+
+def chrf(
+    hyps: Sequence[str], refs: Sequence[str], resamples: int = 0, seed: int = BOOTSTRAP_SEED
+) -> Score:
+    return _score(CHRF(), "chrF2", hyps, refs, resamples, seed)
+
+
+def ter(hyps: Sequence[str], refs: Sequence[str]) -> Score:
+    return _score(TER(), "TER", hyps, refs, 0, BOOTSTRAP_SEED)
+
+
+def all_scores(
+    hyps: Sequence[str],
+    refs: Sequence[str],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> list[Score]:
+    """BLEU and chrF2 with their bootstrap intervals (none for ``resamples=0``), TER, then the
+    lowercased BLEU for comparison with tutorial figures."""
+    return [
+        bleu(hyps, refs, resamples=resamples, seed=seed),
+        chrf(hyps, refs, resamples=resamples, seed=seed),
+        ter(hyps, refs),
+        bleu(hyps, refs, lowercase=True),
+    ]
+
+
+@dataclass
+class Paired:
+    """One system's BLEU in a paired test: its score, interval and p-value against the
+    baseline (None for the baseline itself)."""
+
+    score: float
+    ci: Interval
+    p_value: float | None
+
+
+def paired_bootstrap(
+    baseline: Sequence[str],
+    systems: Sequence[Sequence[str]],
+    refs: Sequence[str],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[Paired, list[Paired]]:
+    """sacreBLEU's paired bootstrap resampling test (Koehn 2004, as the Moses script does it)
+    of each system's BLEU against the baseline's.
+
+    Every system is rescored on the same ``resamples`` resampled test sets as the baseline.
+    The p-value is two-sided: how often the resampled difference, centred on its mean, is at
+    least as large as the observed one. A system whose hypotheses equal the baseline's gets
+    p = 1 (sacreBLEU's formula would give its smallest p-value to a difference of exactly 0).
+    """
+    _check_lengths(baseline, refs)
+    for hyps in systems:
+        _check_lengths(hyps, refs)
+    named = [("baseline", list(baseline))] + [
+        (f"system{i}", list(h)) for i, h in enumerate(systems)
+    ]
+    with _sacrebleu_seed(seed):
+        _, results = PairedTest(
+            named, {"BLEU": BLEU()}, [list(refs)], test_type="bs", n_samples=resamples
+        )()
+    base, *rest = results["BLEU"]
+    out = []
+    for hyps, r in zip(systems, rest, strict=True):
+        p = 1.0 if list(hyps) == list(baseline) else float(r.p_value)
+        out.append(Paired(float(r.score), Interval.around(r.mean, r.ci, resamples, seed), p))
+    baseline_ci = Interval.around(base.mean, base.ci, resamples, seed)
+    return Paired(float(base.score), baseline_ci, None), out

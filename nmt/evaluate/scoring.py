@@ -1,0 +1,155 @@
+"""Evaluation: ``nmt-eval`` / ``make eval``.
+
+Decodes test sets with a trained checkpoint (greedy, or beam search with ``beam=K
+length_penalty=ALPHA``) and scores the detokenized output against the raw references with
+sacreBLEU (BLEU, chrF, TER, each with its signature; BLEU and chrF with sacreBLEU's bootstrap
+95% confidence interval: ``bootstrap=1000`` resamples drawn with ``bootstrap_seed=12345``, 0
+for none). By default the test split(s) of the run's own data config are used;
+``test=[src:ref,...]`` names other file pairs, several at once.
+Hypotheses and a JSON of scores, signatures, decoding options and checkpoint go into
+``<run>/eval`` (``out=DIR`` elsewhere), named after the checkpoint and the search.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from nmt.atomic import atomic_write_bytes
+from nmt.cli import config_dir, exit_on_error, setup_logging
+from nmt.config import ConfigError, register_configs
+from nmt.data.corpus import DataError, read_lines, strip_lines
+from nmt.data.datasets import EvalSet, encode_texts, load_test_sets
+from nmt.data.tokenizer import TokenizerPair
+from nmt.decode.engines import make_engine, translate_texts
+from nmt.decode.options import DecodeOptions
+from nmt.environment import multi30k_source
+from nmt.evaluate.metrics import all_scores, check_bootstrap
+from nmt.runtime.device import pick_device
+from nmt.store.loading import decode_defaults, load_model
+from nmt.store.package import is_package, model_argument
+from nmt.store.paths import checkpoint_run_dir, resolve_run_dir
+
+log = logging.getLogger(__name__)
+register_configs()
+
+
+def file_test_set(spec: str, tokenizers: TokenizerPair) -> EvalSet:
+    """A ``src_file:ref_file`` pair given on the command line."""
+    if spec.count(":") != 1:
+        raise ConfigError(f"test={spec!r}: expected SOURCE_FILE:REFERENCE_FILE")
+    src_file, ref_file = (Path(p) for p in spec.split(":"))
+    src, ref = read_lines(src_file), read_lines(ref_file)
+    if len(src) != len(ref):
+        raise DataError(
+            f"{src_file} has {len(src)} lines but {ref_file} has {len(ref)}: "
+            "source and reference must be parallel"
+        )
+    src, ref = strip_lines(src), strip_lines(ref)
+    return EvalSet(src_file.name, src, ref, encode_texts(tokenizers, src, ref))
+
+
+def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
+    """``out`` if given, else ``eval/`` in the checkpoint's run (or in ``run``); for a model
+    package (which may be read-only, and is handed on as it is) ``outputs/eval/<package>``."""
+    if cfg.out:
+        return Path(cfg.out)
+    if is_package(ckpt):
+        return Path("outputs") / "eval" / ckpt.resolve().name
+    return (checkpoint_run_dir(ckpt) or resolve_run_dir(cfg.run)) / "eval"
+
+
+def options_tag(ckpt: Path, opts: DecodeOptions, engine: str = "torch") -> str:
+    """File-name tag of a checkpoint and search: ``best.beam1``, ``averaged.beam5.lp0.6``;
+    another engine than torch adds its name (``package.beam1.ctranslate2``)."""
+    tag = f"{ckpt.stem}.beam{opts.beam}"
+    tag = f"{tag}.lp{opts.length_penalty:g}" if opts.beam > 1 else tag
+    return tag if engine == "torch" else f"{tag}.{engine}"
+
+
+def unique_names(sets: list[EvalSet]) -> None:
+    """Rename sets that share a name (``a/test.de`` and ``b/test.de``): ``test.de.2``."""
+    seen: dict[str, int] = {}
+    for ds in sets:
+        count = seen[ds.name] = seen.get(ds.name, 0) + 1
+        if count > 1:
+            ds.name = f"{ds.name}.{count}"
+
+
+def evaluate(cfg: DictConfig) -> dict:
+    """Decode and score every test set; returns the report also written as JSON."""
+    check_bootstrap(cfg.bootstrap, cfg.bootstrap_seed, "bootstrap", "bootstrap_seed")
+    device = pick_device(cfg.device)
+    trained = load_model(cfg, device)
+    path = trained.path
+    opts = DecodeOptions.from_config(cfg, decode_defaults(trained))
+    out_dir = output_dir(cfg, path)
+    if cfg.test:
+        sets = [file_test_set(spec, trained.tokenizers) for spec in cfg.test]
+    else:
+        sets = load_test_sets(trained.cfg.data, trained.tokenizers, multi30k_source())
+    unique_names(sets)
+    for ds in sets:
+        if len(ds) == 0:
+            raise DataError(f"test set {ds.name} has no sentences")
+    engine = make_engine(cfg.engine, trained, opts, device, sample=sets[0].data)
+    print(f"{'package' if is_package(path) else 'checkpoint'} {path} (step {trained.step})")
+    print(f"engine: {engine.name}")
+    print("decoding: " + " ".join(f"{k}={v}" for k, v in asdict(opts).items()))
+    if cfg.bootstrap:
+        print(
+            f"95% confidence intervals: sacreBLEU bootstrap, {cfg.bootstrap} resamples, "
+            f"seed {cfg.bootstrap_seed}"
+        )
+    report: dict = {
+        "checkpoint": str(path),
+        "step": trained.step,
+        "engine": engine.name,
+        "options": asdict(opts),
+        "sets": {},
+    }
+    tag = options_tag(path, opts, engine.name)
+    for ds in sets:
+        start = time.perf_counter()
+        hyps = translate_texts(engine, ds.data, trained, opts)
+        seconds = time.perf_counter() - start
+        scores = all_scores(hyps, ds.ref_text, cfg.bootstrap, cfg.bootstrap_seed)
+        hyp_file = out_dir / f"{ds.name}.{tag}.hyp"
+        atomic_write_bytes(hyp_file, "".join(h + "\n" for h in hyps).encode("utf-8"))
+        print(f"{ds.name}: {len(hyps)} sentences in {seconds:.1f}s -> {hyp_file}")
+        for s in scores:
+            print(f"  {s.line()}")
+        report["sets"][ds.name] = {
+            "sentences": len(hyps),
+            "seconds": seconds,
+            "hypotheses": str(hyp_file),
+            "scores": {s.name: s.as_dict() for s in scores},
+        }
+    score_file = out_dir / f"scores.{tag}.json"
+    atomic_write_bytes(score_file, json.dumps(report, indent=2).encode("utf-8"))
+    print(f"scores written to {score_file}")
+    return report
+
+
+@hydra.main(version_base="1.3", config_path=config_dir(), config_name="eval")
+def _main(cfg: DictConfig) -> None:
+    setup_logging()
+    cfg.run = str(resolve_run_dir(cfg.run))
+    with exit_on_error(log):
+        evaluate(cfg)
+
+
+def main() -> None:
+    sys.argv[1:] = model_argument(sys.argv[1:])
+    _main()
+
+
+if __name__ == "__main__":
+    main()

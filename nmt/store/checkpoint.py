@@ -1,0 +1,218 @@
+"""Checkpoints: atomic, self-verifying, safe to load.
+
+File layout: the bytes of ``torch.save(payload)``, then a 48-byte trailer
+``MAGIC (8) | payload length (8, little endian) | sha256 of the payload (32)``.
+A truncated or corrupted file fails the length or checksum test with a clear error, before any
+unpickling. Loading always uses ``torch.load(..., weights_only=True)``: a checkpoint can hold
+tensors, numbers, strings, bytes and containers of them, never code.
+
+Writes go through :func:`nmt.atomic.atomic_write_bytes`: a temporary file
+(``.<name>.<random>.tmp``) in the same directory, fsynced, renamed over the target, then the
+directory fsynced, so at every moment the file under the final name is either the old or the
+new one. A crash can leave a temporary file behind; :func:`remove_temporaries` clears them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt.atomic import TEMP_SUFFIX, atomic_write_bytes
+from nmt.store.gate import CheckpointError  # defined without PyTorch, for the gate
+
+MAGIC = b"NMTCKPT1"
+_TRAILER = struct.Struct("<8sQ32s")
+STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def remove_temporaries(directory: Path) -> list[Path]:
+    """Delete the temporary files interrupted writes left in ``directory``.
+
+    Only call this while nothing else writes into ``directory``. Returns the removed paths.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.glob(f".*{TEMP_SUFFIX}") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
+    """Serialise ``payload`` with a checksum trailer and write it atomically.
+
+    Raises :class:`CheckpointError` (naming the file and the reason, e.g. a full disk) when the
+    file cannot be written; the file previously under that name is then left unchanged.
+    """
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    body = buf.getvalue()
+    trailer = _TRAILER.pack(MAGIC, len(body), hashlib.sha256(body).digest())
+    try:
+        atomic_write_bytes(path, body + trailer)
+    except OSError as e:
+        raise CheckpointError(
+            f"could not write checkpoint {path}: {e.strerror or e}; the previous checkpoint "
+            "(if any) is unchanged"
+        ) from e
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _verified_body(path: Path) -> bytes:
+    """The payload bytes of a checkpoint file, after the length and sha256 checks."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {e.strerror or e}") from e
+    if len(data) < _TRAILER.size:
+        raise CheckpointError(f"checkpoint {path} is truncated ({len(data)} bytes)")
+    magic, length, digest = _TRAILER.unpack(data[-_TRAILER.size :])
+    if magic != MAGIC:
+        raise CheckpointError(
+            f"checkpoint {path} has no valid trailer: truncated, corrupted, or not written by nmt"
+        )
+    body = data[: -_TRAILER.size]
+    if len(body) != length:
+        raise CheckpointError(
+            f"checkpoint {path} is truncated or padded: {len(body)} payload bytes, "
+            f"expected {length}"
+        )
+    if hashlib.sha256(body).digest() != digest:
+        raise CheckpointError(f"checkpoint {path} is corrupted: its sha256 does not match")
+    return body
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Check a checkpoint's length and sha256 without unpickling it; CheckpointError if bad."""
+    _verified_body(path)
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Verify and load a checkpoint written by :func:`save_checkpoint`."""
+    body = _verified_body(path)
+    try:
+        return torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
+    except Exception as e:  # the safe unpickler refuses anything but plain data
+        raise CheckpointError(f"checkpoint {path} could not be loaded safely: {e}") from e
+
+
+def step_checkpoints(directory: Path) -> list[Path]:
+    """The ``step_N.pt`` files in ``directory``, oldest (lowest N) first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := STEP_FILE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+# --------------------------------------------------------------------------- random state
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy and torch (CPU, CUDA) random states, in a weights_only-loadable form."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the states saved by :func:`rng_state`."""
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            n["keys"].numpy().astype(np.uint32),
+            n["pos"],
+            n["has_gauss"],
+            n["cached_gaussian"],
+        )
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+# parts of a checkpoint's training state that measure wall-clock time, not the run's course
+_CLOCK_KEYS = ("train_time", "decay_start")
+
+
+def content_digest(payload: dict[str, Any]) -> dict[str, str]:
+    """A sha256 (hex, first 16 digits) of each deterministic part of a checkpoint.
+
+    The parts: model, optimizer, scheduler, scaler, rng, state (without its clock fields),
+    history (the validations, without their durations) and tokenizers. Two runs of the same
+    code, config and seed on the same machine give equal digests; a change that claims not to
+    alter training must keep them equal. The config is left out: it names the run's folders.
+    """
+    state = dict(payload.get("state") or {})
+    history = [{k: v for k, v in e.items() if k != "seconds"} for e in state.pop("history", [])]
+    for key in _CLOCK_KEYS:
+        state.pop(key, None)
+    parts = {
+        "model": payload.get("model"),
+        "optimizer": payload.get("optimizer"),
+        "scheduler": payload.get("scheduler"),
+        "scaler": payload.get("scaler"),
+        "rng": payload.get("rng"),
+        "state": state,
+        "history": history,
+        "tokenizers": payload.get("tokenizers"),
+    }
+    digests = {}
+    for name, value in parts.items():
+        h = hashlib.sha256()
+        _feed(h, value)
+        digests[name] = h.hexdigest()[:16]
+    return digests
+
+
+def _feed(h: Any, value: Any) -> None:
+    """Hash a nested value: tensors by dtype, shape and bytes; containers in key order."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{t.dtype}{tuple(value.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, dict):
+        for key in sorted(value, key=str):
+            h.update(repr(key).encode())
+            _feed(h, value[key])
+    elif isinstance(value, (list, tuple)):
+        h.update(b"[")
+        for item in value:
+            _feed(h, item)
+        h.update(b"]")
+    else:
+        h.update(repr(value).encode())

@@ -1,0 +1,124 @@
+"""Training: ``nmt-train`` / ``make train`` (``python -m nmt.train`` under torchrun).
+
+One explicit loop for every model. :func:`train` is :func:`~nmt.train.setup.setup` (data and
+model, or a checkpoint's to resume, or, to fine-tune, a new run from a checkpoint's weights and
+tokenizers), :func:`~nmt.train.setup.build_trainer` (the optimizer, schedule and the other
+parts the :class:`~nmt.train.loop.Trainer` is handed), :func:`run_training` (the trainer
+repeats :func:`~nmt.train.step.train_step` over token batches, validates every
+``trainer.val_every`` updates and writes checkpoints) and :func:`finish`. Everything a run
+writes goes into its run directory; its events go to ``metrics.jsonl``
+(:mod:`nmt.train.runlog`), from which ``summary.json`` is derived.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from nmt.cli import config_dir, exit_on_error, setup_logging
+from nmt.config import register_configs, to_container
+from nmt.data.batching import padding_share
+from nmt.train.loop import Functions, Trainer
+from nmt.train.runlog import write_summary
+from nmt.train.setup import build_trainer, setup
+from nmt.viz.visualize import log_hparams
+
+log = logging.getLogger(__name__)
+register_configs()
+"""(model, batch, label smoothing) -> the summed loss of the batch, as :func:`loss_sum`."""
+"""(model, data, config, device) -> loss, ppl, bleu, chrf, seconds, as :func:`validation_scores`."""
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def run_training(trainer: Trainer) -> str:
+    """Log the run's start and its training data, train, and log the outcome; returns why
+    training stopped."""
+    s, data = trainer.state, trainer.run.data
+    first = trainer.sampler.batches(s.epoch)
+    padding = padding_share(data.train, first)
+    log.info(
+        "training data: %d pairs, %d batches per epoch per rank, padding share %.1f%%",
+        len(data.train), len(first), 100 * padding,
+    )  # fmt: skip
+    trainer.log_start(
+        train_pairs=len(data.train), batches_per_epoch=len(first), padding_share=padding,
+        data_time=round(trainer.run.data_time, 3),
+    )  # fmt: skip
+    reason = trainer.fit()
+    if s.history:
+        log.info("%s; best validation BLEU %.2f at step %d", reason, s.best_bleu, s.best_step)
+    else:
+        log.info("%s at step %d (no validation yet)", reason, s.step)
+    return reason
+
+
+def finish(trainer: Trainer, reason: str) -> dict[str, Any]:
+    """After training: the averaged checkpoint, TensorBoard's hparams, the ``end`` event and
+    summary.json (derived from metrics.jsonl); returns the run's result."""
+    run, s = trainer.run, trainer.state
+    stopped = reason.startswith("stopped by")
+    averaged = None
+    if run.cfg.trainer.average_last > 0 and run.dist.is_main and not stopped:
+        averaged = trainer.average_last()
+    if trainer.writer is not None:
+        final = {"best_bleu": s.best_bleu, "best_step": s.best_step}
+        log_hparams(trainer.writer, to_container(run.cfg), final, step=s.step)
+        trainer.writer.close()
+    if stopped:
+        log.warning('to continue this run: make train ARGS="trainer.resume=%s"', run.run_dir)
+    log.info("run directory: %s", run.run_dir)
+    trainer.run_log.write(
+        "end", s.step, epoch=s.epoch, train_time=s.train_time, stop_reason=reason,
+        best_bleu=s.best_bleu, best_step=s.best_step,
+    )  # fmt: skip
+    if run.dist.is_main:
+        write_summary(run.run_dir)
+    result = {"state": asdict(s), "stop_reason": reason, "run_dir": str(run.run_dir)}
+    if averaged is not None:
+        result["averaged"] = averaged
+    return result
+
+
+def train(cfg: DictConfig, run_dir: Path, functions: Functions | None = None) -> dict[str, Any]:
+    """Train a model as configured; returns the final training state and stop reason.
+
+    ``functions`` replaces the loss, validation, clock or precision probe (tests).
+    """
+    functions = functions or Functions()
+    trainer = build_trainer(setup(cfg, run_dir, functions), functions)
+    return finish(trainer, run_training(trainer))
+
+
+def _drop_if_unused(hydra_dir: Path) -> None:
+    """Remove Hydra's fresh output dir when the run went elsewhere (a resumed run)."""
+    if hydra_dir.is_dir() and {p.name for p in hydra_dir.iterdir()} <= {".hydra"}:
+        shutil.rmtree(hydra_dir, ignore_errors=True)
+
+
+@hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")
+def _main(cfg: DictConfig) -> float:
+    setup_logging()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        with exit_on_error(log):
+            result = train(cfg, run_dir)
+    finally:
+        _drop_if_unused(run_dir)
+    return result["state"]["best_bleu"]
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()

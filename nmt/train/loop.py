@@ -1,0 +1,499 @@
+"""The training loop: :class:`Trainer` (updates, log windows, validation, checkpoints, early
+stopping, signals, the averaged checkpoint) and what it is handed (:class:`Setup`,
+:class:`Functions`, :class:`Checkpointer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from nmt.atomic import TEMP_SUFFIX
+from nmt.config import to_container
+from nmt.data.batching import TokenBatchSampler, make_batch
+from nmt.data.datasets import PreparedData
+from nmt.models.base import Seq2Seq
+from nmt.runtime.device import device_name
+from nmt.runtime.distributed import DistInfo
+from nmt.runtime.precision import (
+    Measurement,
+    probe_model,
+)
+from nmt.store import checkpoint as ckpt
+from nmt.store.average import average_checkpoints
+from nmt.store.gate import CheckpointError
+from nmt.train.runlog import RunLog
+from nmt.train.step import MAX_BAD_STEPS, LossFn, StepResult, TrainState, loss_sum, train_step
+from nmt.train.validation import validation_options, validation_scores
+from nmt.viz.explorer import TrainingExplorer
+from nmt.viz.visualize import log_validation_views
+
+log = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+class Checkpointer:
+    """Writes ``step_N.pt`` at every save (keeping the last K), ``last.pt`` and ``best.pt``.
+
+    ``last.pt`` and ``best.pt`` are hard links to a step file (copies where links fail),
+    swapped in atomically. The step file is complete before ``last.pt`` moves to it, so a crash
+    at any moment leaves ``last.pt`` naming a whole checkpoint. Temporary files left by an
+    interrupted write are removed at the first save.
+    """
+
+    def __init__(self, directory: Path, keep_last: int):
+        self.dir = directory
+        self.keep_last = keep_last
+        self._swept = False
+
+    def save(self, payload: dict[str, Any], is_best: bool) -> Path:
+        """Write the step file, point ``last.pt`` (and ``best.pt``) at it, drop old step files."""
+        if not self._swept:
+            for stale in ckpt.remove_temporaries(self.dir):
+                log.info("removed %s, left by an interrupted checkpoint write", stale)
+            self._swept = True
+        step_file = self.dir / f"step_{payload['state']['step']:08d}.pt"
+        ckpt.save_checkpoint(payload, step_file)
+        self._link(step_file, self.dir / "last.pt")
+        if is_best:
+            self._link(step_file, self.dir / "best.pt")
+        for old in ckpt.step_checkpoints(self.dir)[: -self.keep_last]:
+            old.unlink(missing_ok=True)
+        return step_file
+
+    @staticmethod
+    def _link(src: Path, dst: Path) -> None:
+        tmp = dst.with_name(f".{dst.name}{TEMP_SUFFIX}")
+        try:
+            tmp.unlink(missing_ok=True)
+            try:
+                tmp.hardlink_to(src)
+            except OSError:
+                shutil.copyfile(src, tmp)
+            tmp.replace(dst)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointError(
+                f"could not update {dst} to {src.name}: {e.strerror or e}; {src} is complete"
+            ) from e
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+class StopSignal:
+    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits.
+
+    A second signal stops at once (KeyboardInterrupt); the last checkpoint stays intact.
+    """
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignal:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # signals only work in the main thread
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        log.warning("%s received: finishing this step, then saving a checkpoint", self.received)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+@dataclass
+class Window:
+    """Training statistics between two log lines, kept on the device until read."""
+
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+
+    @classmethod
+    def new(cls, device: torch.device) -> Window:
+        return cls(torch.zeros((), device=device), torch.zeros((), device=device))
+
+    def add(self, res: StepResult, seconds: float) -> None:
+        self.loss += res.loss
+        self.grad_norm += res.grad_norm.float()
+        self.tokens += res.tokens
+        self.seconds += seconds
+        self.steps += 1
+
+
+# --------------------------------------------------------------------------- what a run uses
+
+ValidationFn = Callable[[Seq2Seq, PreparedData, DictConfig, torch.device], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Functions:
+    """The functions a run calls for its losses, validation scores, clock and precision probe.
+
+    The defaults are the real ones; a test passes others to count, fake or break them.
+    """
+
+    loss: LossFn = loss_sum
+    validation: ValidationFn = validation_scores
+    clock: Callable[[], float] = time.perf_counter  # times the updates (trainer.max_time)
+    probe: Callable[..., Measurement] = probe_model  # measures for trainer.precision=auto
+
+
+@dataclass
+class Setup:
+    """What :func:`setup` made ready: the run's config, place, device, data and model."""
+
+    cfg: DictConfig  # the run's own copy, with trainer.precision resolved
+    run_dir: Path
+    dist: DistInfo
+    device: torch.device
+    data: PreparedData
+    model: Seq2Seq
+    time_limit: float  # seconds of training allowed (0: none)
+    resume_file: Path | None = None  # the checkpoint a resumed run continues
+    resumed: dict[str, Any] | None = None  # its payload
+    init_info: dict[str, Any] = field(default_factory=dict)  # fine-tuning: file, step, sha256
+    data_time: float = 0.0  # when the data was ready (Unix seconds)
+
+
+@dataclass
+class _Loop:
+    """What the updates of :meth:`Trainer.fit` share besides the training state."""
+
+    pbar: tqdm
+    window: Window
+    stop: StopSignal
+    bad_in_row: int = 0  # consecutive non-finite updates
+
+
+@dataclass
+class Trainer:
+    """The training loop, with everything it uses handed in (see :func:`build_trainer`)."""
+
+    run: Setup
+    state: TrainState
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None  # fp16 only
+    train_model: torch.nn.Module  # the model as updated: wrapped for DDP / torch.compile
+    sampler: TokenBatchSampler
+    checkpointer: Checkpointer
+    writer: SummaryWriter | None  # TensorBoard (main rank only)
+    run_log: RunLog  # metrics.jsonl (writes nothing on other ranks)
+    explorer: TrainingExplorer | None = None  # trainer.attention_html (main rank only)
+    functions: Functions = field(default_factory=Functions)
+
+    @property
+    def t(self) -> DictConfig:
+        return self.run.cfg.trainer
+
+    @property
+    def model(self) -> Seq2Seq:
+        return self.run.model
+
+    @property
+    def sync_clock(self) -> bool:
+        """Ranks share one clock when the lr follows it (one scalar all-reduce per update)."""
+        return self.run.dist.enabled and self.run.cfg.optim.decay_over == "time"
+
+    def _slowest_rank(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.run.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "state": asdict(self.state),
+            "rng": ckpt.rng_state(),
+            "config": to_container(self.run.cfg),
+            "tokenizers": self.run.data.tokenizers.state_dict(),
+        }
+
+    def save(self, is_best: bool) -> None:
+        if self.run.dist.is_main:
+            path = self.checkpointer.save(self.payload(), is_best)
+            rel = run_path(path, self.run.run_dir)
+            self.run_log.write("checkpoint", self.state.step, path=rel, best=is_best)
+
+    # ----------------------------------------------------------------- validation
+
+    def validate(self) -> bool:
+        """Validate, log and checkpoint; True when early stopping says stop."""
+        s, run = self.state, self.run
+        metrics = self.functions.validation(self.model, run.data, run.cfg, run.device)
+        self.model.train()
+        improved = metrics["bleu"] > s.best_bleu
+        if improved:
+            s.best_bleu, s.best_step, s.bad_validations = metrics["bleu"], s.step, 0
+        else:
+            s.bad_validations += 1
+        s.history.append({"step": s.step, **metrics})
+        log.info(
+            "validation at step %d: loss %.3f ppl %.2f BLEU %.2f chrF %.2f (%.1fs)%s",
+            s.step, metrics["loss"], metrics["ppl"], metrics["bleu"], metrics["chrf"],
+            metrics["seconds"], "  (new best)" if improved else "",
+        )  # fmt: skip
+        self.run_log.write("validation", s.step, **metrics, best=improved)
+        self._show_validation(metrics)
+        self.save(is_best=improved)
+        return self.t.patience > 0 and s.bad_validations >= self.t.patience
+
+    def _show_validation(self, metrics: dict[str, float]) -> None:
+        """A validation's scores and attention views in TensorBoard and the explorer page."""
+        t, run, step = self.t, self.run, self.state.step
+        opts = validation_options(run.cfg)  # the attention drawn is the validation's decoding
+        if self.writer is not None:
+            for key in ("loss", "ppl", "bleu", "chrf"):
+                self.writer.add_scalar(f"val/{key}", metrics[key], step)
+            if t.attention_sentences > 0:
+                log_validation_views(
+                    self.writer, self.model, run.data.valid, run.data.tokenizers, step,
+                    run.device, t.attention_sentences, t.attention_layers,
+                    opts=opts,
+                )  # fmt: skip
+            self.writer.flush()
+        if self.explorer is not None:
+            self.explorer.add(
+                step, self.model, run.data.valid, run.data.tokenizers, run.device,
+                t.attention_sentences, f"validation BLEU {metrics['bleu']:.2f}",
+                opts=opts,
+            )  # fmt: skip
+
+    # ----------------------------------------------------------------- logging
+
+    def log_start(self, **data: Any) -> None:
+        """The ``start`` event: hardware, precision, model size, the training data's figures
+        (``data``), and the checkpoint the run resumes (``resumed_from``) or was fine-tuned from
+        (``init_from``)."""
+        run, s = self.run, self.state
+        fields: dict[str, Any] = {
+            **hardware(run.device, run.dist, str(run.cfg.trainer.precision)),
+            "parameters": run.model.num_parameters(),
+            "overrides": hydra_overrides(),
+            **data,
+        }
+        if run.resume_file is not None:
+            fields["resumed_from"] = run_path(run.resume_file, run.run_dir)
+        if s.init_from:
+            fields["init_from"] = s.init_from
+        self.run_log.write("start", s.step, **fields)
+
+    def log_window(self, w: Window, pbar: tqdm) -> None:
+        """One log window's line, progress-bar figures, TensorBoard scalars and ``train`` event."""
+        s, world = self.state, self.run.dist.world_size
+        loss = float(w.loss) / max(w.tokens, 1)
+        tps = w.tokens * world / max(w.seconds, 1e-9)
+        lr = self.optimizer.param_groups[0]["lr"]
+        grad_norm = float(w.grad_norm) / w.steps
+        pbar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
+        log.info(
+            "step %d: loss %.3f, lr %.2e, %.0f target tokens/s, grad norm %.2f",
+            s.step, loss, lr, tps, grad_norm,
+        )  # fmt: skip
+        self.run_log.write(
+            "train", s.step, epoch=s.epoch, train_time=s.train_time, loss=loss, lr=lr,
+            grad_norm=grad_norm, tokens=w.tokens * world, updates=w.steps, seconds=w.seconds,
+            tokens_per_s=tps,
+        )  # fmt: skip
+        if self.writer is None:
+            return
+        self.writer.add_scalar("train/loss", loss, s.step)
+        self.writer.add_scalar("train/lr", lr, s.step)
+        self.writer.add_scalar("train/tokens_per_s", tps, s.step)
+        self.writer.add_scalar("train/grad_norm", grad_norm, s.step)
+        self.writer.add_scalar("train/tokens_per_update", w.tokens / w.steps, s.step)
+
+    # ----------------------------------------------------------------- the loop
+
+    def stop_reason(self, signal_name: str | None) -> str:
+        """Why training should stop after the current update ("" to go on)."""
+        s, t, limit = self.state, self.t, self.run.time_limit
+        reason = ""
+        if t.max_steps and s.step >= t.max_steps:
+            reason = f"reached trainer.max_steps={t.max_steps}"
+        elif limit and s.train_time >= limit:
+            reason = f"reached the time limit of {limit:.0f}s"
+        elif signal_name:
+            reason = f"stopped by {signal_name}"
+        if self.run.dist.enabled:  # every rank stops at the same update
+            flag = torch.tensor([1.0 if reason else 0.0], device=self.run.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() and not reason:
+                reason = "stopped by another rank"
+        return reason
+
+    def fit(self) -> str:
+        """Train until a limit is reached; returns the reason for stopping."""
+        s, t = self.state, self.t
+        pbar = tqdm(
+            total=t.max_steps or None,
+            initial=s.step,
+            disable=not (t.progress and self.run.dist.is_main),
+            unit="step",
+            dynamic_ncols=True,
+        )
+        self.model.train()
+        reason = self.stop_reason(None)  # a resumed run may already be at its limit
+        with StopSignal() as stop, logging_redirect_tqdm():
+            loop = _Loop(pbar, Window.new(self.run.device), stop)
+            while not reason:
+                if t.max_epochs and s.epoch >= t.max_epochs:
+                    reason = f"reached trainer.max_epochs={t.max_epochs}"
+                    break
+                reason = self._epoch(loop)
+            pbar.close()
+            self._finish(stop.received)
+        return reason
+
+    def _epoch(self, loop: _Loop) -> str:
+        """Updates over the rest of this epoch's batches; the reason to stop ("" at its end)."""
+        s, t = self.state, self.t
+        batches = self.sampler.batches(s.epoch)
+        reason = ""
+        while not reason and s.batch_in_epoch + t.accumulate <= len(batches):
+            group = batches[s.batch_in_epoch : s.batch_in_epoch + t.accumulate]
+            reason = self._update(group, loop) or self.stop_reason(loop.stop.received)
+        if s.batch_in_epoch + t.accumulate > len(batches):
+            s.epoch += 1
+            s.batch_in_epoch = 0
+            log.info("epoch %d done at step %d", s.epoch, s.step)
+        return reason
+
+    def _update(self, group: list[Any], loop: _Loop) -> str:
+        """One optimizer update over ``group``'s batches, then its log line and validation
+        when due; early stopping's reason, else ""."""
+        s, t, run, clock = self.state, self.t, self.run, self.functions.clock
+        tic = clock()
+        micro = [make_batch(run.data.train, idx).to(run.device, non_blocking=True) for idx in group]
+        res = train_step(
+            self.train_model, micro, self.optimizer, self.scaler, run.cfg, run.device, run.dist,
+            self.functions.loss,
+        )  # fmt: skip
+        s.batch_in_epoch += len(group)
+        seconds = clock() - tic
+        s.train_time += seconds  # a skipped update took its time too
+        if self.sync_clock:  # same lr on every rank
+            s.train_time = self._slowest_rank(s.train_time)
+        if not res.finite:
+            loop.bad_in_row += 1
+            self._non_finite(loop.bad_in_row)
+            return ""
+        loop.bad_in_row = 0
+        self.scheduler.step()
+        s.step += 1
+        loop.window.add(res, seconds)
+        loop.pbar.update(1)
+        if s.step % t.log_every == 0:
+            self.log_window(loop.window, loop.pbar)
+            loop.window = Window.new(run.device)
+        if s.step % t.val_every == 0 and self.validate():
+            return f"early stopping: no BLEU gain in {t.patience} validations"
+        return ""
+
+    def _non_finite(self, bad_in_row: int) -> None:
+        log.warning("non-finite loss or gradient at step %d: update skipped", self.state.step)
+        if bad_in_row >= MAX_BAD_STEPS:
+            raise FloatingPointError(
+                f"{bad_in_row} updates in a row had a non-finite loss or gradient; stopping "
+                "(the last checkpoint is intact). Try a lower optim.lr or trainer.precision=32."
+            )
+
+    def _finish(self, signal_name: str | None) -> None:
+        """Validate (or, when stopped by a signal, just save) unless this step already was."""
+        s = self.state
+        if s.step == 0 or (s.history and s.history[-1]["step"] == s.step):
+            return
+        if signal_name:
+            self.save(is_best=False)
+        else:
+            self.validate()
+
+    def average_last(self) -> dict[str, float] | None:
+        """Average the last ``trainer.average_last`` step checkpoints into ``averaged.pt``.
+
+        The averaged weights are validated like any checkpoint; the scores are logged, kept in
+        the checkpoint (``averaged.validation``) and written as the ``averaged`` event. Returns
+        them, or None when the run kept fewer than two step checkpoints.
+        """
+        run, s = self.run, self.state
+        paths = ckpt.step_checkpoints(self.checkpointer.dir)[-self.t.average_last :]
+        if len(paths) < 2:
+            log.warning(
+                "trainer.average_last=%d: only %d step checkpoint(s); averaged.pt not written",
+                self.t.average_last, len(paths),
+            )  # fmt: skip
+            return None
+        payload = average_checkpoints(paths)
+        self.model.load_state_dict(payload["model"])
+        metrics = self.functions.validation(self.model, run.data, run.cfg, run.device)
+        payload["averaged"]["validation"] = metrics
+        target = self.checkpointer.dir / "averaged.pt"
+        ckpt.save_checkpoint(payload, target)
+        log.info(
+            "averaged %s: validation loss %.3f BLEU %.2f chrF %.2f (best single checkpoint: "
+            "BLEU %.2f at step %d) -> %s",
+            ", ".join(p.stem for p in paths), metrics["loss"], metrics["bleu"], metrics["chrf"],
+            s.best_bleu, s.best_step, target,
+        )  # fmt: skip
+        self.run_log.write(
+            "averaged", s.step, checkpoints=[p.stem for p in paths],
+            path=run_path(target, run.run_dir), **metrics,
+        )  # fmt: skip
+        if self.writer is not None:
+            self.writer.add_scalar("val/bleu_averaged", metrics["bleu"], s.step)
+        return metrics
+
+
+def run_path(path: Path, run_dir: Path) -> str:
+    """``path`` relative to the run directory when it lies inside it, else absolute."""
+    path, run_dir = Path(path).resolve(), Path(run_dir).resolve()
+    return str(path.relative_to(run_dir)) if path.is_relative_to(run_dir) else str(path)
+
+
+def hardware(device: torch.device, dist_info: DistInfo, precision: str) -> dict[str, Any]:
+    """What the run trains on (the ``start`` event, and so summary.json's ``hardware``)."""
+    return {
+        "device": device_name(device),
+        "device_type": device.type,
+        "world_size": dist_info.world_size,
+        "threads": torch.get_num_threads(),
+        "precision": precision,
+        "torch": torch.__version__,
+    }
+
+
+def hydra_overrides() -> list[str]:
+    """The command line's overrides; none when called without Hydra (tests, scripts)."""
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return []

@@ -1,0 +1,328 @@
+"""Everything before the first update: the run directory and its log, the device, seeds, data
+and model, ``trainer.precision`` resolved, and the parts a :class:`~nmt.train.loop.Trainer`
+is built from (optimizer, schedule, scaler, DDP / compile wrapping, sampler, TensorBoard).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.tensorboard import SummaryWriter
+
+from nmt.atomic import atomic_write_bytes
+from nmt.cli import setup_logging, write_to_log_file
+from nmt.config import ConfigError, check_train_config, to_container
+from nmt.data.batching import TokenBatchSampler
+from nmt.data.datasets import PreparedData, prepare_data
+from nmt.data.tokenizer import TokenizerPair
+from nmt.environment import launcher_variables, multi30k_source
+from nmt.models.base import Seq2Seq
+from nmt.runtime.device import pick_device, seed_everything
+from nmt.runtime.distributed import DistInfo, init_distributed
+from nmt.runtime.precision import (
+    Measurement,
+    SpeedProbe,
+    probe_model,
+    resolve_precision,
+)
+from nmt.store import checkpoint as ckpt
+from nmt.store.loading import build_model
+from nmt.store.paths import checkpoint_run_dir, update_latest_link
+from nmt.train.loop import Checkpointer, Functions, Setup, Trainer
+from nmt.train.optim import build_optimizer, build_scheduler
+from nmt.train.runlog import RunLog
+from nmt.train.start import Origin, find_origin, log_origin
+from nmt.train.step import TrainState, loss_sum
+from nmt.viz.explorer import TrainingExplorer, model_info
+
+log = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- building the trainer
+
+
+def time_progress(state: TrainState, time_limit: float, step: int) -> float:
+    """Share of the post-warmup training time spent (optim.decay_over=time)."""
+    if state.decay_start < 0:
+        state.decay_start = state.train_time
+    return (state.train_time - state.decay_start) / max(time_limit - state.decay_start, 1e-9)
+
+
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: DictConfig, state: TrainState, time_limit: float
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """``optim.schedule``; with ``optim.decay_over=time`` its decay follows ``state``'s
+    training time up to ``time_limit``."""
+    progress = None
+    if cfg.optim.decay_over == "time":
+        if time_limit <= 0:
+            raise ConfigError(
+                "optim.decay_over=time needs a training-time limit: set trainer.max_time"
+            )
+        progress = partial(time_progress, state, time_limit)
+    return build_scheduler(optimizer, cfg.optim, cfg.trainer.max_steps, progress)
+
+
+def build_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16 training's loss scaler (None for other precisions)."""
+    return torch.amp.GradScaler(device.type) if precision == "16" else None
+
+
+def restore(
+    payload: dict[str, Any],
+    model: Seq2Seq,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler | None,
+) -> None:
+    """Load a checkpoint's weights, optimizer, schedule, loss scale and random state."""
+    model.load_state_dict(payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["scheduler"])
+    if scaler is not None and payload["scaler"] is not None:
+        scaler.load_state_dict(payload["scaler"])
+    ckpt.set_rng_state(payload["rng"])
+
+
+def build_train_model(
+    model: Seq2Seq, dist_info: DistInfo, device: torch.device, compile_model: bool
+) -> torch.nn.Module:
+    """The module the updates run: ``model`` wrapped for DDP and torch.compile as configured."""
+    wrapped: torch.nn.Module = model
+    if dist_info.enabled:
+        ids = [device.index] if device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=ids)
+    if compile_model:
+        wrapped = torch.compile(wrapped)
+    return wrapped
+
+
+def build_sampler(cfg: DictConfig, data: PreparedData, dist_info: DistInfo) -> TokenBatchSampler:
+    """This rank's token batches of the training data, shuffled per epoch from the seed."""
+    return TokenBatchSampler(
+        data.train.src_lens,
+        data.train.tgt_lens,
+        cfg.data.max_tokens,
+        shuffle=True,
+        seed=cfg.trainer.seed,
+        num_replicas=dist_info.world_size,
+        rank=dist_info.rank,
+        corpora=[(c.pairs, c.weight) for c in data.train_corpora] or None,
+    )
+
+
+def build_writer(run_dir: Path, step: int) -> SummaryWriter:
+    """TensorBoard's writer; a resumed run drops the events logged after its step."""
+    return SummaryWriter(str(run_dir / "tb"), purge_step=step or None)
+
+
+def build_explorer(cfg: DictConfig, run_dir: Path, step: int) -> TrainingExplorer:
+    """The explorer page of every validation (``trainer.attention_html``)."""
+    return TrainingExplorer(run_dir / "attention", model_info(cfg), step)
+
+
+def build_trainer(run: Setup, functions: Functions) -> Trainer:
+    """The trainer of ``run`` and everything it uses; a resumed run's weights, optimizer,
+    schedule, state and random state restored."""
+    cfg, t, main = run.cfg, run.cfg.trainer, run.dist.is_main
+    state = TrainState(**run.resumed["state"]) if run.resumed else TrainState()
+    if run.init_info:
+        state.init_from = run.init_info
+    optimizer = build_optimizer(run.model, cfg.optim, fused=run.device.type == "cuda")
+    scheduler = build_lr_scheduler(optimizer, cfg, state, run.time_limit)
+    scaler = build_scaler(str(t.precision), run.device)
+    if run.resumed is not None:
+        restore(run.resumed, run.model, optimizer, scheduler, scaler)
+    return Trainer(
+        run, state, optimizer, scheduler, scaler,
+        train_model=build_train_model(run.model, run.dist, run.device, t.compile),
+        sampler=build_sampler(cfg, run.data, run.dist),
+        checkpointer=Checkpointer(run.run_dir / "checkpoints", t.keep_last),
+        writer=build_writer(run.run_dir, state.step) if main else None,
+        run_log=RunLog(run.run_dir if main else None),
+        explorer=(
+            build_explorer(cfg, run.run_dir, state.step) if main and t.attention_html else None
+        ),
+        functions=functions,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def time_limit(cfg: DictConfig, device: torch.device) -> float:
+    """Seconds of training allowed (0 = none). On CPU an unbounded run gets a cap."""
+    t = cfg.trainer
+    if t.max_time > 0:
+        return float(t.max_time)
+    unbounded = t.max_steps == 0 and t.max_epochs == 0
+    if device.type == "cpu" and unbounded and t.cpu_max_time > 0:
+        log.warning(
+            "no GPU: training stops after %.0f minutes (trainer.cpu_max_time). For a full run "
+            "set trainer.cpu_max_time=0 or a limit such as trainer.max_steps=20000.",
+            t.cpu_max_time / 60,
+        )
+        return float(t.cpu_max_time)
+    return 0.0
+
+
+def speed_probe(
+    cfg: DictConfig,
+    model: Seq2Seq,
+    data: PreparedData,
+    probe: Callable[..., Measurement] = probe_model,
+) -> SpeedProbe:
+    """The measurement behind ``trainer.precision=auto`` on a CPU with native bf16.
+
+    Forward and backward of this model on synthetic batches of the training data's median sentence
+    lengths under ``data.max_tokens`` (``probe``: :func:`nmt.runtime.precision.probe_model`); cached
+    under ``<data.root>/cache/precision``. The model runs eagerly even where ``trainer.compile``
+    will compile it.
+    """
+    lengths = (
+        max(1, int(np.median(data.train.src_lens))),
+        max(1, int(np.median(data.train.tgt_lens))),
+    )
+    vocab = (data.tokenizers.src.vocab_size, data.tokenizers.tgt.vocab_size)
+    smoothing = float(cfg.trainer.label_smoothing)
+    shape = {
+        "model": to_container(cfg.model),
+        "vocab": list(vocab),
+        "joint_vocab": data.tokenizers.joint,
+        "max_tokens": int(cfg.data.max_tokens),
+        "lengths": list(lengths),
+    }
+    return SpeedProbe(
+        measure=lambda: probe(
+            model, lambda m, b: loss_sum(m, b, smoothing), int(cfg.data.max_tokens), lengths, vocab
+        ),
+        shape=shape,
+        cache_dir=Path(cfg.data.root) / "cache" / "precision",
+    )
+
+
+def training_precision(
+    cfg: DictConfig,
+    device: torch.device,
+    dist_info: DistInfo,
+    resumed: dict[str, Any] | None,
+    probe: Callable[[], SpeedProbe],
+) -> str:
+    """``trainer.precision`` resolved for this run; ``probe`` makes the speed probe of ``auto``
+    (:func:`speed_probe`), called only where ``auto`` may need it.
+
+    A resumed run keeps the precision it started with (its checkpoint's config holds the
+    resolved value), so ``auto`` never re-decides mid-run. Under DDP on a CPU only rank 0
+    resolves (probing at most once, with the other ranks idle rather than competing for the
+    same cores) and broadcasts its choice, so every rank trains in the same precision.
+    """
+    requested = str(cfg.trainer.precision)
+    if resumed is not None:
+        started = str(resumed.get("config", {}).get("trainer", {}).get("precision", "auto"))
+        if requested == "auto" and started != "auto":
+            log.info("trainer.precision=auto: %s, as when this run started", started)
+            return started
+        if started not in ("auto", requested):
+            log.warning(
+                "trainer.precision=%s, but this run started in %s: the resumed run is not an "
+                "exact continuation",
+                requested, started,
+            )  # fmt: skip
+    if not (dist_info.enabled and device.type == "cpu" and requested == "auto"):
+        return resolve_precision(requested, device, probe())
+    choice: list[str | None] = [None]
+    if dist_info.is_main:
+        choice = [resolve_precision(requested, device, probe())]
+    dist.broadcast_object_list(choice, src=0)
+    return str(choice[0])
+
+
+def save_tokenizers(t: TokenizerPair, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    if t.joint:
+        t.src.save(directory / "spm.model")
+    else:
+        t.src.save(directory / "src.model")
+        t.tgt.save(directory / "tgt.model")
+
+
+def open_run_dir(run_dir: Path, outputs: Path, dist_info: DistInfo, early: list) -> None:
+    """Start the run's log (with the warnings held until now); on the main rank make the run
+    directory and point ``<outputs>/latest`` at it."""
+    setup_logging(run_dir / "train.log", dist_info.rank)
+    write_to_log_file(early)
+    if dist_info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        update_latest_link(outputs, run_dir)
+    log.info("run directory: %s", run_dir)
+
+
+def training_device(t: DictConfig, dist_info: DistInfo) -> torch.device:
+    """The device of this rank (its own GPU under DDP); sets ``trainer.threads``."""
+    device = pick_device(t.device)
+    if dist_info.enabled and device.type == "cuda":
+        device = torch.device("cuda", dist_info.local_rank)
+    if t.threads > 0:
+        torch.set_num_threads(t.threads)
+    return device
+
+
+def data_and_model(
+    cfg: DictConfig, origin: Origin, run_dir: Path, dist_info: DistInfo
+) -> tuple[PreparedData, float, Seq2Seq]:
+    """The run's data (with the checkpoint's tokenizers, if any, else newly trained ones, saved
+    in the run directory), the time (Unix seconds) it was ready, and the run's model
+    (fine-tuning's start, else a new one)."""
+    state = origin.tokenizers
+    tokenizers = TokenizerPair.from_state_dict(state) if state else None
+    data = prepare_data(cfg.data, tokenizers, multi30k_source())
+    data_time = time.time()
+    if dist_info.is_main:
+        save_tokenizers(data.tokenizers, run_dir / "tokenizer")
+    model = origin.start_model
+    return data, data_time, model if model is not None else build_model(cfg, data.tokenizers)
+
+
+def setup(cfg: DictConfig, run_dir: Path, functions: Functions) -> Setup:
+    """Everything before the first update, in the order that keeps runs reproducible.
+
+    Checks the config, finds the checkpoint to resume or fine-tune (before anything is written),
+    opens the run directory and its log, seeds, prepares data and model, resolves
+    ``trainer.precision``, and only then writes config.yaml, so that it holds the precision the
+    run trains in. The caller's ``cfg`` is left as it is.
+    """
+    check_train_config(cfg)
+    cfg = copy.deepcopy(cfg)
+    dist_info = init_distributed(cfg.trainer.device, launcher_variables())
+    origin = find_origin(cfg)
+    if origin.resume_file is not None:  # continue in place (outside a run: in this new one)
+        run_dir = checkpoint_run_dir(origin.resume_file) or run_dir
+    open_run_dir(run_dir, Path(cfg.outputs), dist_info, origin.warnings)
+    log_origin(origin)
+    device = training_device(cfg.trainer, dist_info)
+    seed_everything(cfg.trainer.seed)
+    data, data_time, model = data_and_model(cfg, origin, run_dir, dist_info)
+    model.to(device)
+    probe = partial(speed_probe, cfg, model, data, functions.probe)
+    precision = training_precision(cfg, device, dist_info, origin.resumed, probe)
+    if precision != str(cfg.trainer.precision):
+        log.info("trainer.precision=%s: using %s on %s", cfg.trainer.precision, precision, device)
+        cfg.trainer.precision = precision
+    if dist_info.is_main:
+        atomic_write_bytes(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
+    log.info("model %s: %s parameters on %s", type(model).__name__,
+             f"{model.num_parameters():,}", device)  # fmt: skip
+    return Setup(
+        cfg, run_dir, dist_info, device, data, model, time_limit(cfg, device),
+        origin.resume_file, origin.resumed, origin.init_info, data_time,
+    )  # fmt: skip

@@ -1,0 +1,235 @@
+"""Where a run starts from: the checkpoint ``trainer.resume`` continues (a damaged ``last.pt``
+replaced by the newest step file that verifies) or ``trainer.init_from`` fine-tunes (same
+architecture, the checkpoint's tokenizers), found, loaded and checked before anything is
+written.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from nmt.atomic import sha256_file
+from nmt.cli import held_warnings
+from nmt.config import ConfigError
+from nmt.data.tokenizer import TokenizerPair
+from nmt.models.base import Seq2Seq
+from nmt.store import checkpoint as ckpt
+from nmt.store.gate import CheckpointError
+from nmt.store.loading import build_model, load_checked_checkpoint
+from nmt.store.paths import checkpoint_path, resolve_run_dir
+
+log = logging.getLogger(__name__)
+
+
+def _usable_checkpoint(last: Path) -> Path:
+    """``last`` if it verifies, else the newest ``step_N.pt`` beside it that does.
+
+    A fallback is logged as a warning naming the unusable file(s) and the one used. Raises
+    CheckpointError when no checkpoint in the directory verifies.
+    """
+    tried: list[Path] = []
+    problems: list[str] = []
+    candidates = [last] if last.is_file() else []
+    candidates += reversed(ckpt.step_checkpoints(last.parent))
+    for path in candidates:
+        twin = next((bad for bad in tried if path.samefile(bad)), None)
+        if twin is not None:  # a hard link to a file that already failed
+            problems.append(f"{path} is the same file as {twin.name}")
+            continue
+        try:
+            ckpt.verify_checkpoint(path)
+        except CheckpointError as e:
+            log.warning("%s", e)
+            tried.append(path)
+            problems.append(str(e))
+            continue
+        if path != last:
+            unusable = ", ".join(map(str, tried)) if tried else f"{last} (missing)"
+            log.warning(
+                "cannot resume from %s; falling back to %s, the newest checkpoint that verifies",
+                unusable, path,
+            )  # fmt: skip
+        return path
+    detail = "; ".join(problems) if problems else "no checkpoint files"
+    raise CheckpointError(f"no usable checkpoint in {last.parent}: {detail}")
+
+
+def find_resume_checkpoint(resume: str, outputs: Path) -> Path | None:
+    """A verified checkpoint file from ``trainer.resume``: a file, a run dir, or ``auto``.
+
+    ``auto`` means the newest run (``<outputs>/latest``; None when it has no checkpoint). For a
+    run dir or ``auto``, a ``last.pt`` that is missing, truncated or corrupted is replaced by
+    the newest ``step_N.pt`` that verifies, with a warning. A file named explicitly (other than
+    ``last.pt``) is used only if it verifies.
+    """
+    if resume == "auto":
+        ckpt_dir = outputs / "latest" / "checkpoints"
+        last = ckpt_dir / "last.pt"
+        if not (last.is_file() or ckpt.step_checkpoints(ckpt_dir)):
+            return None
+        return _usable_checkpoint(last)
+    path = Path(resume)
+    if path.is_dir():
+        last = path / "checkpoints" / "last.pt"
+        if not (last.is_file() or ckpt.step_checkpoints(last.parent)):
+            raise ConfigError(f"trainer.resume={resume!r}: no checkpoint at {last}")
+        return _usable_checkpoint(last)
+    if not path.is_file():
+        raise ConfigError(f"trainer.resume={resume!r}: no checkpoint at {path}")
+    if path.name == "last.pt":
+        return _usable_checkpoint(path)
+    ckpt.verify_checkpoint(path)
+    return path
+
+
+# --------------------------------------------------------------------------- fine-tuning
+
+# Data options that only shape the tokenizers: a fine-tuning run takes its tokenizers from the
+# checkpoint, so these are replaced by the checkpoint's values.
+TOKENIZER_DATA_KEYS = ("joint_vocab", "vocab_size", "spm_model_type", "character_coverage")
+
+
+def find_init_checkpoint(init_from: str) -> Path:
+    """The checkpoint file named by ``trainer.init_from``: a file as it is; for a run directory
+    (or ``outputs/latest``) the checkpoint that ``nmt-eval`` of the run would load (its
+    ``decode.checkpoint``, by default ``best.pt``; else ``best.pt``, else ``last.pt``)."""
+    path = Path(init_from)
+    if path.is_file():
+        return path
+    run_dir = resolve_run_dir(path)
+    if not run_dir.is_dir():
+        raise ConfigError(
+            f"trainer.init_from={init_from!r}: no checkpoint file or run directory at {path}"
+        )
+    try:
+        return checkpoint_path(run_dir)
+    except CheckpointError as e:
+        raise CheckpointError(f"trainer.init_from={init_from!r}: {e}") from None
+
+
+def check_same_architecture(model: DictConfig, source: DictConfig, path: Path) -> None:
+    """Raise ConfigError naming the first model key whose value differs from the checkpoint's.
+
+    Dropout rates (the keys ending in ``dropout``) may differ: they shape training, not the
+    weights. Every other key of a model config decides the shapes or the computation.
+    """
+    hint = "a fine-tuning run keeps the architecture of the checkpoint it starts from"
+    if model.arch != source.arch:
+        raise ConfigError(
+            f"model.arch={model.arch!r} differs from the checkpoint's model.arch="
+            f"{source.arch!r} ({path}): {hint}; choose the model config (model=..., "
+            "experiment=...) the checkpoint was trained with"
+        )
+    for key, theirs in source.items():
+        mine = model.get(key)
+        if not key.endswith("dropout") and mine != theirs:
+            raise ConfigError(
+                f"model.{key}={mine!r} differs from the checkpoint's model.{key}={theirs!r} "
+                f"({path}): {hint}; set model.{key}={theirs} or use the model config the "
+                "checkpoint was trained with"
+            )
+
+
+def _take_tokenizer_settings(data: DictConfig, source: DictConfig) -> list[str]:
+    """Set the tokenizer options of ``data`` to the checkpoint's; the overridden ones, named."""
+    changed = [
+        f"data.{key}={data[key]} replaced by {source[key]}"
+        for key in TOKENIZER_DATA_KEYS
+        if data[key] != source[key]
+    ]
+    for key in TOKENIZER_DATA_KEYS:
+        data[key] = source[key]
+    return changed
+
+
+def load_start_model(cfg: DictConfig, payload: dict[str, Any], path: Path) -> Seq2Seq:
+    """The model of ``cfg`` with a checkpoint's weights (a fine-tuning run's start).
+
+    Raises CheckpointError when the weights do not fit the model the checkpoint's config
+    describes (a damaged or hand-made file that passed its checksum).
+    """
+    tokenizers = TokenizerPair.from_state_dict(payload["tokenizers"])
+    model = build_model(cfg, tokenizers)
+    try:
+        model.load_state_dict(payload["model"])
+    except (RuntimeError, TypeError, AttributeError) as e:
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(
+            f"checkpoint {path}: its weights do not fit the model its config describes: {detail}"
+        ) from None
+    return model
+
+
+def _checkpoint_step(payload: dict[str, Any]) -> int:
+    """The step a checkpoint was saved at (-1 when its state does not say)."""
+    state = payload.get("state")
+    step = state.get("step") if isinstance(state, dict) else None
+    return step if isinstance(step, int) else -1
+
+
+@dataclass
+class Origin:
+    """The checkpoint a run resumes (``trainer.resume``) or fine-tunes (``trainer.init_from``),
+    found, loaded and checked before anything is written."""
+
+    warnings: list[logging.LogRecord]  # logged while looking; the run's log gets them too
+    resume_file: Path | None = None
+    resumed: dict[str, Any] | None = None  # the payload of resume_file
+    tokenizers: dict[str, Any] | None = None  # the checkpoint's tokenizers (state dict)
+    start_model: Seq2Seq | None = None  # fine-tuning: the model with the checkpoint's weights
+    init_info: dict[str, Any] = field(default_factory=dict)  # fine-tuning: file, step, sha256
+    data_time: float = 0.0  # when the data was ready (Unix seconds)
+    replaced: list[str] = field(default_factory=list)  # fine-tuning: data options replaced
+
+
+def find_origin(cfg: DictConfig) -> Origin:
+    """The checkpoint named by ``trainer.resume`` or ``trainer.init_from``, if any; for
+    fine-tuning, ``cfg`` takes the checkpoint's tokenizer options and names its file."""
+    t = cfg.trainer
+    with held_warnings() as early:  # e.g. a damaged last.pt: the run's log gets them too
+        resume_file = find_resume_checkpoint(t.resume, Path(cfg.outputs)) if t.resume else None
+        resumed = load_checked_checkpoint(resume_file) if resume_file else None
+        init_file = find_init_checkpoint(t.init_from) if t.init_from else None
+        source = load_checked_checkpoint(init_file) if init_file else None
+    origin = Origin(early, resume_file, resumed, resumed["tokenizers"] if resumed else None)
+    if init_file is not None:
+        check_same_architecture(cfg.model, source["checked_config"].model, init_file)
+        origin.replaced = _take_tokenizer_settings(cfg.data, source["checked_config"].data)
+        init_file = init_file.resolve()
+        origin.start_model = load_start_model(cfg, source, init_file)
+        origin.tokenizers = source["tokenizers"]  # nothing else of the source's payload is kept
+        origin.init_info = {
+            "checkpoint": str(init_file),
+            "step": _checkpoint_step(source),
+            "sha256": sha256_file(init_file),
+        }
+        t.init_from = str(init_file)  # config.yaml names the file, not a link that moves
+    return origin
+
+
+def log_origin(origin: Origin) -> None:
+    """The run log's lines on where a resumed or fine-tuning run comes from."""
+    if origin.resumed is not None:
+        log.info("resuming from %s at step %d", origin.resume_file, origin.resumed["state"]["step"])
+        started = origin.resumed["state"].get("init_from")
+        if started:
+            log.info("this run was fine-tuned from %s (step %s)", started["checkpoint"],
+                     started["step"])  # fmt: skip
+    info = origin.init_info
+    if info:
+        log.info(
+            "fine-tuning from %s (step %d, sha256 %s): a new run with its weights and tokenizers, "
+            "a fresh optimizer and learning-rate schedule, from step 0",
+            info["checkpoint"], info["step"], info["sha256"][:16],
+        )  # fmt: skip
+        log.info(
+            "the tokenizers come from the checkpoint, none is trained: %s are taken from it "
+            "(%s)",
+            ", ".join(f"data.{key}" for key in TOKENIZER_DATA_KEYS),
+            ", ".join(origin.replaced) if origin.replaced else "the config's values equal them",
+        )  # fmt: skip
