@@ -20,7 +20,6 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from nmt.atomic import TEMP_SUFFIX
@@ -37,6 +36,7 @@ from nmt.runtime.precision import (
 from nmt.store import checkpoint as ckpt
 from nmt.store.average import average_checkpoints
 from nmt.store.gate import CheckpointError
+from nmt.train.progress import Limits, Position, ProgressBar
 from nmt.train.runlog import RunLog
 from nmt.train.step import MAX_BAD_STEPS, LossFn, StepResult, TrainState, loss_sum, train_step
 from nmt.train.validation import validation_options, validation_scores
@@ -185,10 +185,11 @@ class Setup:
 class _Loop:
     """What the updates of :meth:`Trainer.fit` share besides the training state."""
 
-    pbar: tqdm
+    pbar: ProgressBar
     window: Window
     stop: StopSignal
     bad_in_row: int = 0  # consecutive non-finite updates
+    batches_per_epoch: int = 1  # this rank's, of the current epoch
 
 
 @dataclass
@@ -307,14 +308,22 @@ class Trainer:
             fields["init_from"] = s.init_from
         self.run_log.write("start", s.step, **fields)
 
-    def log_window(self, w: Window, pbar: tqdm) -> None:
+    def position(self, batches_per_epoch: int) -> Position:
+        """Where the run is, for the progress bar."""
+        s = self.state
+        return Position(s.step, s.train_time, s.epoch + s.batch_in_epoch / batches_per_epoch)
+
+    def log_window(self, w: Window, loop: _Loop) -> None:
         """One log window's line, progress-bar figures, TensorBoard scalars and ``train`` event."""
         s, world = self.state, self.run.dist.world_size
         loss = float(w.loss) / max(w.tokens, 1)
         tps = w.tokens * world / max(w.seconds, 1e-9)
         lr = self.optimizer.param_groups[0]["lr"]
         grad_norm = float(w.grad_norm) / w.steps
-        pbar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
+        loop.pbar.show(
+            self.position(loop.batches_per_epoch), loss=f"{loss:.3f}", lr=f"{lr:.2e}",
+            **{"tokens/s": f"{tps:,.0f}"},
+        )  # fmt: skip
         log.info(
             "step %d: loss %.3f, lr %.2e, %.0f target tokens/s, grad norm %.2f",
             s.step, loss, lr, tps, grad_norm,
@@ -354,13 +363,8 @@ class Trainer:
     def fit(self) -> str:
         """Train until a limit is reached; returns the reason for stopping."""
         s, t = self.state, self.t
-        pbar = tqdm(
-            total=t.max_steps or None,
-            initial=s.step,
-            disable=not (t.progress and self.run.dist.is_main),
-            unit="step",
-            dynamic_ncols=True,
-        )
+        limits = Limits(t.max_steps, self.run.time_limit, t.max_epochs)
+        pbar = ProgressBar(limits, enabled=t.progress and self.run.dist.is_main)
         self.model.train()
         reason = self.stop_reason(None)  # a resumed run may already be at its limit
         with StopSignal() as stop, logging_redirect_tqdm():
@@ -378,6 +382,7 @@ class Trainer:
         """Updates over the rest of this epoch's batches; the reason to stop ("" at its end)."""
         s, t = self.state, self.t
         batches = self.sampler.batches(s.epoch)
+        loop.batches_per_epoch = max(len(batches), 1)
         reason = ""
         while not reason and s.batch_in_epoch + t.accumulate <= len(batches):
             group = batches[s.batch_in_epoch : s.batch_in_epoch + t.accumulate]
@@ -411,11 +416,13 @@ class Trainer:
         self.scheduler.step()
         s.step += 1
         loop.window.add(res, seconds)
-        loop.pbar.update(1)
         if s.step % t.log_every == 0:
-            self.log_window(loop.window, loop.pbar)
+            self.log_window(loop.window, loop)
             loop.window = Window.new(run.device)
-        if s.step % t.val_every == 0 and self.validate():
+        stop = s.step % t.val_every == 0 and self.validate()
+        figures = {"BLEU": f"{s.history[-1]['bleu']:.2f}"} if s.history else {}
+        loop.pbar.show(self.position(loop.batches_per_epoch), **figures)
+        if stop:
             return f"early stopping: no BLEU gain in {t.patience} validations"
         return ""
 
