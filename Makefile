@@ -20,6 +20,7 @@ N ?= 5
 .PHONY: average tune-decode
 .PHONY: bench bench-data bench-soak
 .PHONY: export serve bench-serve
+.PHONY: docs docs-serve
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -117,6 +118,14 @@ lint: install ## Check code style with ruff
 format: install ## Format code with ruff
 	$(BIN)/ruff format nmt tests scripts
 	$(BIN)/ruff check --fix nmt tests scripts
+
+# The documentation site (mkdocs.yml): reference pages and figures are generated from the code at
+# build time; --strict fails on a broken link or a missing page
+docs: install ## Build the documentation site into site/ (offline; open site/index.html)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
+
+docs-serve: install ## Serve the documentation site on http://127.0.0.1:8000, rebuilt on every change
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a 127.0.0.1:8000
 
 clean: ## Remove caches (keeps data/ and outputs/)
 	rm -rf .pytest_cache .ruff_cache build dist *.egg-info
