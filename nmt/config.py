@@ -124,71 +124,72 @@ class DataConfig:
     (0: one per available core; 1: in this process).
     """
 
-    name: str = MISSING
-    corpus: Corpus = Corpus.multi30k
-    src_lang: str = "de"
-    tgt_lang: str = "en"
+    name: str = MISSING  # the data config's name (multi30k_de_en, parallel, ...)
+    corpus: Corpus = Corpus.multi30k  # multi30k (fetched) or parallel (your own files)
+    src_lang: str = "de"  # source language code: the files' suffix (<prefix>.de)
+    tgt_lang: str = "en"  # target language code
     root: str = "data"  # downloads and caches live here
     # one corpus, or a list of them; each may end in :<weight> (see above)
     train: Any = "train"
-    valid: str = "val"
+    valid: str = "val"  # the validation split (a name or a path prefix)
+    # the test split(s) nmt-eval scores (names or path prefixes)
     test: list[str] = field(default_factory=lambda: ["test_2016_flickr"])
     # cleaning (training split only; valid/test are only stripped)
     max_len: int = 100  # subword tokens per side
     max_len_ratio: float = 3.0  # longer side / shorter side, in subword tokens
     # sentencepiece
-    joint_vocab: bool = True
-    vocab_size: int = 8000
-    spm_model_type: SpmModelType = SpmModelType.unigram
-    character_coverage: float = 1.0
+    joint_vocab: bool = True  # one sentencepiece model for both sides (else one per side)
+    vocab_size: int = 8000  # pieces per sentencepiece model
+    spm_model_type: SpmModelType = SpmModelType.unigram  # sentencepiece's unigram or bpe
+    character_coverage: float = 1.0  # share of characters sentencepiece covers
     spm_sample: int = 100_000  # training pairs drawn for sentencepiece training
     # preparation: encoding processes (0 = one per available core, 1 = in this process)
     num_workers: int = 0
     # batching
     max_tokens: int = 4096  # per batch: sentences x longest side, padding included
-    eval_max_tokens: int = 8192
+    eval_max_tokens: int = 8192  # per batch when validation scores or decodes
 
 
 @dataclass
 class GRUBahdanauConfig:
     arch: str = "gru_bahdanau"  # the model's name in nmt.models.registry
-    emb_dim: int = 256
-    hidden_dim: int = 512
-    enc_layers: int = 1
-    dec_layers: int = 1
-    bidirectional: bool = True
-    dropout: float = 0.3
-    attention: AttentionScore = AttentionScore.additive
-    attn_dim: int = 512
-    tie_embeddings: bool = False
+    emb_dim: int = 256  # embeddings, and the pre-output layer before the vocabulary projection
+    hidden_dim: int = 512  # GRU state size (per direction in the encoder)
+    enc_layers: int = 1  # encoder GRU layers
+    dec_layers: int = 1  # decoder GRU cells, stacked
+    bidirectional: bool = True  # the encoder reads the source both ways
+    dropout: float = 0.3  # on embeddings, encoder outputs, between layers and pre-output
+    attention: AttentionScore = AttentionScore.additive  # additive | dot | general | scaled_dot
+    attn_dim: int = 512  # hidden size of the additive score
+    tie_embeddings: bool = False  # the output projection shares the target embedding
 
 
 @dataclass
 class TransformerConfig:
     arch: str = "transformer"  # the model's name in nmt.models.registry
-    d_model: int = 256
-    heads: int = 4
-    d_ff: int = 1024
-    enc_layers: int = 3
-    dec_layers: int = 3
-    dropout: float = 0.1
-    attn_dropout: float = 0.1
-    act_dropout: float = 0.0
-    norm_first: bool = True
-    tie_embeddings: bool = True
-    learned_positions: bool = False
-    max_positions: int = 1024
+    d_model: int = 256  # width of the residual stream
+    heads: int = 4  # attention heads (d_model must divide by it)
+    d_ff: int = 1024  # hidden size of the feed-forward sub-layers
+    enc_layers: int = 3  # encoder layers
+    dec_layers: int = 3  # decoder layers
+    dropout: float = 0.1  # on every sub-layer output (before the residual sum) and embeddings
+    attn_dropout: float = 0.1  # on the attention weights
+    act_dropout: float = 0.0  # after the feed-forward activation
+    norm_first: bool = True  # pre-norm (layer norm before each sub-layer); false: post-norm
+    tie_embeddings: bool = True  # the decoder's input embedding is the output projection
+    learned_positions: bool = False  # learned position embeddings instead of sinusoidal ones
+    max_positions: int = 1024  # longest sequence the position table holds
 
 
 @dataclass
 class OptimConfig:
-    name: OptimizerName = OptimizerName.adam
+    name: OptimizerName = OptimizerName.adam  # adam | adamw
     lr: float = 1e-3  # peak learning rate
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = 1e-9
-    weight_decay: float = 0.0
-    schedule: Schedule = Schedule.inverse_sqrt
-    warmup_steps: int = 800
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # Adam's beta1, beta2
+    eps: float = 1e-9  # Adam's epsilon
+    weight_decay: float = 0.0  # not applied to 1-d parameters (biases, layer norms)
+    schedule: Schedule = Schedule.inverse_sqrt  # the learning-rate multiplier over updates
+    warmup_steps: int = 800  # updates of linear warmup to the peak
     min_lr: float = 0.0  # floor for cosine/linear decay
     # cosine/linear decay runs over `steps` (to trainer.max_steps) or `time` (to the
     # training-time limit: trainer.max_time, or trainer.cpu_max_time on CPU)
@@ -197,7 +198,7 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    seed: int = 1234
+    seed: int = 1234  # seeds model initialisation, batch order and dropout
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
     max_steps: int = 0  # optimizer updates; 0 = no limit
@@ -207,11 +208,11 @@ class TrainerConfig:
     # auto | 32 | bf16 | 16 (auto: see nmt.runtime.precision); a str, since Hydra parses 32 and
     # 16 as ints
     precision: str = "auto"
-    accumulate: int = 1
-    label_smoothing: float = 0.1
+    accumulate: int = 1  # batches per optimizer update (gradient accumulation)
+    label_smoothing: float = 0.1  # share of the target probability spread over the vocabulary
     clip_grad_norm: float = 1.0  # 0 disables clipping
-    log_every: int = 50
-    val_every: int = 500
+    log_every: int = 50  # updates per log line, TensorBoard point and train event
+    val_every: int = 500  # updates per validation (and checkpoint)
     val_sentences: int = 0  # 0 = the whole validation split (decoded with decode's output caps)
     patience: int = 10  # validations without BLEU improvement before stopping; 0 = off
     attention_sentences: int = 4  # validation sentences drawn in TensorBoard; 0 = none
@@ -225,8 +226,8 @@ class TrainerConfig:
     # fine-tuning: a checkpoint file or run dir whose weights and tokenizers start a new run
     # (fresh optimizer, schedule and step count); see nmt.train.start.find_init_checkpoint
     init_from: str | None = None
-    compile: bool = False
-    progress: bool = True
+    compile: bool = False  # torch.compile the model for training
+    progress: bool = True  # the progress bar (drawn on a terminal only)
 
 
 @dataclass
@@ -244,7 +245,7 @@ class DecodeConfig:
     # GNMT alpha for beam search: ((5 + len) / 6) ** alpha; 0 = none; null: the run's, else 1
     length_penalty: float | None = None
     max_output_len_a: float = 1.2  # output cap: a * source_length + b tokens (EOS excluded)
-    max_output_len_b: int = 10
+    max_output_len_b: int = 10  # the b of the output cap
     min_output_len: int = 0  # no EOS before this many tokens (equal-length timing runs)
     max_tokens: int = 8192  # token budget of a decoding batch
     # 32 | bf16 | 16 | auto (see nmt.runtime.precision): autocast for decoding
