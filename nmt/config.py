@@ -271,9 +271,12 @@ class RunDecodeConfig(DecodeConfig):
 
 @dataclass
 class TrainConfig:
+    # the corpus, tokenizers and batches (configs/data/)
     data: DataConfig = field(default_factory=DataConfig)
-    model: Any = MISSING
+    model: Any = MISSING  # the architecture and its sizes (configs/model/)
+    # optimiser and learning-rate schedule (configs/optim/)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    # the loop, its limits and checkpoints (configs/trainer/)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     # a run that names no search is decoded greedily (beam 1), alpha 1 for a later beam
     decode: RunDecodeConfig = field(
@@ -291,7 +294,7 @@ BOOTSTRAP_SEED = 12345
 class EvalConfig(DecodeConfig):
     """``nmt-eval``: decode and score test sets; the decoding fields are :class:`DecodeConfig`'s."""
 
-    run: str = "outputs/latest"
+    run: str = "outputs/latest"  # a run directory (outputs/latest: the newest run)
     # a file, or a name in <run>/checkpoints (best, last, averaged, step_400);
     # default: the run's decode.checkpoint, else best
     ckpt: str | None = None
@@ -300,7 +303,7 @@ class EvalConfig(DecodeConfig):
     engine: Engine = Engine.auto  # ctranslate2: a package exported with it
     # extra test sets: "src_file:ref_file" pairs; default: the run's own test split(s)
     test: list[str] = field(default_factory=list)
-    device: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
     out: str | None = None  # where hypotheses and scores go; default: <run>/eval
     # 95% confidence intervals of BLEU and chrF: sacreBLEU's bootstrap over this many resampled
     # test sets (0 = none; else at least 100), drawn with this seed (a positive integer)
@@ -312,14 +315,14 @@ class EvalConfig(DecodeConfig):
 class TranslateConfig(DecodeConfig):
     """``nmt-translate``; the decoding fields are :class:`DecodeConfig`'s."""
 
-    run: str = "outputs/latest"
+    run: str = "outputs/latest"  # a run directory (outputs/latest: the newest run)
     ckpt: str | None = None  # as in nmt-eval
     model_dir: str | None = None  # a model package, as in nmt-eval (`model=DIR`)
     engine: Engine = Engine.auto  # as in nmt-eval
     input: str | None = None  # default: stdin (an interactive prompt when it is a terminal)
     output: str | None = None  # default: stdout
     n_best: int = 1  # > 1: print "index<TAB>score<TAB>translation" for the n best (<= beam)
-    device: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
 
 
 @dataclass
@@ -330,7 +333,7 @@ class AttentionConfig(DecodeConfig):
     The sentences are decoded greedily (the drawings follow one hypothesis): of the decoding
     fields, ``beam`` may only be 1 and ``length_penalty`` plays no part."""
 
-    run: str = "outputs/latest"
+    run: str = "outputs/latest"  # a run directory (outputs/latest: the newest run)
     ckpt: str | None = None  # default: <run>/checkpoints/best.pt (else last.pt)
     model_dir: str | None = None  # a model package, as in nmt-eval (`model=DIR`)
     sentence: str | None = None  # one source sentence ...
@@ -339,13 +342,14 @@ class AttentionConfig(DecodeConfig):
     # with one line per line of input=
     reference: str | None = None
     references: str | None = None
+    # png: one heatmap per sentence; html: the explorer page
     format: AttentionFormat = AttentionFormat.png
     words: bool = False  # format=html: open the page with pieces joined into words
     out: str | None = None  # default: <run dir>/attention
     layers: Any = "last"  # self-attention layers drawn: last | all | none | 2 | [0, 2]
     max_sentences: int = 100  # from the input file
-    dpi: int = 120
-    device: str = "auto"
+    dpi: int = 120  # resolution of the PNG heatmaps
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
 
 
 @dataclass
@@ -356,11 +360,11 @@ class ServeConfig(DecodeConfig):
 
     model_dir: str | None = None  # the package (`model=DIR` on the command line) ...
     run: str = "outputs/latest"  # ... or a run / checkpoint, as in nmt-eval
-    ckpt: str | None = None
+    ckpt: str | None = None  # a checkpoint instead of the run's, as in nmt-eval
     engine: Engine = Engine.auto  # ctranslate2: no PyTorch in the process
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address to listen on (loopback only by default)
     port: int = 8080  # 0: any free port (printed at start)
-    device: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads, or CTranslate2 CPU workers; 0: each default
     max_sentences: int = 64  # per request (413 beyond)
     max_chars: int = 1000  # per sentence (413 beyond)
@@ -410,7 +414,7 @@ class TrainCorpus:
     """One entry of ``data.train``: a split name or path prefix and its sampling weight."""
 
     prefix: str
-    weight: float = 1.0
+    weight: float = 1.0  # an epoch draws round(weight * pairs) of the corpus (1: each pair once)
 
 
 def train_corpora(value: Any, key: str = "data.train") -> list[TrainCorpus]:
