@@ -18,7 +18,9 @@ MULTI30K_MIRROR = "NMT_MULTI30K_MIRROR"
 MULTI30K_URL = "NMT_MULTI30K_URL"
 MULTI30K_OFFICIAL_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"
 # torchrun's rank variables, and submitit's marker of a SLURM task
-LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SUBMITIT_EXECUTOR")
+TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"
+LAUNCHER = (*TORCHRUN, SUBMITIT_EXECUTOR)
 ONEDNN_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 ONEDNN_CACHE_ENTRIES = "16"
 SACREBLEU_SEED = "SACREBLEU_SEED"
@@ -31,11 +33,11 @@ VARIABLES: dict[str, str] = {
     "downloaded (offline machines, CI)",
     MULTI30K_URL: "read: the base URL of an HTTP mirror serving Multi30k as "
     "`<base>/<split>.<lang>.gz` (default: the official repository)",
-    "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT": "read (set by torchrun): "
+    ", ".join(TORCHRUN): "read (set by torchrun): "
     "`nmt-train` joins a process group when `WORLD_SIZE` > 1",
-    "SUBMITIT_EXECUTOR": "read (set by submitit): a SLURM task of several gets its rank "
+    SUBMITIT_EXECUTOR: "read (set by submitit): a SLURM task of several gets its rank "
     "variables from SLURM (`hydra/launcher=slurm`)",
-    "ONEDNN_PRIMITIVE_CACHE_CAPACITY, LRU_CACHE_CAPACITY": "set to 16 when nmt is imported, "
+    ", ".join(ONEDNN_CACHES): f"set to {ONEDNN_CACHE_ENTRIES} when nmt is imported, "
     "unless already set: oneDNN's kernel caches, which otherwise grow by gigabytes over a bf16 "
     "CPU run",
     MKL_FAST_MM: "set to 1 by `nmt-serve engine=ctranslate2`, unless already set: Intel MKL "

@@ -289,31 +289,14 @@ def _config_names(tree: ast.Module) -> tuple[str | None, str | None, bool]:
     return hydra_main, composed, package_dir
 
 
-class _Captured(Exception):
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
-        self.parser = parser
-
-
-def argparse_parser(module_name: str, function: str) -> argparse.ArgumentParser:
-    """The parser a command builds: its module's ``parse_args`` (or the entry function) is called
-    and stopped where the parser would read the command line."""
+def argparse_parser(module_name: str) -> argparse.ArgumentParser:
+    """The parser of an argparse command: its module's ``make_parser()``."""
     module = importlib.import_module(module_name)
-    target = getattr(module, "parse_args", None) or getattr(module, function)
-
-    def capture(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
-        raise _Captured(self)
-
-    original = argparse.ArgumentParser.parse_known_args
-    argparse.ArgumentParser.parse_known_args = capture  # type: ignore[method-assign]
-    try:
-        target([])
-    except _Captured as captured:
-        parser = captured.parser
-        parser.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=96)
-        return parser
-    finally:
-        argparse.ArgumentParser.parse_known_args = original  # type: ignore[method-assign]
-    raise LookupError(f"{module_name}.{target.__name__} built no argparse parser")
+    if not hasattr(module, "make_parser"):
+        raise LookupError(f"{module_name} has no make_parser(): the reference cannot list it")
+    parser = module.make_parser()
+    parser.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=96)
+    return parser
 
 
 def option_table(parser: argparse.ArgumentParser) -> str:
@@ -356,7 +339,7 @@ def hydra_schema(config_name: str) -> type:
 def commands() -> str:
     out = []
     for command, target in project_scripts().items():
-        module_name, function = target.split(":")
+        module_name = target.split(":")[0]
         spec = importlib.util.find_spec(module_name)
         tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
         hydra_main, composed, package_dir = _config_names(tree)
@@ -385,7 +368,7 @@ def commands() -> str:
             out.append(f"Its keys (`{schema.__name__}` in `nmt/config.py`):\n")
             out.append(class_doc(schema) + key_table(fields_of(schema())) + "\n")
         else:
-            parser = argparse_parser(module_name, function)
+            parser = argparse_parser(module_name)
             usage = parser.format_usage().removeprefix("usage: ").rstrip()
             usage = "\n".join(line.removeprefix(" " * 7) for line in usage.splitlines())
             out.append(f"```\n{usage}\n```\n")

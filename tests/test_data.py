@@ -156,7 +156,7 @@ def test_mirror_with_wrong_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     bad_mirror = tmp_path / "mirror"
     bad_mirror.mkdir()
     write(bad_mirror / "val.de.gz", b"not the real file\n")
-    source = Multi30kSource(mirror=str(bad_mirror))
+    source = Multi30kSource(mirror=bad_mirror)
     with pytest.raises(DataError, match=r"val\.de\.gz.*expected f0cba2f9.*got") as err:
         fetch_multi30k(tmp_path / "root", ["de"], ["val"], source)
     assert str(bad_mirror / "val.de.gz") in str(err.value)
@@ -164,7 +164,7 @@ def test_mirror_with_wrong_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_mirror_missing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    source = Multi30kSource(mirror=str(tmp_path))
+    source = Multi30kSource(mirror=tmp_path)
     with pytest.raises(DataError, match=r"no file 'val\.de\.gz'"):
         fetch_multi30k(tmp_path / "root", ["de"], ["val"], source)
 

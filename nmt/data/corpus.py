@@ -26,7 +26,6 @@ from nmt.environment import MULTI30K_MIRROR, MULTI30K_URL, Multi30kSource
 
 log = logging.getLogger(__name__)
 
-# files are <base>/<split>.<lang>.gz; NMT_MULTI30K_URL replaces this base (an HTTP mirror)
 MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
 MULTI30K_LANGS = ("en", "de", "fr", "cs")
 MULTI30K_SHA256 = {
@@ -101,7 +100,7 @@ def _ensure_file(
     if source is None:
         raise DataError(f"{dest} is missing, and no Multi30k source was given to fetch it from")
     if source.mirror is not None:
-        _copy_from_mirror(Path(source.mirror), dest, expected)
+        _copy_from_mirror(source.mirror, dest, expected)
     else:
         _download(multi30k_url(source, split, lang), dest, expected)
 

@@ -32,8 +32,8 @@ from nmt.environment import multi30k_source
 log = logging.getLogger(__name__)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Prepare (or check) the training data of a training config; the exit status."""
+def make_parser() -> argparse.ArgumentParser:
+    """``nmt-prepare``'s command line."""
     parser = argparse.ArgumentParser(
         prog="nmt-prepare",
         description="Prepare the training corpora of a training config into the binarized, "
@@ -46,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         "checksums; a damaged preparation is reported and rebuilt",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for nmt-train")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prepare (or check) the training data of a training config; the exit status."""
+    args = make_parser().parse_args(argv)
     setup_logging()
     register_configs()
     with exit_on_error(log, HydraException, OmegaConfBaseException):

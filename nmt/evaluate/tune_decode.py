@@ -336,7 +336,8 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def make_parser() -> argparse.ArgumentParser:
+    """``nmt-tune-decode``'s command line."""
     p = argparse.ArgumentParser(
         prog="nmt-tune-decode",
         description="Choose beam size and length penalty on a run's validation split: the "
@@ -370,13 +371,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--apply", action="store_true", help="make a significant winner the run's default"
     )
-    return p.parse_args(argv)
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``nmt-tune-decode [RUN] [--beams 1,5] [--alphas 0.6,1,1.5,2] [--apply]``."""
     setup_logging()
-    args = parse_args(argv)
+    args = make_parser().parse_args(argv)
     with exit_on_error(log):
         report = tune(
             resolve_run_dir(args.run),

@@ -288,7 +288,8 @@ def _write_package(
 # ---------------------------------------------------------------------------------- command
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def make_parser() -> argparse.ArgumentParser:
+    """``nmt-export``'s command line."""
     p = argparse.ArgumentParser(
         prog="nmt-export",
         description="Write a trained model as a self-contained package (safetensors weights, "
@@ -312,12 +313,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--data-licence", help="the licence of the training data, for the model card")
     p.add_argument("--force", action="store_true", help="replace an existing package at --out")
-    return p.parse_args(argv)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
-    args = parse_args(argv)
+    args = make_parser().parse_args(argv)
     with exit_on_error(log):
         ckpt = checkpoint_path(resolve_run_dir(args.run), args.ckpt)
         out = export_package(

@@ -101,7 +101,8 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     return payload
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def make_parser() -> argparse.ArgumentParser:
+    """``nmt-average``'s command line."""
     parser = argparse.ArgumentParser(
         prog="nmt-average",
         description="Average the model weights of a run's last N step checkpoints.",
@@ -118,12 +119,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="average these files instead of the run's last N",
     )
-    return parser.parse_args(argv)
+    return parser
 
 
 def run(argv: Sequence[str] | None = None) -> Path:
     """Average as the command line asks; returns the path of the averaged checkpoint."""
-    args = parse_args(argv)
+    args = make_parser().parse_args(argv)
     run_dir = resolve_run_dir(args.run)
     paths = args.checkpoints or last_checkpoints(run_dir, args.last)
     out = args.out or run_dir / "checkpoints" / "averaged.pt"

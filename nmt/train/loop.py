@@ -313,17 +313,14 @@ class Trainer:
         s = self.state
         return Position(s.step, s.train_time, s.epoch + s.batch_in_epoch / batches_per_epoch)
 
-    def log_window(self, w: Window, loop: _Loop) -> None:
+    def log_window(self, w: Window, pbar: ProgressBar) -> None:
         """One log window's line, progress-bar figures, TensorBoard scalars and ``train`` event."""
         s, world = self.state, self.run.dist.world_size
         loss = float(w.loss) / max(w.tokens, 1)
         tps = w.tokens * world / max(w.seconds, 1e-9)
         lr = self.optimizer.param_groups[0]["lr"]
         grad_norm = float(w.grad_norm) / w.steps
-        loop.pbar.show(
-            self.position(loop.batches_per_epoch), loss=f"{loss:.3f}", lr=f"{lr:.2e}",
-            **{"tokens/s": f"{tps:,.0f}"},
-        )  # fmt: skip
+        pbar.note(loss=f"{loss:.3f}", lr=f"{lr:.2e}", **{"tokens/s": f"{tps:,.0f}"})
         log.info(
             "step %d: loss %.3f, lr %.2e, %.0f target tokens/s, grad norm %.2f",
             s.step, loss, lr, tps, grad_norm,
@@ -417,11 +414,13 @@ class Trainer:
         s.step += 1
         loop.window.add(res, seconds)
         if s.step % t.log_every == 0:
-            self.log_window(loop.window, loop)
+            self.log_window(loop.window, loop.pbar)
             loop.window = Window.new(run.device)
-        stop = s.step % t.val_every == 0 and self.validate()
-        figures = {"BLEU": f"{s.history[-1]['bleu']:.2f}"} if s.history else {}
-        loop.pbar.show(self.position(loop.batches_per_epoch), **figures)
+        stop = False
+        if s.step % t.val_every == 0:
+            stop = self.validate()
+            loop.pbar.note(BLEU=f"{s.history[-1]['bleu']:.2f}")
+        loop.pbar.show(self.position(loop.batches_per_epoch))
         if stop:
             return f"early stopping: no BLEU gain in {t.patience} validations"
         return ""

@@ -92,11 +92,16 @@ class ProgressBar:
             dynamic_ncols=True,
         )
 
+    def note(self, **figures: str) -> None:
+        """Figures (loss, BLEU, tokens/s...) the next :meth:`show` draws, replacing those of
+        the same name."""
+        self.figures.update(figures)
+
     def show(self, at: Position, **figures: str) -> None:
-        """Move to ``at``; ``figures`` (loss, BLEU, tokens/s...) replace those of that name."""
+        """Draw the bar at ``at``, with ``figures`` noted first."""
+        self.note(**figures)
         if self.bar.disable:
             return
-        self.figures.update(figures)
         share = share_done(self.limits, at)
         self.bar.n = int(1000 * share) if share is not None else 0
         self.bar.set_description_str(describe(self.limits, at, self.figures), refresh=False)
