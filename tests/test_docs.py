@@ -1,10 +1,10 @@
-"""The documentation site (mkdocs.yml, docs/, scripts/docs_reference.py): the generated reference
-pages list every key of every config and every command, and the site builds strictly, offline."""
+"""The documentation site (mkdocs.yml, docs/, nmt.docs through scripts/docs_reference.py): the
+generated reference pages list every key of every config and every command, and the site builds
+strictly, offline."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import re
 import subprocess
@@ -24,6 +24,8 @@ from nmt.config import (
     TrainConfig,
     TranslateConfig,
 )
+from nmt.docs import listings
+from nmt.docs.sections import expand
 from nmt.environment import VARIABLES
 from nmt.store.package import CTranslate2Manifest, Manifest
 from nmt.train.runlog import EVENTS
@@ -45,23 +47,11 @@ ARGPARSE_COMMANDS = {
 }
 
 
-def generator():
-    """scripts/docs_reference.py, the mkdocs hook that writes the generated parts."""
-    spec = importlib.util.spec_from_file_location(
-        "docs_reference", REPO / "scripts/docs_reference.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def pages() -> dict[str, str]:
     """The reference pages with their generated sections filled in, as the site shows them."""
-    expand = generator().expand
     folder = REPO / "docs/reference"
-    return {p.stem: expand(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.md"))}
+    return {p.stem: expand(p.read_text("utf-8"), REPO) for p in sorted(folder.glob("*.md"))}
 
 
 def dataclass_keys(cls: type, prefix: str = "") -> set[str]:
@@ -170,8 +160,7 @@ def test_every_event_manifest_field_and_environment_variable_is_listed(pages) ->
 
 
 def test_the_concept_pages_link_to_listed_source() -> None:
-    code = generator().code()
-    anchors = set(re.findall(r"\{#([\w-]+)\}", code))
+    anchors = set(re.findall(r"\{#([\w-]+)\}", listings.code(REPO)))
     links = set()
     for page in (REPO / "docs/concepts").glob("*.md"):
         links |= set(re.findall(r"code\.md#([\w-]+)", page.read_text(encoding="utf-8")))

@@ -28,6 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "viz": BELOW_STORE | {"store", "decode", "evaluate"},
     "train": BELOW_STORE | {"store", "decode", "evaluate", "viz"},
     "ship": BELOW_STORE | {"store", "decode", "evaluate"},
+    "docs": BELOW_STORE | {"store", "decode", "evaluate", "viz", "train", "ship"},
     "bench": BELOW_STORE | {"store", "decode", "evaluate", "viz", "train", "ship"},
 }
 MAX_LINES = 600

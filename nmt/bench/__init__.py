@@ -10,7 +10,7 @@ and :mod:`~nmt.bench.joeynmt_report` (``make bench-joeynmt``), :mod:`~nmt.bench.
 (``make bench-data``), :mod:`~nmt.bench.soak` (``make bench-soak``), :mod:`~nmt.bench.serve`
 with :mod:`~nmt.bench.serve_load` (``make bench-serve``), :mod:`~nmt.bench.gpu_check` with
 :mod:`~nmt.bench.gpu_wheels` and :mod:`~nmt.bench.gpu_check_report` (``make gpu-check``) and
-:mod:`~nmt.bench.results_table`. May import every other part of nmt.
+:mod:`~nmt.bench.results_table`. May import every other part of nmt but :mod:`nmt.docs`.
 
 Nothing is imported here: :mod:`~nmt.bench.gpu_check` must load on a Python that has only the
 standard library (before the wheels it installs are there).
