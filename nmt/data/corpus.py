@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from nmt.atomic import atomic_file, sha256_file
-from nmt.cli import Advance, UserError
+from nmt.cli import Advance, UserError, no_progress
 from nmt.environment import MULTI30K_MIRROR, MULTI30K_URL, Multi30kSource
 
 log = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ def _decode_lines(data: bytes, path: Path, first_line: int) -> list[str]:
 
 
 def iter_line_blocks(
-    path: str | Path, block_bytes: int = BLOCK_BYTES, advance: Advance | None = None
+    path: str | Path, block_bytes: int = BLOCK_BYTES, advance: Advance = no_progress
 ) -> Iterator[list[str]]:
     """The lines of a UTF-8 text file (``.gz``: gzip-compressed), a block at a time.
 
@@ -241,10 +241,9 @@ def iter_line_blocks(
     def read() -> bytes:
         nonlocal read_so_far
         data = _read_block(f, path, block_bytes)
-        if advance is not None:
-            position = disk.tell()
-            advance(position - read_so_far)
-            read_so_far = position
+        position = disk.tell()
+        advance(position - read_so_far)
+        read_so_far = position
         return data
 
     with disk, f:
@@ -290,7 +289,7 @@ def iter_parallel_blocks(
     src_path: str | Path,
     tgt_path: str | Path,
     block_bytes: int = BLOCK_BYTES,
-    advance: Advance | None = None,
+    advance: Advance = no_progress,
 ) -> Iterator[tuple[list[str], list[str]]]:
     """Aligned blocks of line pairs from two files, read a block at a time.
 
