@@ -1,6 +1,6 @@
 """What every command needs before it loads a model, without PyTorch: where the Hydra configs
-are, console/file logging (and warnings held until a run's log file opens), and how a user's
-error ends a command (:func:`exit_on_error`)."""
+are, console/file logging (and warnings held until a run's log file opens), how a user's error
+ends a command (:func:`exit_on_error`), and the progress bars of long steps (:class:`Progress`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TextIO
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from nmt.environment import config_dir_override
 
@@ -119,3 +123,53 @@ def write_to_log_file(records: list[logging.LogRecord]) -> None:
         if getattr(handler, "_nmt_file", False):
             for record in records:
                 handler.handle(record)
+
+
+# --------------------------------------------------------------------------- progress bars
+
+# a progress callback: called with the units of work (sentences, bytes) just done
+Advance = Callable[[int], None]
+
+
+def on_terminal(stream: TextIO, enabled: bool = True) -> bool:
+    """Whether a progress bar is drawn on ``stream``: only when enabled and on a terminal, so
+    that log files, pipes and CI output never get bar fragments."""
+    return enabled and stream.isatty()
+
+
+def no_progress(done: int) -> None:
+    """The callback of a bar that is not drawn (the default of functions that take one)."""
+
+
+_SENTENCES: dict[str, Any] = {"unit": " sentences"}
+_BYTES: dict[str, Any] = {"unit": "B", "unit_scale": True, "unit_divisor": 1024}  # 1.5MB
+
+
+class Progress:
+    """Where a command draws the bars of its long steps (standard error by default), if at all.
+
+    Library functions take one (``QUIET`` by default) and open a bar per step with
+    :meth:`bar`; the command decides whether they are drawn.
+    """
+
+    def __init__(self, enabled: bool = True, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.drawn = on_terminal(self.stream, enabled)
+
+    @contextlib.contextmanager
+    def bar(self, label: str, total: int, in_bytes: bool = False) -> Iterator[Advance]:
+        """A bar labelled ``label`` counting to ``total`` sentences (or bytes) over the block,
+        which gets its :data:`Advance` callback; the finished bar stays as a line. While it is
+        drawn, console log lines are written above it."""
+        if not self.drawn:
+            yield no_progress
+            return
+        units = _BYTES if in_bytes else _SENTENCES
+        with (
+            logging_redirect_tqdm(),
+            tqdm(total=total, desc=label, file=self.stream, dynamic_ncols=True, **units) as drawn,
+        ):
+            yield drawn.update
+
+
+QUIET = Progress(enabled=False)  # draws nothing: the default of library functions

@@ -305,6 +305,7 @@ class EvalConfig(DecodeConfig):
     test: list[str] = field(default_factory=list)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     out: str | None = None  # where hypotheses and scores go; default: <run>/eval
+    progress: bool = True  # a bar over each test set's sentences (on a terminal only)
     # 95% confidence intervals of BLEU and chrF: sacreBLEU's bootstrap over this many resampled
     # test sets (0 = none; else at least 100), drawn with this seed (a positive integer)
     bootstrap: int = BOOTSTRAP_RESAMPLES
@@ -323,6 +324,7 @@ class TranslateConfig(DecodeConfig):
     output: str | None = None  # default: stdout
     n_best: int = 1  # > 1: print "index<TAB>score<TAB>translation" for the n best (<= beam)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    progress: bool = True  # a bar over the input's sentences on standard error (a terminal only)
 
 
 @dataclass

@@ -225,6 +225,18 @@ def test_one_call_at_the_largest_cap_equals_one_call_per_cap(
         assert engine.redone < len(sources) / 4 and engine.calls < len(set(cap_of))
 
 
+@pytest.mark.parametrize("attention", [False, True])
+def test_the_progress_callback_counts_every_sentence_once(trained: dict, attention: bool) -> None:
+    """Sentences redone with their own cap (short caps) or one per call (beam search with
+    attention) and an empty source are each counted once, a call at a time."""
+    engine, sources = ct2_engine(trained)
+    done: list[int] = []
+    opts = DecodeOptions(beam=2, length_penalty=1.0, **SHORT_CAPS)
+    outputs = engine.decode_ids([*sources, []], opts, attention, advance=done.append)
+    assert sum(done) == len(outputs) == len(sources) + 1 and len(done) > 2
+    assert engine.redone > 0 or attention
+
+
 @pytest.mark.parametrize("beam", [1, 5])
 def test_two_workers_decode_calls_side_by_side_with_the_same_outputs(
     trained: dict, beam: int

@@ -1,12 +1,37 @@
-"""The training progress bar counts toward whichever limit ends the run first."""
+"""The progress bars: training's counts toward whichever limit ends the run first; preparation,
+evaluation and translation count their corpora's bytes and their sentences. Every bar is drawn
+on a terminal only."""
 
 from __future__ import annotations
 
+import fcntl
+import gzip
 import io
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+import threading
+from pathlib import Path
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
+from nmt.cli import QUIET, Progress
+from nmt.config import TransformerConfig
+from nmt.data.batching import TokenDataset
+from nmt.data.binarize import ensure_prepared
+from nmt.data.corpus import iter_line_blocks
+from nmt.decode.options import DecodeOptions
+from nmt.decode.search import decode_dataset
+from nmt.models.registry import create_model
 from nmt.train.progress import Limits, Position, ProgressBar, clock, seconds_left, share_done
+
+from .helpers import compose_config, corpus_overrides, tiny_run_overrides
 
 
 class Terminal(io.StringIO):
@@ -53,3 +78,153 @@ def test_off_a_terminal_or_when_disabled_nothing_is_drawn() -> None:
         bar.show(Position(5, 20.0, 0.5), loss="1.0")
         bar.close()
         assert stream.getvalue() == ""
+
+
+# ------------------------------------------------------------- the bars of the other commands
+
+
+def test_a_bar_draws_its_label_and_counts_to_its_total_on_a_terminal() -> None:
+    out = Terminal()
+    with Progress(stream=out).bar("test2016", 5) as advance:
+        advance(2)
+        advance(3)
+    last = out.getvalue().rstrip("\n").split("\r")[-1]
+    assert last.startswith("test2016:") and "100%|" in last and "5/5" in last
+    out = Terminal()
+    with Progress(stream=out).bar("encode train", 3 << 20, in_bytes=True) as advance:
+        advance(3 << 20)
+    assert "3.00M/3.00M" in out.getvalue()
+
+
+def test_off_a_terminal_or_when_disabled_a_bar_draws_nothing() -> None:
+    for stream, enabled in ((io.StringIO(), True), (Terminal(), False)):
+        with Progress(enabled, stream).bar("test", 3) as advance:
+            advance(3)
+        assert stream.getvalue() == ""
+    assert not QUIET.drawn
+
+
+@pytest.mark.parametrize("name", ["train.de", "train.de.gz"])
+def test_reading_a_file_reports_every_byte_on_disk(tmp_path: Path, name: str) -> None:
+    text = "".join(f"Satz Nummer {i}.\n" for i in range(5000)).encode()
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    read: list[int] = []
+    lines = sum(len(block) for block in iter_line_blocks(path, 1 << 12, read.append))
+    assert lines == 5000 and sum(read) == path.stat().st_size and len(read) > 1
+
+
+def test_decoding_advances_a_batch_at_a_time_to_the_number_of_sentences() -> None:
+    torch.manual_seed(0)
+    model = create_model(
+        OmegaConf.structured(TransformerConfig(d_model=16, heads=2, d_ff=32, enc_layers=1,
+                                               dec_layers=1, max_positions=64)),
+        src_vocab_size=40, tgt_vocab_size=40, pad_id=0,
+    )  # fmt: skip
+    sources = [[5 + i % 30] * (1 + i % 7) for i in range(40)] + [[]]  # the last one empty
+    data = TokenDataset(sources, [[] for _ in sources])
+    done: list[int] = []
+    opts = DecodeOptions(beam=2, max_tokens=60, max_output_len_a=0.0, max_output_len_b=3)
+    hyps = decode_dataset(model, data, opts, torch.device("cpu"), advance=done.append)
+    assert len(hyps) == 41 and sum(done) == 41 and len([n for n in done if n]) > 2
+
+
+def test_preparing_draws_a_bar_for_each_pass_over_a_corpus(corpus: Path, tmp_path: Path) -> None:
+    cfg = compose_config("train", corpus_overrides(corpus, tmp_path)).data
+    out = Terminal()
+    ensure_prepared(cfg, progress=Progress(stream=out))
+    ends = [part for part in out.getvalue().split("\r") if part.endswith("\n")]
+    for stage in ("sample", "encode"):
+        (line,) = [e for e in ends if e.startswith(f"{stage} {corpus.name}:")]
+        assert "100%|" in line and re.search(r"\| (\S+k)/\1 \[", line), line
+
+
+# ------------------------------------------------------------- the commands, end to end
+
+BAR = re.compile(r"\r|%\|")  # what a drawn bar writes
+
+
+@pytest.fixture(scope="module")
+def tiny_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A transformer trained for a few updates on ``corpus`` (its output is not the point)."""
+    from nmt.train.command import train
+
+    root = tmp_path_factory.mktemp("progress")
+    overrides = tiny_run_overrides(corpus, root, "trainer.device=cpu", "trainer.max_steps=4")
+    train(compose_config("train", overrides), root / "run")
+    return root / "run"
+
+
+def command(module: str, *args: str, terminal: bool, stdin: str = "") -> tuple[str, str]:
+    """stdout and stderr of ``python -m module args``: stdout through a pipe, stderr through a
+    pipe as well or, with ``terminal``, on a pseudo-terminal (80 columns)."""
+    cmd = [sys.executable, "-m", module, *args]
+    if not terminal:
+        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout, proc.stderr
+    main, side = pty.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=side)
+    os.close(side)
+    drawn: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(main, 1 << 16)
+            except OSError:  # the other side closed
+                return
+            if not chunk:
+                return
+            drawn.append(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    out, _ = proc.communicate(stdin.encode(), timeout=300)
+    reader.join(timeout=30)
+    os.close(main)
+    err = b"".join(drawn).decode(errors="replace")
+    assert proc.returncode == 0, err[-3000:]
+    return out.decode(), err
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_nmt_translate_writes_only_translations_on_stdout(
+    tiny_run: Path, corpus: Path, terminal: bool
+) -> None:
+    lines = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[:30]
+    out, err = command(
+        "nmt.decode.translate", f"run={tiny_run}", "device=cpu", "beam=1", terminal=terminal,
+        stdin="\n".join(lines) + "\n",
+    )  # fmt: skip
+    assert not BAR.search(out) and out.count("\n") == len(lines)
+    if terminal:
+        assert "stdin: 100%|" in err and "30/30" in err
+    else:
+        assert not BAR.search(err)
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_nmt_eval_draws_a_bar_per_test_set_on_a_terminal_only(
+    tiny_run: Path, corpus: Path, tmp_path: Path, terminal: bool
+) -> None:
+    args = [f"run={tiny_run}", "device=cpu", "bootstrap=0", f"out={tmp_path}"]
+    out, err = command("nmt.evaluate", *args, terminal=terminal)
+    assert not BAR.search(out) and "sentences in" in out
+    if terminal:
+        assert f"{corpus.name}: 100%|" in err and "120/120" in err
+    else:
+        assert not BAR.search(err)
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_nmt_prepare_draws_its_passes_on_a_terminal_only(
+    corpus: Path, tmp_path: Path, terminal: bool
+) -> None:
+    out, err = command("nmt.data.prepare", *corpus_overrides(corpus, tmp_path), terminal=terminal)
+    assert not BAR.search(out) and Path(out.strip()).is_dir()
+    if terminal:
+        assert f"sample {corpus.name}: 100%|" in err and f"encode {corpus.name}: 100%|" in err
+    else:
+        assert not BAR.search(err) and "prepared" in err

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from nmt.atomic import atomic_write_bytes, fsync_dir, sha256_range
-from nmt.cli import usable_cores
+from nmt.cli import QUIET, Progress, usable_cores
 from nmt.data.cache import (
     FORMAT,
     HEADER_BYTES,
@@ -53,10 +53,7 @@ from nmt.data.cache import (
     _tokenizer_hashes,
     open_prepared,
 )
-from nmt.data.corpus import (
-    clean_pairs,
-    iter_parallel_blocks,
-)
+from nmt.data.corpus import clean_pairs, iter_parallel_blocks
 from nmt.data.splits import Split, TrainSplit, filter_by_length, no_data_error, resolve_train
 from nmt.data.tokenizer import Tokenizer, TokenizerPair, train_tokenizers
 from nmt.environment import Multi30kSource
@@ -103,12 +100,18 @@ class Reservoir:
         self.seen += n
 
 
-def _sample(corpora: Sequence[TrainSplit], size: int, cfg: Any) -> Reservoir:
+def _read(split: Split, stage: str, progress: Progress) -> Iterator[tuple[list[str], list[str]]]:
+    """The line pairs of a corpus, a block at a time, under a bar of the bytes read."""
+    with progress.bar(f"{stage} {split.name}", _input_bytes([split]), in_bytes=True) as advance:
+        yield from iter_parallel_blocks(split.src_path, split.tgt_path, advance=advance)
+
+
+def _sample(corpora: Sequence[TrainSplit], size: int, cfg: Any, progress: Progress) -> Reservoir:
     """One pass over the cleaned training pairs, keeping a uniform sample of ``size``."""
     sample = Reservoir(size, SAMPLE_SEED)
     for c in corpora:
         stats = {"read": 0, "dropped_empty": 0}
-        for src_lines, tgt_lines in iter_parallel_blocks(c.src_path, c.tgt_path):
+        for src_lines, tgt_lines in _read(c, "sample", progress):
             src, tgt, st = clean_pairs(src_lines, tgt_lines)
             stats["read"] += st["read"]
             stats["dropped_empty"] += st["dropped_empty"]
@@ -190,11 +193,12 @@ def _ordered_map(
             yield pending.popleft().get()
 
 
-def _chunks(split: Split, size: int) -> Iterator[tuple[list[str], list[str]]]:
-    """Raw line pairs of a corpus in chunks of about ``size`` pairs."""
+def _chunks(split: Split, size: int, progress: Progress) -> Iterator[tuple[list[str], list[str]]]:
+    """Raw line pairs of a corpus in chunks of about ``size`` pairs; its bar counts the bytes
+    read, which run ahead of the encoding by at most two chunks per worker."""
     src: list[str] = []
     tgt: list[str] = []
-    for s, t in iter_parallel_blocks(split.src_path, split.tgt_path):
+    for s, t in _read(split, "encode", progress):
         src += s
         tgt += t
         while len(src) >= size:
@@ -245,16 +249,25 @@ def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
 
 
+def _input_bytes(corpora: Sequence[Split]) -> int:
+    """The size on disk of the corpora's files."""
+    return sum(p.stat().st_size for c in corpora for p in (c.src_path, c.tgt_path))
+
+
 def _worker_count(cfg: Any, corpora: Sequence[Split]) -> int:
     n = int(cfg.num_workers)
     if n > 0:
         return n
-    size = sum(p.stat().st_size for c in corpora for p in (c.src_path, c.tgt_path))
-    return 1 if size < SMALL_INPUT_BYTES else usable_cores()
+    return 1 if _input_bytes(corpora) < SMALL_INPUT_BYTES else usable_cores()
 
 
 def _encode(
-    tmp: Path, corpora: Sequence[TrainSplit], tokenizers: TokenizerPair, cfg: Any, workers: int
+    tmp: Path,
+    corpora: Sequence[TrainSplit],
+    tokenizers: TokenizerPair,
+    cfg: Any,
+    workers: int,
+    progress: Progress,
 ) -> tuple[list[dict], dict[str, dict]]:
     """Encode every corpus into the arrays of ``tmp``; per-corpus records and array entries."""
     dtypes = (_token_dtype(tokenizers.src.vocab_size), _token_dtype(tokenizers.tgt.vocab_size))
@@ -280,7 +293,7 @@ def _encode(
             stats = dict.fromkeys(
                 ("read", "dropped_empty", "dropped_too_long", "dropped_ratio", "kept"), 0
             )
-            for out in _ordered_map(args, _chunks(c, CHUNK_PAIRS), workers):
+            for out in _ordered_map(args, _chunks(c, CHUNK_PAIRS, progress), workers):
                 for k in stats:
                     stats[k] += out["stats"][k]
                 for side in SIDES:
@@ -326,12 +339,12 @@ def _save_tokenizers(tmp: Path, tokenizers: TokenizerPair) -> dict:
 
 
 def _new_tokenizers(
-    corpora: Sequence[TrainSplit], cfg: Any, timings: dict[str, float]
+    corpora: Sequence[TrainSplit], cfg: Any, timings: dict[str, float], progress: Progress
 ) -> TokenizerPair:
     """Sentencepiece trained on a uniform sample of the cleaned training pairs (the sampling
     and training times go into ``timings``)."""
     tic = time.perf_counter()
-    sample = _sample(corpora, int(cfg.spm_sample), cfg)
+    sample = _sample(corpora, int(cfg.spm_sample), cfg, progress)
     timings["sample_seconds"] = time.perf_counter() - tic
     log.info("sentencepiece sample: %d of %d cleaned training pairs", len(sample.src), sample.seen)
     tic = time.perf_counter()
@@ -354,6 +367,7 @@ def _build(
     corpora: Sequence[TrainSplit],
     tokenizers: TokenizerPair | None,
     cfg: Any,
+    progress: Progress,
 ) -> None:
     """Prepare into a temporary directory beside ``final``, verify it, rename it into place."""
     start = time.perf_counter()
@@ -363,11 +377,11 @@ def _build(
     try:
         timings: dict[str, float] = {}
         if tokenizers is None:
-            tokenizers = _new_tokenizers(corpora, cfg, timings)
+            tokenizers = _new_tokenizers(corpora, cfg, timings, progress)
         tok_entry = _save_tokenizers(tmp, tokenizers)
         workers = _worker_count(cfg, corpora)
         tic = time.perf_counter()
-        records, arrays = _encode(tmp, corpora, tokenizers, cfg, workers)
+        records, arrays = _encode(tmp, corpora, tokenizers, cfg, workers, progress)
         timings["encode_seconds"] = time.perf_counter() - tic
         manifest = {
             "format": FORMAT,
@@ -496,22 +510,28 @@ def ensure_prepared(
     tokenizers: TokenizerPair | None = None,
     verify: bool = False,
     source: Multi30kSource | None = None,
+    progress: Progress = QUIET,
 ) -> PreparedCache:
     """The prepared training data of a data config: opened if present and sound, else built.
 
     With ``tokenizers`` the data is encoded with them (the key holds their sha256); a
     directory prepared with a trained tokenizer that equals them serves as well. ``verify``
     checks every checksum of an existing directory and re-reads the inputs' checksums. Missing
-    Multi30k files are fetched from ``source``.
+    Multi30k files are fetched from ``source``. A build draws its passes over the corpora
+    (sampling for sentencepiece, encoding) with ``progress``.
     """
     corpora = resolve_train(cfg, source)
-    cache = _ensure(cfg, corpora, tokenizers, verify)
+    cache = _ensure(cfg, corpora, tokenizers, verify, progress)
     cache.splits = corpora
     return cache
 
 
 def _ensure(
-    cfg: Any, corpora: list[TrainSplit], tokenizers: TokenizerPair | None, verify: bool
+    cfg: Any,
+    corpora: list[TrainSplit],
+    tokenizers: TokenizerPair | None,
+    verify: bool,
+    progress: Progress,
 ) -> PreparedCache:
     base = Path(cfg.root) / "cache" / "prepared"
     prints = InputFingerprints(base / "inputs.json", rehash=verify)
@@ -536,7 +556,7 @@ def _ensure(
                 cache = _try_open(final, False)  # built while this process waited?
                 if cache is None:
                     _sweep(base)
-                    _build(final, spec, corpora, tokenizers, cfg)
+                    _build(final, spec, corpora, tokenizers, cfg, progress)
                     cache = open_prepared(final)
             finally:
                 lock.unlink(missing_ok=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from nmt.atomic import atomic_file, sha256_file
-from nmt.cli import UserError
+from nmt.cli import Advance, UserError, no_progress
 from nmt.environment import MULTI30K_MIRROR, MULTI30K_URL, Multi30kSource
 
 log = logging.getLogger(__name__)
@@ -186,15 +186,18 @@ def resolve_pair(prefix: str | Path, src_lang: str, tgt_lang: str) -> tuple[Path
 BLOCK_BYTES = 1 << 20  # bytes read at a time when streaming a text file
 
 
-def _open_binary(path: Path) -> BinaryIO:
+def _open_binary(path: Path) -> tuple[BinaryIO, BinaryIO]:
+    """The file to read (decompressing a ``.gz``) and the file on disk beneath it, whose
+    position is the number of bytes read from disk."""
     try:
-        if path.suffix == ".gz":
-            return gzip.open(path, "rb")  # type: ignore[return-value]
-        return open(path, "rb")
+        disk = open(path, "rb")  # noqa: SIM115 (closed by the caller)
     except FileNotFoundError as err:
         raise DataError(f"{path}: file not found") from err
     except OSError as err:
         raise DataError(f"{path}: cannot read ({err})") from err
+    if path.suffix == ".gz":
+        return gzip.GzipFile(fileobj=disk, mode="rb"), disk  # type: ignore[return-value]
+    return disk, disk
 
 
 def _read_block(f: BinaryIO, path: Path, size: int) -> bytes:
@@ -221,17 +224,32 @@ def _decode_lines(data: bytes, path: Path, first_line: int) -> list[str]:
     return lines
 
 
-def iter_line_blocks(path: str | Path, block_bytes: int = BLOCK_BYTES) -> Iterator[list[str]]:
+def iter_line_blocks(
+    path: str | Path, block_bytes: int = BLOCK_BYTES, advance: Advance = no_progress
+) -> Iterator[list[str]]:
     """The lines of a UTF-8 text file (``.gz``: gzip-compressed), a block at a time.
 
     Reads about ``block_bytes`` at a time, so memory stays bounded by the block size (and the
     longest line). The lines are those of :func:`read_lines`, with the same errors.
+    ``advance`` is called with the bytes read from disk (compressed ones for a ``.gz``), which
+    add up to the file's size.
     """
     path = Path(path)
-    with _open_binary(path) as f:
+    f, disk = _open_binary(path)
+    read_so_far = 0
+
+    def read() -> bytes:
+        nonlocal read_so_far
+        data = _read_block(f, path, block_bytes)
+        position = disk.tell()
+        advance(position - read_so_far)
+        read_so_far = position
+        return data
+
+    with disk, f:
         data = b""
         while len(data) < len(_BOM):  # the byte-order mark is looked for at the start only
-            more = _read_block(f, path, block_bytes)
+            more = read()
             if not more:
                 break
             data += more
@@ -249,7 +267,7 @@ def iter_line_blocks(path: str | Path, block_bytes: int = BLOCK_BYTES) -> Iterat
                 lines = _decode_lines(block, path, line_no)
                 line_no += len(lines)
                 yield lines
-            data = _read_block(f, path, block_bytes)
+            data = read()
             if not data:
                 break
         rest = b"".join(pending)
@@ -268,15 +286,21 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 def iter_parallel_blocks(
-    src_path: str | Path, tgt_path: str | Path, block_bytes: int = BLOCK_BYTES
+    src_path: str | Path,
+    tgt_path: str | Path,
+    block_bytes: int = BLOCK_BYTES,
+    advance: Advance = no_progress,
 ) -> Iterator[tuple[list[str], list[str]]]:
     """Aligned blocks of line pairs from two files, read a block at a time.
 
     Line ``i`` of one file is paired with line ``i`` of the other; when one file ends before
     the other, the rest of the longer one is counted and :class:`DataError` names both files
-    and their line counts.
+    and their line counts. ``advance``: as :func:`iter_line_blocks`'s, for both files.
     """
-    sides = (iter_line_blocks(src_path, block_bytes), iter_line_blocks(tgt_path, block_bytes))
+    sides = (
+        iter_line_blocks(src_path, block_bytes, advance),
+        iter_line_blocks(tgt_path, block_bytes, advance),
+    )
     bufs: tuple[list[str], list[str]] = ([], [])
     counts = [0, 0]
     open_ = [True, True]

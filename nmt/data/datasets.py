@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nmt.cli import QUIET, Progress
 from nmt.config import train_corpora
 from nmt.data.batching import TokenDataset
 from nmt.data.binarize import ensure_prepared, log_shares
@@ -100,7 +101,10 @@ def _eval_set(split: Split, tokenizers: TokenizerPair) -> EvalSet:
 
 
 def prepare_data(
-    cfg: Any, tokenizers: TokenizerPair | None = None, source: Multi30kSource | None = None
+    cfg: Any,
+    tokenizers: TokenizerPair | None = None,
+    source: Multi30kSource | None = None,
+    progress: Progress = QUIET,
 ) -> PreparedData:
     """The training corpora of ``cfg`` (DataConfig) from their prepared cache, built if needed
     (:func:`nmt.data.binarize.ensure_prepared`), and the validation set.
@@ -111,9 +115,9 @@ def prepare_data(
     are located (so a missing one fails now, not after training) but not read: training never
     uses them, and nmt-eval loads them itself (:func:`load_test_sets`). Multi30k files missing
     from ``data.root`` are fetched from ``source`` (the commands pass
-    :func:`nmt.environment.multi30k_source`).
+    :func:`nmt.environment.multi30k_source`). A preparation draws its bars with ``progress``.
     """
-    cache = ensure_prepared(cfg, tokenizers, source=source)
+    cache = ensure_prepared(cfg, tokenizers, source=source, progress=progress)
     tokenizers = cache.tokenizers if tokenizers is None else tokenizers
     train = TokenDataset.from_arrays(cache.side("src"), cache.side("tgt"))
     weights = [c.weight for c in train_corpora(cfg.train)]

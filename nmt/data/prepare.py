@@ -10,7 +10,8 @@ needed to prepare ahead (a large corpus, before several runs or a multi-GPU job)
         data.train=/corpus/train data.valid=/corpus/dev
     nmt-prepare --verify          # check every checksum of the existing preparation too
 
-Prints the prepared directory on stdout; progress and statistics go to the log (stderr).
+Prints the prepared directory on stdout; progress and statistics go to the log (stderr), and
+on a terminal a bar shows each pass over a corpus (``trainer.progress=false``: none).
 Torch is not imported here: the preparing process and its workers stay small.
 """
 
@@ -24,7 +25,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from nmt.cli import config_dir, exit_on_error, setup_logging
+from nmt.cli import Progress, config_dir, exit_on_error, setup_logging
 from nmt.config import check_train_config, register_configs
 from nmt.data.binarize import ensure_prepared
 from nmt.environment import multi30k_source
@@ -58,7 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
             cfg = compose(config_name="train", overrides=args.overrides)
         check_train_config(cfg)
-        cache = ensure_prepared(cfg.data, verify=args.verify, source=multi30k_source())
+        cache = ensure_prepared(
+            cfg.data,
+            verify=args.verify,
+            source=multi30k_source(),
+            progress=Progress(cfg.trainer.progress),
+        )
     print(cache.path)
     return 0
 

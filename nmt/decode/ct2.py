@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nmt.cli import usable_cores
+from nmt.cli import Advance, no_progress, usable_cores
 from nmt.config import ConfigError
 from nmt.data.tokenizer import EOS_ID, TokenizerPair
 from nmt.decode.options import DecodeOptions
@@ -256,6 +256,7 @@ class CTranslate2Engine:
         keep_attention: bool = False,
         per_cap: bool = False,
         spread: bool = True,
+        advance: Advance = no_progress,
     ) -> list[Decoded]:
         """Outputs for source token ids (without EOS), in order; an empty source gives an
         empty output (score 0) without being decoded.
@@ -268,12 +269,14 @@ class CTranslate2Engine:
         calls equal. Beam search with attention decodes each sentence in a call of its own. On
         CPU the calls are queued for the workers together, and with ``spread`` each worker gets
         one (without, a caller that runs several decodes at once keeps the calls larger).
+        ``advance`` is called with the sentences done, a call at a time.
         """
         out: list[Decoded | None] = [None] * len(sources)
         rows = [i for i, ids in enumerate(sources) if len(ids) > 0]
         for i, ids in enumerate(sources):
             if len(ids) == 0:
                 out[i] = Decoded([], 0.0, None, [([], 0.0)])
+        advance(len(sources) - len(rows))
         pieces = [self._source(sources[i]) for i in rows]
         lens = np.asarray([len(p) for p in pieces], dtype=np.int64)
         caps_list = opts.caps(lens, self.max_positions).tolist()  # as our search's caps
@@ -293,13 +296,15 @@ class CTranslate2Engine:
                 for chunk in chunks
             ]
             for chunk, pending in zip(chunks, calls, strict=True):
-                top = caps_list[chunk[-1]]
+                top, done = caps_list[chunk[-1]], 0
                 for j, waiting in zip(chunk, pending, strict=True):
                     result = waiting.result()
                     if caps_list[j] == top or ended_before_cap(result, opts, caps_list[j]):
                         out[rows[j]] = self._decoded(result, opts, int(lens[j]), keep_attention)
+                        done += 1
                     else:
                         groups[caps_list[j]].append(j)
+                advance(done)
             self.redone += sum(len(members) for members in groups.values())
         elif rows:
             for j, cap in enumerate(caps_list):
@@ -314,11 +319,19 @@ class CTranslate2Engine:
         for members, pending in zip(batches, calls, strict=True):
             for j, waiting in zip(members, pending, strict=True):
                 out[rows[j]] = self._decoded(waiting.result(), opts, int(lens[j]), keep_attention)
+            advance(len(members))
         return [d for d in out if d is not None]
 
     def hypotheses(
-        self, data: TokenDataset, opts: DecodeOptions, limit: int = 0, keep_attention: bool = False
+        self,
+        data: TokenDataset,
+        opts: DecodeOptions,
+        limit: int = 0,
+        keep_attention: bool = False,
+        advance: Advance = no_progress,
     ) -> list[Decoded]:
-        """Outputs for (the first ``limit`` sentences of) ``data``, in order."""
+        """Outputs for (the first ``limit`` sentences of) ``data``, in order (``advance``:
+        called with the sentences done)."""
         n = len(data) if limit <= 0 else min(limit, len(data))
-        return self.decode_ids([data.src(i).tolist() for i in range(n)], opts, keep_attention)
+        sources = [data.src(i).tolist() for i in range(n)]
+        return self.decode_ids(sources, opts, keep_attention, advance=advance)

@@ -30,6 +30,7 @@ from typing import Protocol
 import torch
 
 from nmt.atomic import atomic_write_bytes
+from nmt.cli import Advance, no_progress
 from nmt.config import ENGINE_NAMES, ConfigError
 from nmt.data.batching import TokenDataset
 from nmt.decode import ct2
@@ -51,7 +52,12 @@ class Engine(Protocol):
     name: str
 
     def hypotheses(
-        self, data: TokenDataset, opts: DecodeOptions, limit: int = 0, keep_attention: bool = False
+        self,
+        data: TokenDataset,
+        opts: DecodeOptions,
+        limit: int = 0,
+        keep_attention: bool = False,
+        advance: Advance = no_progress,  # called with the sentences done
     ) -> list[Hypothesis]: ...
 
 
@@ -64,9 +70,14 @@ class TorchEngine:
         self.model, self.device = model, device
 
     def hypotheses(
-        self, data: TokenDataset, opts: DecodeOptions, limit: int = 0, keep_attention: bool = False
+        self,
+        data: TokenDataset,
+        opts: DecodeOptions,
+        limit: int = 0,
+        keep_attention: bool = False,
+        advance: Advance = no_progress,
     ) -> list[Hypothesis]:
-        return decode_dataset(self.model, data, opts, self.device, limit, keep_attention)
+        return decode_dataset(self.model, data, opts, self.device, limit, keep_attention, advance)
 
 
 def quantized_int8(model: torch.nn.Module) -> torch.nn.Module:
@@ -98,10 +109,17 @@ class TorchInt8Engine(TorchEngine):
 
 
 def translate_texts(
-    engine: Engine, data: TokenDataset, trained: Trained, opts: DecodeOptions, limit: int = 0
+    engine: Engine,
+    data: TokenDataset,
+    trained: Trained,
+    opts: DecodeOptions,
+    limit: int = 0,
+    advance: Advance = no_progress,
 ) -> list[str]:
-    """Detokenized best translations of (the first ``limit`` sentences of) ``data``."""
-    return [trained.tokenizers.tgt.decode(h.tokens) for h in engine.hypotheses(data, opts, limit)]
+    """Detokenized best translations of (the first ``limit`` sentences of) ``data``
+    (``advance``: called with the sentences decoded)."""
+    hyps = engine.hypotheses(data, opts, limit, advance=advance)
+    return [trained.tokenizers.tgt.decode(h.tokens) for h in hyps]
 
 
 def ct2_model_dir(trained: Trained) -> Path | None:

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nmt.cli import Advance, no_progress
 from nmt.data.batching import TokenDataset, eval_batches, make_batch
 from nmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from nmt.decode.options import DecodeOptions
@@ -416,11 +417,13 @@ def decode_dataset(
     device: torch.device,
     limit: int = 0,
     keep_attention: bool = False,
+    advance: Advance = no_progress,
 ) -> list[Hypothesis]:
     """Hypotheses for (the first ``limit`` sentences of) a dataset, in the original order.
 
     Decodes in token-budget batches sorted by source length, then restores the order. An
-    empty source gives an empty hypothesis (score 0) without being decoded.
+    empty source gives an empty hypothesis (score 0) without being decoded. ``advance`` is
+    called with the sentences done, a batch at a time.
     """
     model.eval()
     n = len(data) if limit <= 0 else min(limit, len(data))
@@ -428,6 +431,7 @@ def decode_dataset(
     nonempty = np.flatnonzero(data.src_lens[:n] > 0)  # (M,) an empty source gives no output
     for i in np.flatnonzero(data.src_lens[:n] == 0).tolist():
         out[i] = Hypothesis([], 0.0, None, [([], 0.0)])
+    advance(n - len(nonempty))
     precision = resolve_precision(str(opts.precision), device)
     for batch_pos in decode_batches(data.src_lens[nonempty], opts):
         idx = nonempty[batch_pos]  # (b,) dataset indices
@@ -436,6 +440,7 @@ def decode_dataset(
             hyps = search(model, batch.src, batch.src_lens, opts, keep_attention)
         for i, h in zip(idx.tolist(), hyps, strict=True):
             out[i] = h
+        advance(len(idx))
     return [h for h in out if h is not None]
 
 

@@ -4,7 +4,9 @@ Reads source sentences from ``input=FILE`` or stdin (an interactive prompt when 
 terminal) and writes one translation per line to ``output=FILE`` or stdout. Search options are
 those of ``nmt-eval`` (``beam``, ``length_penalty``, ``max_output_len_a/b``). An empty line
 translates to an empty line; a line longer than anything seen in training still returns, its
-output capped at ``max_output_len_a * length + max_output_len_b`` tokens.
+output capped at ``max_output_len_a * length + max_output_len_b`` tokens. When standard error is
+a terminal, a bar there counts the sentences translated (``progress=false``: none); stdout
+carries the translations only.
 
 With ``n_best=N`` (N <= beam) every input line gives N lines
 ``<line index><TAB><score><TAB><translation>`` (index from 0, best first); an empty input line
@@ -22,7 +24,7 @@ import torch
 from omegaconf import DictConfig
 
 from nmt.atomic import atomic_write_bytes
-from nmt.cli import config_dir, exit_on_error, setup_logging
+from nmt.cli import Advance, Progress, config_dir, exit_on_error, no_progress, setup_logging
 from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import read_lines
 from nmt.data.datasets import encode_texts
@@ -43,11 +45,12 @@ def translate_lines(
     device: torch.device,
     n_best: int = 1,
     engine: Engine | None = None,
+    advance: Advance = no_progress,
 ) -> list[list[tuple[str, float]]]:
     """Up to ``n_best`` (translation, score) pairs per input line, best first, in input order.
 
     Lines are stripped; an empty line gives ``[("", 0.0)]`` and is not decoded. ``engine``
-    defaults to our search on ``trained.model``.
+    defaults to our search on ``trained.model``; ``advance`` is called with the lines done.
     """
     if n_best > opts.beam:
         raise ConfigError(f"n_best={n_best} needs beam >= {n_best} (beam={opts.beam})")
@@ -55,7 +58,7 @@ def translate_lines(
     data = encode_texts(trained.tokenizers, src, [""] * len(src))
     tgt = trained.tokenizers.tgt
     engine = engine or TorchEngine(trained.model, device)
-    hyps = engine.hypotheses(data, opts)
+    hyps = engine.hypotheses(data, opts, advance=advance)
     return [[(tgt.decode(t), s) for t, s in h.nbest[:n_best]] for h in hyps]
 
 
@@ -104,7 +107,10 @@ def translate(cfg: DictConfig) -> None:
     if cfg.input is None and sys.stdin.isatty():
         interactive(trained, opts, device, cfg.n_best, engine)
         return
-    results = translate_lines(trained, read_input(cfg), opts, device, cfg.n_best, engine)
+    lines = read_input(cfg)
+    label = Path(cfg.input).name if cfg.input else "stdin"
+    with Progress(cfg.progress).bar(label, len(lines)) as advance:
+        results = translate_lines(trained, lines, opts, device, cfg.n_best, engine, advance)
     text = format_lines(results, cfg.n_best)
     if cfg.output:
         atomic_write_bytes(Path(cfg.output), text.encode("utf-8"))

@@ -6,7 +6,8 @@ sacreBLEU (BLEU, chrF, TER, each with its signature; BLEU and chrF with sacreBLE
 95% confidence interval: ``bootstrap=1000`` resamples drawn with ``bootstrap_seed=12345``, 0
 for none). By default the test split(s) of the run's own data config are used;
 ``test=[src:ref,...]`` names other file pairs, several at once.
-Hypotheses and a JSON of scores, signatures, decoding options and checkpoint go into
+On a terminal a bar counts each test set's sentences as they are decoded (``progress=false``:
+none). Hypotheses and a JSON of scores, signatures, decoding options and checkpoint go into
 ``<run>/eval`` (``out=DIR`` elsewhere), named after the checkpoint and the search.
 """
 
@@ -23,7 +24,7 @@ import hydra
 from omegaconf import DictConfig
 
 from nmt.atomic import atomic_write_bytes
-from nmt.cli import config_dir, exit_on_error, setup_logging
+from nmt.cli import Progress, config_dir, exit_on_error, setup_logging
 from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import DataError, read_lines, strip_lines
 from nmt.data.datasets import EvalSet, encode_texts, load_test_sets
@@ -116,9 +117,11 @@ def evaluate(cfg: DictConfig) -> dict:
         "sets": {},
     }
     tag = options_tag(path, opts, engine.name)
+    progress = Progress(cfg.progress)
     for ds in sets:
         start = time.perf_counter()
-        hyps = translate_texts(engine, ds.data, trained, opts)
+        with progress.bar(ds.name, len(ds)) as advance:
+            hyps = translate_texts(engine, ds.data, trained, opts, advance=advance)
         seconds = time.perf_counter() - start
         scores = all_scores(hyps, ds.ref_text, cfg.bootstrap, cfg.bootstrap_seed)
         hyp_file = out_dir / f"{ds.name}.{tag}.hyp"

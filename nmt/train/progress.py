@@ -15,6 +15,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from nmt.cli import on_terminal
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -88,7 +90,7 @@ class ProgressBar:
             total=1000,
             bar_format="{percentage:3.0f}%|{bar}| {desc}",
             file=stream,
-            disable=not (enabled and stream.isatty()),
+            disable=not on_terminal(stream, enabled),
             dynamic_ncols=True,
         )
 

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 
 from nmt.atomic import atomic_write_bytes
-from nmt.cli import setup_logging, write_to_log_file
+from nmt.cli import Progress, setup_logging, write_to_log_file
 from nmt.config import ConfigError, check_train_config, to_container
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.datasets import PreparedData, prepare_data
@@ -285,7 +285,8 @@ def data_and_model(
     (fine-tuning's start, else a new one)."""
     state = origin.tokenizers
     tokenizers = TokenizerPair.from_state_dict(state) if state else None
-    data = prepare_data(cfg.data, tokenizers, multi30k_source())
+    progress = Progress(cfg.trainer.progress and dist_info.is_main)
+    data = prepare_data(cfg.data, tokenizers, multi30k_source(), progress)
     data_time = time.time()
     if dist_info.is_main:
         save_tokenizers(data.tokenizers, run_dir / "tokenizer")
