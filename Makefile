@@ -105,11 +105,13 @@ gpu-check: ## On a GPU: 3 minutes of bf16 training on Multi30k; tokens/s, MFU, B
 tensorboard: install ## Watch training curves and attention maps (http://localhost:6006, PORT=...)
 	$(BIN)/tensorboard --logdir outputs --port $(PORT)
 
-test: install ## Run the test suite (fetches Multi30k into data/ once, as train does)
-	$(BIN)/python -m pytest -q $(ARGS)
+# one pytest-xdist worker per core (tests/conftest.py gives each its share of the cores)
+TEST_WORKERS ?= logical
+test: install ## Run the test suite on every core (TEST_WORKERS=N; fetches Multi30k into data/ once, as train does)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(ARGS)
 
-test-fast: install ## Run the tests without the slow ones
-	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+test-fast: install ## Run the tests without the slow ones, on every core
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow" $(ARGS)
 
 lint: install ## Check code style with ruff
 	$(BIN)/ruff check nmt tests scripts

@@ -26,6 +26,31 @@ DATA_ROOT = REPO / "data"  # the default data.root of `make train`, which runs i
 TEST_LANGS = ("de", "en")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs one worker per core), each worker and the
+    commands it starts get their share of the cores, so that the workers do not fight over
+    them: PyTorch's threads here, ``OMP_NUM_THREADS`` for child processes."""
+    worker = getattr(config, "workerinput", None)
+    if worker is None:
+        return
+    share = max(1, (os.cpu_count() or 1) // int(worker["workercount"]))
+    torch.set_num_threads(share)
+    os.environ.setdefault("OMP_NUM_THREADS", str(share))
+
+
+def slow_seconds(item: pytest.Item) -> float:
+    """The seconds a test marked ``slow(seconds=N)`` takes on one core (0 for the others)."""
+    marker = item.get_closest_marker("slow")
+    return float(marker.kwargs.get("seconds", 0)) if marker is not None else 0.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first, the rest in their usual order: the workers of ``make test``
+    take tests in this order, so the long ones run side by side from the start and the short
+    ones fill in around them, instead of one long test starting when everything else is done."""
+    items.sort(key=lambda item: -slow_seconds(item))
+
+
 @pytest.fixture(scope="session")
 def multi30k() -> Path:
     """The directory of verified Multi30k de/en files of every split (``data/multi30k``).

@@ -15,7 +15,7 @@ from .helpers import DETERMINISTIC, compose_config, tiny_run_overrides
 STEPS = 6
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=58)
 def test_compiled_training_equals_eager_training(corpus, tmp_path):
     common = (
         f"trainer.max_steps={STEPS}",

@@ -26,7 +26,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=13)
 def test_two_process_ddp_equals_single_process_with_the_same_global_batch(corpus, tmp_path):
     common = (
         f"trainer.max_steps={STEPS}",

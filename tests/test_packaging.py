@@ -85,7 +85,7 @@ def test_config_dir_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert config_dir() == str(cwd / "mine")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=8)
 def test_installed_wheel_carries_the_configs_and_trains_outside_the_checkout(
     corpus: Path, tmp_path: Path
 ) -> None:

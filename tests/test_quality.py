@@ -27,7 +27,7 @@ FLOOR_BLEU = 8.0
 MAX_LOSS = 5.0
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=190)
 def test_default_transformer_learns_multi30k_de_en(
     multi30k: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -52,7 +52,13 @@ def tiny_corpus(multi30k, tmp_path_factory):
     return write_subset(multi30k, root, "train", N_PAIRS)
 
 
-@pytest.mark.parametrize("model", sorted(MODEL_OVERRIDES))
+# single-core seconds, which order the suite (tests/conftest.py)
+SECONDS = {"gru_bahdanau": 95, "transformer": 47}
+
+
+@pytest.mark.parametrize(
+    "model", [pytest.param(m, marks=pytest.mark.slow(seconds=SECONDS[m])) for m in sorted(SECONDS)]
+)
 def test_train_then_eval_overfits(model, tiny_corpus, tmp_path):
     overrides = [
         *corpus_overrides(tiny_corpus, tmp_path),

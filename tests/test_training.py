@@ -417,7 +417,7 @@ def test_average_last_beyond_keep_last_is_a_config_error():
         check_train_config(compose_config("train", ["decode.checkpoint=averaged"]))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=6)
 def test_multirun_sweep_gives_one_run_per_combination_and_a_summary(corpus, tmp_path):
     sweep = tmp_path / "sweep"
     overrides = tiny_run_overrides(

@@ -1,0 +1,61 @@
+"""The suite's own set-up (pyproject.toml, tests/conftest.py): warnings from nmt fail the test
+that raised them, the longest tests run first, and each worker of ``make test`` gets its share
+of the cores."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from .conftest import pytest_collection_modifyitems, pytest_configure
+
+
+def test_a_warning_raised_from_nmt_is_an_error() -> None:
+    with pytest.raises(DeprecationWarning, match="old call"):
+        warnings.warn_explicit("old call", DeprecationWarning, "e.py", 1, "nmt.decode.engines")
+    with pytest.raises(UserWarning):
+        warnings.warn_explicit("odd input", UserWarning, "nmt/cli.py", 1, "nmt")
+
+
+def test_a_warning_raised_elsewhere_is_only_reported() -> None:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.warn_explicit("old call", DeprecationWarning, "x.py", 1, "nmtlike.x")
+        warnings.warn_explicit("old call", DeprecationWarning, "x.py", 1, "torch.nn")
+    assert len(seen) == 2
+
+
+class Item(SimpleNamespace):
+    def get_closest_marker(self, name: str):
+        return self.marks.get(name)
+
+
+def test_the_longest_tests_come_first_and_the_others_keep_their_order() -> None:
+    def item(name: str, seconds: float | None = None, slow: bool = False) -> Item:
+        marks = {}
+        if slow or seconds is not None:
+            kwargs = {} if seconds is None else {"seconds": seconds}
+            marks["slow"] = pytest.mark.slow(**kwargs).mark
+        return Item(name=name, marks=marks)
+
+    items = [item("a"), item("b", 10), item("c"), item("d", 190), item("e", slow=True), item("f")]
+    pytest_collection_modifyitems(items)
+    assert [i.name for i in items] == ["d", "b", "a", "c", "e", "f"]
+
+
+def test_each_worker_takes_its_share_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        pytest_configure(SimpleNamespace(workerinput={"workercount": 2}))
+        share = max(1, (os.cpu_count() or 1) // 2)
+        assert torch.get_num_threads() == share
+        assert os.environ["OMP_NUM_THREADS"] == str(share)
+        torch.set_num_threads(threads)
+        pytest_configure(SimpleNamespace())  # not a worker: nothing changes
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(threads)
