@@ -117,7 +117,7 @@ def front_matter(trained: Trained, licence: str | None, hf_arch: str | None) -> 
         for name, entry in report.get("sets", {}).items():
             metrics = [
                 {
-                    "type": metric,
+                    "type": metric.lower(),
                     "value": round(float(s.get("score", float("nan"))), 2),
                     "name": f"{metric} ({search})",
                     "verified": False,
