@@ -19,7 +19,7 @@ N ?= 5
 .PHONY: attention demo-pooling
 .PHONY: average tune-decode
 .PHONY: bench bench-data bench-soak
-.PHONY: export serve bench-serve
+.PHONY: export serve bench-serve check-hf
 .PHONY: docs docs-serve
 
 help: ## List the targets
@@ -54,6 +54,9 @@ translate: install ## Translate stdin (or ARGS="input=FILE output=FILE") with a 
 OUT ?= $(RUN)/package
 export: install ## Write a run's model as a self-contained package: RUN=<run dir> CKPT=<name> OUT=<dir> ARGS="--format ctranslate2 --quantize int8"
 	$(BIN)/nmt-export $(RUN) $(if $(CKPT),--ckpt $(CKPT)) --out $(OUT) $(ARGS)
+
+check-hf: install ## Check a run's Hugging Face export against our decoding on its test set (JSON): RUN=<run dir> ARGS="--limit 200 --out FILE"
+	$(BIN)/python scripts/check_hf.py $(RUN) $(if $(CKPT),--ckpt $(CKPT)) $(ARGS)
 
 MODEL ?= $(RUN)/package
 serve: install ## HTTP translation server over a package: MODEL=<package dir> ARGS="engine=ctranslate2 port=8080"

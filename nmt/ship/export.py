@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from nmt.atomic import atomic_write_bytes, fsync_dir, sha256_file
 from nmt.cli import exit_on_error, setup_logging
 from nmt.config import ConfigError, to_container
 from nmt.decode.options import DecodeOptions
+from nmt.ship.hf import HF_FILES
 from nmt.store.loading import Trained, decode_defaults, load_package, load_trained, unique_weights
 from nmt.store.package import (
     CARD,
@@ -88,11 +90,65 @@ def training_command(trained: Trained) -> str:
     return "not recorded (the run has no summary.json); config.yaml holds the whole config"
 
 
+def front_matter(trained: Trained, licence: str | None, hf_arch: str | None) -> list[str]:
+    """The model card's YAML front matter, as the Hugging Face Hub reads it: languages, the
+    licence of the data, the data set, tags, and a model-index with every recorded score and
+    its sacreBLEU signature. ``hf_arch``: the transformers class of an ``--format hf`` folder."""
+    d, arch = trained.cfg.data, trained.cfg.model.arch
+    multi30k = d.corpus == "multi30k" and licence is None
+    meta: dict[str, Any] = {"language": [str(d.src_lang), str(d.tgt_lang)]}
+    if multi30k:  # the data's own terms, which this model does not relicense
+        meta.update(license="other", license_name="multi30k-flickr30k-terms")
+        meta["license_link"] = "https://github.com/multi30k/dataset"
+        meta["datasets"] = ["multi30k"]
+    else:  # stated in the card's Data section (--data-licence), else unknown
+        meta["license"] = "other" if licence is not None else "unknown"
+    meta["library_name"] = "transformers" if hf_arch else "nmt"
+    meta["pipeline_tag"] = "translation"
+    tags = ["translation", "nmt", arch, f"{d.src_lang}-{d.tgt_lang}"]
+    if hf_arch:
+        tags.append("marian" if hf_arch == "MarianMTModel" else "pegasus")
+    meta["tags"] = tags
+    results = []
+    task = {"type": "translation", "name": f"Translation {d.src_lang}-{d.tgt_lang}"}
+    for report in eval_reports(trained):
+        opts = report.get("options", {})
+        search = f"beam {opts.get('beam')}, length penalty {opts.get('length_penalty')}"
+        for name, entry in report.get("sets", {}).items():
+            metrics = [
+                {
+                    "type": metric.lower(),
+                    "value": round(float(s.get("score", float("nan"))), 2),
+                    "name": f"{metric} ({search})",
+                    "verified": False,
+                    "args": {"signature": str(s.get("signature"))},
+                }
+                for metric, s in entry.get("scores", {}).items()
+            ]
+            results.append(
+                {
+                    "task": task,
+                    "dataset": {"name": str(name), "type": str(d.corpus)},
+                    "metrics": metrics,
+                }
+            )
+    if results:
+        title = f"{arch}-{d.src_lang}-{d.tgt_lang}-step{trained.step}"
+        meta["model-index"] = [{"name": title, "results": results}]
+    body = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=1000)
+    return ["---", *body.rstrip("\n").split("\n"), "---", ""]
+
+
 def model_card(
-    trained: Trained, decode: dict[str, Any], licence: str | None, ct2: dict | None
+    trained: Trained,
+    decode: dict[str, Any],
+    licence: str | None,
+    ct2: dict | None,
+    hf_arch: str | None = None,
 ) -> str:
-    """The package's README.md."""
+    """The package's README.md (``hf_arch``: that of an ``--format hf`` folder)."""
     d = trained.cfg.data
+    matter = front_matter(trained, licence, hf_arch)
     if licence is None:
         licence = (
             MULTI30K_LICENCE
@@ -100,7 +156,9 @@ def model_card(
             else "not recorded: the model was trained on the user's own corpus "
             "(nmt-export --data-licence states it)"
         )
+    use = _card_hf_use(trained, decode, hf_arch) if hf_arch else _CARD_USE
     lines = [
+        *matter,
         *_card_model(trained, decode, ct2),
         "",
         "## Data",
@@ -116,16 +174,59 @@ def model_card(
         "```",
         "",
         *_card_scores(trained),
-        "## Use",
-        "",
-        "```",
-        "nmt-translate model=<this folder> input=FILE output=FILE",
-        "nmt-eval model=<this folder> 'test=[src.txt:ref.txt]'",
-        "nmt-serve model=<this folder> port=8080",
-        "```",
-        "",
+        *use,
     ]
     return "\n".join(lines)
+
+
+_CARD_USE = [
+    "## Use",
+    "",
+    "```",
+    "nmt-translate model=<this folder> input=FILE output=FILE",
+    "nmt-eval model=<this folder> 'test=[src.txt:ref.txt]'",
+    "nmt-serve model=<this folder> port=8080",
+    "```",
+    "",
+]
+
+
+def _card_hf_use(trained: Trained, decode: dict[str, Any], hf_arch: str) -> list[str]:
+    """How an ``--format hf`` folder is used, and what transformers cannot express."""
+    opts = DecodeOptions.of_run(decode)
+    a, b = opts.max_output_len_a, opts.max_output_len_b
+    return [
+        "## Use with transformers",
+        "",
+        f"A `{hf_arch}` (no custom code): the same function as the nmt model, tested to 1e-4 in",
+        "log-probability, and a `MarianTokenizer` over the model's sentencepiece model(s) that",
+        "gives its token ids.",
+        "",
+        "```python",
+        "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+        'tok = AutoTokenizer.from_pretrained("<this folder>")',
+        'model = AutoModelForSeq2SeqLM.from_pretrained("<this folder>")',
+        'batch = tok(["<a source sentence>"], return_tensors="pt", padding=True)',
+        "print(tok.batch_decode(model.generate(**batch), skip_special_tokens=True))",
+        "```",
+        "",
+        "`generation_config.json` holds the nmt decoding defaults: "
+        f"`num_beams={opts.beam}`, `length_penalty={opts.length_penalty}`, EOS forced at the "
+        "length cap, BOS as the decoder start token. What transformers cannot express:",
+        "",
+        f"- the output cap per sentence, `{a} * source tokens + {b}` (EOS included in the "
+        "source, excluded from the output): transformers has one `max_length`, set here to the "
+        "cap of the longest source training kept; pass "
+        f"`max_new_tokens=int({a} * len(input_ids) + {b}) + 1` per sentence for the nmt cap;",
+        "- the GNMT length penalty `((5 + n) / 6) ** alpha`: transformers divides a finished "
+        "beam's score by `n ** alpha`, so beam search may pick other hypotheses (greedy search "
+        "is identical);",
+        "- the nmt beam search's stopping rule (no alive hypothesis can still win) against "
+        "transformers' `early_stopping` heuristics;",
+        "- the sentencepiece model's control pieces typed in the text (`</s>`, `<pad>`, `<unk>`) "
+        "are special tokens to transformers, plain text to nmt.",
+        "",
+    ]
 
 
 def _card_model(trained: Trained, decode: dict[str, Any], ct2: dict | None) -> list[str]:
@@ -198,6 +299,8 @@ def export_package(
     leaves the PyTorch weights out: the smallest package, decoded by CTranslate2 alone."""
     out = Path(out)
     _check_export_options(out, fmt, quantize, force, ctranslate2_only)
+    if fmt == "hf":
+        return export_hf(ckpt, out, licence=licence)
     trained = load_trained(Path(ckpt), torch.device("cpu"))
     ct2 = None
     if fmt == "ctranslate2":
@@ -238,9 +341,53 @@ def _check_export_options(
         raise ConfigError("--quantize applies to --format ctranslate2 only")
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ConfigError(f"--quantize {quantize!r} is not one of: {', '.join(QUANTIZATIONS)}")
+    if fmt == "hf":
+        if out.exists() and not (force and is_hf_folder(out)):
+            why = "use --force to replace it" if is_hf_folder(out) else "and is not one"
+            raise ConfigError(f"--out {out} already exists ({why}): --format hf writes a folder")
+        return
     if out.exists() and not (force and is_package(out)):
         why = "use --force to replace it" if is_package(out) else "and is not a package"
         raise ConfigError(f"--out {out} already exists ({why})")
+
+
+def is_hf_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder that ``--format hf`` wrote (a transformers model)."""
+    return all((path / name).is_file() for name in (*HF_FILES, CARD))
+
+
+def export_hf(source: Path, out: Path, *, licence: str | None = None) -> Path:
+    """Write the transformers folder of ``source`` (a checkpoint or a package) into ``out``:
+    written whole in a temporary folder, loaded back with transformers and compared with our
+    model (:func:`nmt.ship.hf.verify_folder`), then moved into place, so a failed or killed
+    export leaves nothing under ``out``."""
+    from nmt.ship import hf
+
+    hf.require()
+    source = Path(source)
+    cpu = torch.device("cpu")
+    trained = load_package(source, cpu) if is_package(source) else load_trained(source, cpu)
+    hf.check_exportable(trained.cfg, trained.tokenizers)
+    decode = package_config(trained)["decode"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model: Any = trained.model
+        hf.write_folder(model, trained.tokenizers, trained.cfg, decode, tmp)
+        card = model_card(trained, decode, licence, None, hf_arch=hf.architecture(model))
+        atomic_write_bytes(tmp / CARD, card.encode("utf-8"))
+        hf.verify_folder(model, trained.tokenizers, tmp)
+        for path in tmp.iterdir():  # what transformers wrote, durable before the rename
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+        fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
 
 
 def _write_package(
@@ -293,9 +440,15 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nmt-export",
         description="Write a trained model as a self-contained package (safetensors weights, "
-        "config, sentencepiece models, model card; optionally a CTranslate2 model).",
+        "config, sentencepiece models, model card; optionally a CTranslate2 model), or with "
+        "--format hf as a Hugging Face transformers model folder.",
     )
-    p.add_argument("run", nargs="?", default="outputs/latest", help="run directory")
+    p.add_argument(
+        "run",
+        nargs="?",
+        default="outputs/latest",
+        help="run directory (or, with --format hf, a package)",
+    )
     p.add_argument(
         "--ckpt", help="checkpoint file or name (best, last, averaged); default: as nmt-eval"
     )
@@ -320,7 +473,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = make_parser().parse_args(argv)
     with exit_on_error(log):
-        ckpt = checkpoint_path(resolve_run_dir(args.run), args.ckpt)
+        if is_package(args.run) and not args.ckpt:
+            if args.fmt != "hf":
+                raise ConfigError(f"{args.run} is a package already: only --format hf reads one")
+            ckpt = Path(args.run)
+        else:
+            ckpt = checkpoint_path(resolve_run_dir(args.run), args.ckpt)
         out = export_package(
             ckpt,
             Path(args.out),

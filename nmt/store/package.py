@@ -53,7 +53,7 @@ CT2_FILES = (
     "ctranslate2/source_vocabulary.json",
     "ctranslate2/target_vocabulary.json",
 )
-FORMATS = ("torch", "ctranslate2")
+FORMATS = ("torch", "ctranslate2", "hf")  # hf: a transformers model folder (nmt.ship.hf)
 QUANTIZATIONS = ("float32", "int8", "int16", "float16")
 MULTI30K_LICENCE = (
     "Multi30k (Elliott et al., 2016: Multi30K: Multilingual English-German Image Descriptions) "

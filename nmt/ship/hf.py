@@ -1,0 +1,365 @@
+"""Converting the Transformer to Hugging Face ``transformers`` (``nmt-export --format hf``).
+
+The converted model is one of the architectures ``transformers`` ships, so it loads with
+``AutoModelForSeq2SeqLM.from_pretrained`` and no custom code:
+
+* post-norm -> ``MarianMTModel``: post-norm layers, sinusoidal positions, separate source and
+  target embeddings when asked (``share_encoder_decoder_embeddings``);
+* pre-norm -> ``PegasusForConditionalGeneration``: pre-norm layers with a final layer norm after
+  each stack (our ``enc_norm`` / ``dec_norm``), the same sinusoid, one vocabulary size.
+
+Both compute the sinusoid with Vaswani's frequencies but lay it out sin-half then cos-half,
+where ours interleaves sin and cos (:func:`nmt.models.transformer.sinusoidal_positions`). One
+fixed permutation of the model dimension, :func:`permutation`, turns our table into theirs;
+applied to every weight that reads or writes the residual stream (token embeddings, the input
+side of the query/key/value and first feed-forward projections, the output side of the
+attention output and second feed-forward projections, every layer norm, the input side of the
+output projection) it gives the same function, since layer norm, residual sums and the
+position-wise sub-layers commute with a permutation of features.
+
+Settings that would change the function are written explicitly: embeddings scaled by
+sqrt(d_model), ReLU, layer-drop 0, no output bias (``final_logits_bias`` zero), layer norm
+epsilon 1e-5, our pad/BOS/EOS ids with BOS as ``decoder_start_token_id``, the position limit.
+What cannot be expressed is refused with the reason (:func:`check_exportable`).
+
+The tokenizer is ``MarianTokenizer`` over our sentencepiece model(s), with a vocabulary file
+that maps every piece to its sentencepiece id, so its ids are ours; see :func:`write_tokenizer`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig
+
+from nmt.config import ConfigError
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID, TokenizerPair
+
+if TYPE_CHECKING:  # `import nmt.ship.hf` needs neither PyTorch nor transformers
+    import torch
+
+    from nmt.models.transformer import Transformer
+
+MISSING_EXTRA = (
+    "--format hf needs Hugging Face transformers, which is not installed: pip install 'nmt[hf]'"
+)
+HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer_config.json")
+
+
+def require() -> Any:
+    """The ``transformers`` module, or a ConfigError saying how to install it."""
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError(MISSING_EXTRA) from None
+    return transformers
+
+
+def refusal(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str | None:
+    """Why the model of ``cfg`` (with these vocabulary sizes) cannot be converted, or None."""
+    m = cfg.model
+    if m.arch != "transformer":
+        return (
+            f"--format hf: model.arch={m.arch!r} cannot be exported: transformers has no "
+            "recurrent (GRU with Bahdanau attention) sequence-to-sequence model to hold it; "
+            "only the Transformer converts (this model ships with --format torch)"
+        )
+    if m.learned_positions:
+        return (
+            "--format hf: model.learned_positions=true cannot be exported: Marian and Pegasus "
+            "compute their own sinusoidal position table and load no learned one "
+            "(this model ships with --format torch or ctranslate2)"
+        )
+    if m.norm_first and src_vocab != tgt_vocab:
+        return (
+            f"--format hf: a pre-norm model with vocabularies of {src_vocab} and {tgt_vocab} "
+            "pieces cannot be exported: Pegasus, the pre-norm architecture of transformers, has "
+            "one vocabulary size for both sides (train with data.joint_vocab=true or equal "
+            "data.vocab_size, or model.norm_first=false for Marian)"
+        )
+    return None
+
+
+def check_exportable(cfg: DictConfig, tokenizers: TokenizerPair) -> None:
+    """ConfigError (one line, the reason) unless the model of ``cfg`` converts exactly."""
+    why = refusal(cfg, tokenizers.src.vocab_size, tokenizers.tgt.vocab_size)
+    if why is not None:
+        raise ConfigError(why)
+
+
+# ----------------------------------------------------------------------------------- weights
+
+
+def permutation(d_model: int) -> torch.Tensor:
+    """Feature j of theirs is feature ``perm[j]`` of ours: the even features (our sines) first,
+    then the odd ones (our cosines), so ``ours_table[:, perm]`` is their position table."""
+    import torch
+
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def architecture(model: Transformer) -> str:
+    """The transformers class that holds ``model``: Pegasus (pre-norm) or Marian (post-norm)."""
+    norm_first = model.encoder_layers[0].norm_first
+    return "PegasusForConditionalGeneration" if norm_first else "MarianMTModel"
+
+
+def _embeddings_shared(model: Transformer) -> bool:
+    """Whether one matrix is the source embedding, the target embedding and the projection."""
+    return model.src_embed.weight is model.tgt_embed.weight is model.out_proj.weight
+
+
+def hf_config(model: Transformer) -> Any:
+    """The transformers config (Marian or Pegasus) of ``model``."""
+    transformers = require()
+    layer = model.encoder_layers[0]
+    shared = _embeddings_shared(model)
+    tied = model.tgt_embed.weight is model.out_proj.weight
+    common = {
+        "vocab_size": model.src_embed.num_embeddings,
+        "d_model": model.d_model,
+        "encoder_layers": len(model.encoder_layers),
+        "decoder_layers": len(model.decoder_layers),
+        "encoder_ffn_dim": layer.linear1.out_features,
+        "decoder_ffn_dim": layer.linear1.out_features,
+        "encoder_attention_heads": model.heads,
+        "decoder_attention_heads": model.heads,
+        "encoder_layerdrop": 0.0,
+        "decoder_layerdrop": 0.0,
+        "activation_function": "relu",
+        "dropout": layer.dropout.p,
+        "attention_dropout": layer.self_attn.dropout,
+        "activation_dropout": layer.act_dropout.p,
+        "max_position_embeddings": model.max_positions,
+        "scale_embedding": True,  # sqrt(d_model), as Transformer._embed
+        "pad_token_id": PAD_ID,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "decoder_start_token_id": BOS_ID,  # our decoder input starts with BOS
+        "forced_eos_token_id": EOS_ID,  # at the length cap EOS closes the output, as ours
+        "is_encoder_decoder": True,
+        "use_cache": True,
+    }
+    if architecture(model) == "MarianMTModel":
+        return transformers.MarianConfig(
+            **common,
+            decoder_vocab_size=model.tgt_embed.num_embeddings,
+            share_encoder_decoder_embeddings=shared,
+            tie_word_embeddings=tied,
+        )
+    # Pegasus ties all of its embeddings or none: untied, each is written out
+    return transformers.PegasusConfig(**common, tie_word_embeddings=shared)
+
+
+def _norm(out: dict, name: str, norm: Any, perm: torch.Tensor) -> None:
+    out[f"{name}.weight"] = norm.weight[perm]
+    out[f"{name}.bias"] = norm.bias[perm]
+
+
+def _attention(out: dict, name: str, attn: Any, perm: torch.Tensor) -> None:
+    for proj in ("q_proj", "k_proj", "v_proj"):  # reads the residual stream
+        out[f"{name}.{proj}.weight"] = getattr(attn, proj).weight[:, perm]
+        out[f"{name}.{proj}.bias"] = getattr(attn, proj).bias
+    out[f"{name}.out_proj.weight"] = attn.out_proj.weight[perm]  # writes it
+    out[f"{name}.out_proj.bias"] = attn.out_proj.bias[perm]
+
+
+def _ffn(out: dict, name: str, layer: Any, perm: torch.Tensor) -> None:
+    out[f"{name}.fc1.weight"] = layer.linear1.weight[:, perm]
+    out[f"{name}.fc1.bias"] = layer.linear1.bias
+    out[f"{name}.fc2.weight"] = layer.linear2.weight[perm]
+    out[f"{name}.fc2.bias"] = layer.linear2.bias[perm]
+
+
+def hf_weights(model: Transformer, pre_norm: bool) -> dict[str, torch.Tensor]:
+    """Our weights under the transformers names, permuted (see :func:`permutation`).
+
+    Position tables are left out: Marian and Pegasus compute their own."""
+    import torch
+
+    perm = permutation(model.d_model)
+    out: dict[str, torch.Tensor] = {}
+    src = model.src_embed.weight[:, perm]
+    out["model.shared.weight"] = src
+    out["model.encoder.embed_tokens.weight"] = src
+    out["model.decoder.embed_tokens.weight"] = model.tgt_embed.weight[:, perm]
+    out["lm_head.weight"] = model.out_proj.weight[:, perm]
+    out["final_logits_bias"] = torch.zeros(1, model.out_proj.out_features)
+    for i, layer in enumerate(model.encoder_layers):
+        name = f"model.encoder.layers.{i}"
+        _attention(out, f"{name}.self_attn", layer.self_attn, perm)
+        _norm(out, f"{name}.self_attn_layer_norm", layer.norm1, perm)
+        _ffn(out, name, layer, perm)
+        _norm(out, f"{name}.final_layer_norm", layer.norm2, perm)
+    for i, layer in enumerate(model.decoder_layers):
+        name = f"model.decoder.layers.{i}"
+        _attention(out, f"{name}.self_attn", layer.self_attn, perm)
+        _norm(out, f"{name}.self_attn_layer_norm", layer.norm1, perm)
+        _attention(out, f"{name}.encoder_attn", layer.cross_attn, perm)
+        _norm(out, f"{name}.encoder_attn_layer_norm", layer.norm2, perm)
+        _ffn(out, name, layer, perm)
+        _norm(out, f"{name}.final_layer_norm", layer.norm3, perm)
+    if pre_norm:
+        _norm(out, "model.encoder.layer_norm", model.enc_norm, perm)
+        _norm(out, "model.decoder.layer_norm", model.dec_norm, perm)
+    return {k: v.detach().float().contiguous().clone() for k, v in out.items()}
+
+
+def convert_model(model: Transformer) -> Any:
+    """The transformers model holding ``model``'s function (eval mode, float32)."""
+    import torch
+
+    transformers = require()
+    config = hf_config(model)
+    cls = getattr(transformers, architecture(model))
+    with torch.device("cpu"):
+        hf = cls(config).float().eval()
+    weights = hf_weights(model, pre_norm=architecture(model) != "MarianMTModel")
+    theirs = hf.state_dict()
+    unknown = sorted(set(weights) - set(theirs))
+    if "model.shared.weight" in unknown:  # Marian with separate embeddings has none
+        weights.pop("model.shared.weight")
+        unknown.remove("model.shared.weight")
+    unset = sorted(k for k in set(theirs) - set(weights) if ".embed_positions." not in k)
+    if unknown or unset:
+        raise ConfigError(f"--format hf: names do not match: {unknown or unset}")
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            if theirs[name].shape != tensor.shape:
+                raise ConfigError(f"--format hf: {name} is {tuple(theirs[name].shape)} there")
+            theirs[name].copy_(tensor)  # tied parameters receive the same values
+    return hf
+
+
+# --------------------------------------------------------------------------------- tokenizer
+
+
+def piece_vocabulary(tokenizer: Any) -> dict[str, int]:
+    """Every sentencepiece piece to its id: MarianTokenizer looks ids up here, so they are
+    sentencepiece's (pieces are unique within a model)."""
+    sp = tokenizer._sp
+    vocab = {sp.IdToPiece(i): i for i in range(sp.GetPieceSize())}
+    if len(vocab) != sp.GetPieceSize():
+        raise ConfigError("--format hf: the sentencepiece model has repeated pieces")
+    return vocab
+
+
+def write_tokenizer(tokenizers: TokenizerPair, out: Path, cfg: DictConfig, max_len: int) -> None:
+    """``MarianTokenizer`` files into ``out``: source.spm, target.spm (the same model for one
+    joint vocabulary), vocab.json (and target_vocab.json for two vocabularies), its config.
+
+    It encodes as ours: the pieces of sentencepiece (our models normalize nothing), EOS
+    appended, no BOS; and decodes as ours, through sentencepiece's decoder."""
+    transformers = require()
+    with tempfile.TemporaryDirectory(prefix=".hf-tokenizer.", dir=out) as scratch:
+        tmp = Path(scratch)
+        (tmp / "source.spm").write_bytes(tokenizers.src.proto)
+        (tmp / "target.spm").write_bytes(tokenizers.tgt.proto)
+        src_vocab = piece_vocabulary(tokenizers.src)
+        (tmp / "vocab.json").write_text(json.dumps(src_vocab, ensure_ascii=False), "utf-8")
+        extra: dict[str, Any] = {}
+        if not tokenizers.joint:
+            tgt_vocab = piece_vocabulary(tokenizers.tgt)
+            target_vocab = tmp / "target_vocab.json"
+            target_vocab.write_text(json.dumps(tgt_vocab, ensure_ascii=False), "utf-8")
+            extra = {"target_vocab_file": str(target_vocab), "separate_vocabs": True}
+        tokenizer = transformers.MarianTokenizer(
+            source_spm=str(tmp / "source.spm"),
+            target_spm=str(tmp / "target.spm"),
+            vocab=str(tmp / "vocab.json"),
+            source_lang=cfg.data.src_lang,
+            target_lang=cfg.data.tgt_lang,
+            unk_token=SPECIAL_PIECES[UNK_ID],
+            eos_token=SPECIAL_PIECES[EOS_ID],
+            pad_token=SPECIAL_PIECES[PAD_ID],
+            model_max_length=max_len,
+            clean_up_tokenization_spaces=False,  # our detokenizer is sentencepiece's alone
+            **extra,
+        )
+        tokenizer.save_pretrained(str(out))
+
+
+# ------------------------------------------------------------------------------------ folder
+
+
+def generation_config(decode: DictConfig | dict, max_positions: int, max_len: int) -> Any:
+    """Our decoding defaults as a transformers ``GenerationConfig``.
+
+    ``num_beams`` is the run's beam; ``length_penalty`` its GNMT alpha (transformers divides by
+    ``length ** alpha`` where we divide by ``((5 + length) / 6) ** alpha``: the same preference,
+    not the same scores). Our per-sentence cap ``a * source_length + b`` has no counterpart: the
+    fixed ``max_length`` is that cap for the longest source training kept (``max_len``), within
+    the position table."""
+    from nmt.decode.options import DecodeOptions
+
+    transformers = require()
+    opts = DecodeOptions.of_run(decode)
+    cap = int(opts.caps([max_len + 1], max_positions)[0])  # EOS counts in the source length
+    return transformers.GenerationConfig(
+        num_beams=opts.beam,
+        length_penalty=opts.length_penalty,
+        early_stopping=False,
+        do_sample=False,
+        max_length=cap + 2,  # the start token, the cap, the closing EOS
+        decoder_start_token_id=BOS_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        forced_eos_token_id=EOS_ID,
+    )
+
+
+def write_folder(
+    model: Transformer,
+    tokenizers: TokenizerPair,
+    cfg: DictConfig,
+    decode: DictConfig | dict,
+    out: Path,
+) -> None:
+    """The transformers model, its generation config and its tokenizer into the folder ``out``
+    (which exists): what ``from_pretrained(out)`` loads."""
+    hf = convert_model(model)
+    hf.generation_config = generation_config(decode, model.max_positions, int(cfg.data.max_len))
+    hf.save_pretrained(str(out), safe_serialization=True)
+    write_tokenizer(tokenizers, out, cfg, model.max_positions)
+
+
+def probe(tokenizers: TokenizerPair) -> tuple[list[str], list[str]]:
+    """Sentences that exercise the tokenizer (byte fallback included) and the model."""
+    src = ["Ein Hund läuft über die Wiese.", "Zwei Männer — 3½ Äpfel, ŝ ǅ 😀 .", "a"]
+    tgt = ["A dog runs across the meadow.", "Two men — 3½ apples, ŝ ǅ 😀 .", "b"]
+    return src, tgt
+
+
+def verify_folder(model: Transformer, tokenizers: TokenizerPair, out: Path) -> None:
+    """Load ``out`` as a user would (no custom code) and compare it with ``model``: the
+    tokenizer's ids and the teacher-forced log-probabilities. ConfigError on a difference."""
+    import torch
+
+    transformers = require()
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(out)).float().eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    sources, targets = probe(tokenizers)
+    enc = tok(sources, text_target=targets, padding=True, return_tensors="pt")
+    for i, (s, t) in enumerate(zip(sources, targets, strict=True)):
+        want_src = tokenizers.src.encode(s) + [EOS_ID]
+        want_tgt = tokenizers.tgt.encode(t) + [EOS_ID]
+        got_src = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
+        got_tgt = [x for x in enc["labels"][i].tolist() if x != PAD_ID]
+        if got_src != want_src or got_tgt != want_tgt:
+            raise ConfigError(f"--format hf: the exported tokenizer encodes {s!r} differently")
+    src, lens = enc["input_ids"], enc["attention_mask"].sum(1)
+    labels = enc["labels"]
+    tgt_in = torch.cat([torch.full((len(labels), 1), BOS_ID), labels[:, :-1]], dim=1)
+    with torch.inference_mode():
+        ours = model(src, lens, tgt_in).float().log_softmax(-1)
+        theirs = hf(
+            input_ids=src, attention_mask=enc["attention_mask"], decoder_input_ids=tgt_in
+        ).logits.log_softmax(-1)
+    real = labels != PAD_ID
+    gap = (ours - theirs).abs()[real].max().item()
+    if gap > 1e-4:
+        raise ConfigError(f"--format hf: the converted model differs by {gap:.2e} in log-prob")

@@ -1,0 +1,152 @@
+"""The parity of a run's ``--format hf`` export on its test set (``make check-hf``).
+
+Three checks, each against our own decoding of the same sentences:
+
+* greedy search: the share of sentences whose tokens transformers' ``generate(num_beams=1)``
+  reproduces exactly (wanted: at least 99%), with our per-sentence cap given as
+  ``max_new_tokens`` (sentences are decoded in groups of equal cap);
+* beam search: corpus BLEU of ``generate(num_beams=beam)`` with the exported generation config
+  against ours (wanted: within 0.1); the search rules differ (see the model card), so a few
+  outputs do;
+* the text a user gets: ``pipeline("translation")`` where transformers still has it (it was
+  removed in transformers 5), else its steps (the tokenizer, ``generate`` with the folder's
+  defaults and our caps, ``batch_decode``), against our detokenized greedy output.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.data.datasets import load_test_sets
+from nmt.data.tokenizer import EOS_ID
+from nmt.decode.options import DecodeOptions
+from nmt.decode.search import decode_dataset
+from nmt.environment import multi30k_source
+from nmt.evaluate.metrics import bleu
+from nmt.ship import hf
+from nmt.ship.export import export_hf
+from nmt.store.loading import Trained, decode_defaults, load_trained
+
+log = logging.getLogger(__name__)
+
+GREEDY_SHARE, BLEU_GAP = 0.99, 0.1
+
+
+def hf_generate(
+    model: Any, tok: Any, sources: list[str], caps: list[int], batch: int, **options: Any
+) -> list[list[int]]:
+    """transformers' output tokens (no start token, no EOS) for each source, decoded in
+    batches of sentences that share a cap."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, cap in enumerate(caps):
+        groups[cap].append(i)
+    out: list[list[int]] = [[] for _ in sources]
+    for cap, rows in sorted(groups.items()):
+        for start in range(0, len(rows), batch):
+            part = rows[start : start + batch]
+            enc = tok([sources[i] for i in part], return_tensors="pt", padding=True)
+            with torch.inference_mode():
+                seqs = model.generate(**enc, max_new_tokens=cap + 1, **options)
+            for i, row in zip(part, seqs.tolist(), strict=True):
+                row = row[1:]
+                out[i] = row[: row.index(EOS_ID)] if EOS_ID in row else row
+    return out
+
+
+def user_texts(folder: Path, model: Any, tok: Any, sources: list[str], caps: list[int]) -> tuple:
+    """What a user's translation call returns: ``pipeline("translation")`` if transformers
+    has it, else the same steps by hand; and which of the two it was."""
+    transformers = hf.require()
+    try:
+        translate = transformers.pipeline("translation", model=str(folder), num_beams=1)
+    except (KeyError, ValueError) as e:
+        how = f"tokenizer + generate + batch_decode (pipeline('translation'): {e})"
+        tokens = hf_generate(model, tok, sources, caps, 64, num_beams=1, do_sample=False)
+        return tok.batch_decode(tokens, skip_special_tokens=True), how.splitlines()[0]
+    texts = []
+    for source, cap in zip(sources, caps, strict=True):
+        texts.append(translate(source, max_new_tokens=cap + 1)[0]["translation_text"])
+    return texts, "pipeline('translation')"
+
+
+def check(
+    trained: Trained, folder: Path, limit: int = 0, beam: int | None = None
+) -> dict[str, Any]:
+    """The three parity checks of ``folder`` (the export of ``trained``) on the run's first
+    test set (its first ``limit`` sentences when > 0)."""
+    transformers = hf.require()
+    cpu = torch.device("cpu")
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(folder)).float().eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    test = load_test_sets(trained.cfg.data, trained.tokenizers, multi30k_source())[0]
+    n = len(test) if limit <= 0 else min(limit, len(test))
+    sources, refs = test.src_text[:n], test.ref_text[:n]
+    run_opts = DecodeOptions.of_run(decode_defaults(trained))
+    beam = beam or max(run_opts.beam, 2)
+    greedy = DecodeOptions(beam=1, length_penalty=run_opts.length_penalty, precision="32")
+    caps = greedy.caps(test.data.src_lens[:n] + 1, trained.model.max_positions).tolist()
+    report: dict[str, Any] = {"test_set": test.name, "sentences": n, "folder": str(folder)}
+
+    start = time.perf_counter()
+    ours = [h.tokens for h in decode_dataset(trained.model, test.data, greedy, cpu, n)]
+    theirs = hf_generate(model, tok, sources, caps, 64, num_beams=1, do_sample=False)
+    same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    report["greedy"] = {
+        "identical": same,
+        "share": same / n,
+        "wanted": GREEDY_SHARE,
+        "ok": same / n >= GREEDY_SHARE,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+    start = time.perf_counter()
+    wide = DecodeOptions(beam=beam, length_penalty=run_opts.length_penalty, precision="32")
+    ours_beam = decode_dataset(trained.model, test.data, wide, cpu, n)
+    ours_text = [trained.tokenizers.tgt.decode(h.tokens) for h in ours_beam]
+    theirs_beam = hf_generate(model, tok, sources, caps, 16, num_beams=beam, do_sample=False)
+    theirs_text = tok.batch_decode(theirs_beam, skip_special_tokens=True)
+    ours_bleu, theirs_bleu = bleu(ours_text, refs).score, bleu(theirs_text, refs).score
+    report["beam"] = {
+        "beam": beam,
+        "length_penalty": wide.length_penalty,
+        "bleu_nmt": round(ours_bleu, 2),
+        "bleu_transformers": round(theirs_bleu, 2),
+        "gap": round(abs(ours_bleu - theirs_bleu), 2),
+        "wanted": BLEU_GAP,
+        "ok": abs(ours_bleu - theirs_bleu) <= BLEU_GAP,
+        "identical_outputs": sum(a == b for a, b in zip(ours_text, theirs_text, strict=True)),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+    start = time.perf_counter()
+    texts, how = user_texts(folder, model, tok, sources, caps)
+    ours_greedy = [trained.tokenizers.tgt.decode(t) for t in ours]
+    equal = sum(a == b for a, b in zip(ours_greedy, texts, strict=True))
+    report["strings"] = {
+        "how": how,
+        "identical": equal,
+        "share": equal / n,
+        "ok": equal / n >= GREEDY_SHARE,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    report["ok"] = all(report[k]["ok"] for k in ("greedy", "beam", "strings"))
+    return report
+
+
+def check_run(
+    ckpt: Path, folder: Path | None = None, limit: int = 0, beam: int | None = None
+) -> dict[str, Any]:
+    """Export checkpoint ``ckpt`` (unless ``folder`` holds its export already) and check it."""
+    trained = load_trained(ckpt, torch.device("cpu"))
+    if folder is not None:
+        return check(trained, folder, limit, beam)
+    with tempfile.TemporaryDirectory(prefix="nmt-check-hf.") as scratch:
+        out = export_hf(ckpt, Path(scratch) / "hf")
+        return check(trained, out, limit, beam)

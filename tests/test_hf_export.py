@@ -1,0 +1,242 @@
+"""The Hugging Face export (``nmt-export --format hf``): every Transformer variant converts to a
+transformers model with our log-probabilities and our greedy output, its tokenizer gives our
+ids and our detokenized text, what cannot convert is refused with the reason, and the folder
+is written whole or not at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from nmt.config import ConfigError
+from nmt.data.batching import make_batch
+from nmt.data.datasets import encode_texts, prepare_data
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
+from nmt.decode.search import greedy_search
+from nmt.ship import hf
+from nmt.ship.export import export_hf
+from nmt.ship.export import main as export_main
+from nmt.store.loading import build_model
+from nmt.train.command import train
+
+from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = ["model.d_model=16", "model.heads=2", "model.d_ff=32"]
+LAYERS = ["model.enc_layers=2", "model.dec_layers=1"]
+NORM = {"pre-norm": [], "post-norm": ["model.norm_first=false"]}
+EMBEDDINGS = {
+    "tied, joint": [],
+    "untied, joint": ["model.tie_embeddings=false"],
+    "tied, two vocabularies": ["data.joint_vocab=false"],
+    "untied, two vocabularies": ["model.tie_embeddings=false", "data.joint_vocab=false"],
+}
+VARIANTS = [(n, e) for n in NORM for e in EMBEDDINGS]
+# characters the sentencepiece models of 120 sentences never saw: byte fallback
+RARE = ["Ein Hund — 3½ Äpfel, ŝ ǅ 😀 !", "Zwei  Männer\tim Schnee… «ja»", "ẞ Ω ∑ 中文 a"]
+
+
+def variant_model(
+    corpus: Path, root: Path, overrides: list[str]
+) -> tuple[torch.nn.Module, TokenizerPair, object]:
+    """A tiny model of a variant, random weights, layer norms that are not the identity."""
+    cfg = compose_config(
+        "train",
+        [*corpus_overrides(corpus, root), *SMALL, *LAYERS, *overrides, "model.dropout=0"],
+    )
+    tokenizers = prepare_data(cfg.data).tokenizers
+    torch.manual_seed(0)
+    model = build_model(cfg, tokenizers).eval()
+    for p in (p for name, p in model.named_parameters() if "norm" in name):
+        torch.nn.init.uniform_(p, 0.5, 1.5)
+    return model, tokenizers, cfg
+
+
+def real_batch(corpus: Path, tokenizers: TokenizerPair, n: int = 6):
+    lines = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[:n]
+    refs = Path(f"{corpus}.en").read_text(encoding="utf-8").splitlines()[:n]
+    return make_batch(encode_texts(tokenizers, lines, refs), list(range(n)))
+
+
+def hf_log_probs(model, batch) -> torch.Tensor:
+    """transformers' teacher-forced log-probabilities of one of our batches (B, T, V)."""
+    mask = torch.arange(batch.src.size(1))[None] < batch.src_lens[:, None]
+    with torch.inference_mode():
+        out = model(input_ids=batch.src, attention_mask=mask.long(), decoder_input_ids=batch.tgt_in)
+    return out.logits.log_softmax(-1)
+
+
+@pytest.mark.parametrize("norm,embeddings", VARIANTS)
+def test_every_variant_gives_our_log_probabilities_and_greedy_output(
+    norm: str, embeddings: str, corpus: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = tmp_path_factory.mktemp("variant")
+    model, tokenizers, _ = variant_model(corpus, root, [*NORM[norm], *EMBEDDINGS[embeddings]])
+    converted = hf.convert_model(model)
+    assert type(converted).__name__ == ("MarianMTModel" if norm == "post-norm" else
+                                        "PegasusForConditionalGeneration")  # fmt: skip
+    batch = real_batch(corpus, tokenizers)
+    with torch.inference_mode():
+        ours = model(batch.src, batch.src_lens, batch.tgt_in).log_softmax(-1)
+    theirs = hf_log_probs(converted, batch)
+    real = batch.tgt_out != PAD_ID
+    assert (ours - theirs).abs()[real].max() < 1e-4
+
+    cap = 12  # the same cap for every sentence: random weights decode up to it, then EOS
+    caps = torch.full((batch.src.size(0),), cap)
+    hyps = greedy_search(model, batch.src, batch.src_lens, caps, BOS_ID, EOS_ID)
+    mask = torch.arange(batch.src.size(1))[None] < batch.src_lens[:, None]
+    with torch.inference_mode():
+        out = converted.generate(
+            input_ids=batch.src,
+            attention_mask=mask.long(),
+            num_beams=1,
+            do_sample=False,
+            max_new_tokens=cap + 1,
+        )
+    for hyp, row in zip(hyps, out.tolist(), strict=True):
+        assert row[0] == BOS_ID
+        tokens = row[1 : row.index(EOS_ID)] if EOS_ID in row else row[1:]
+        assert tokens == hyp.tokens
+
+
+def test_the_comparison_sees_a_conversion_without_the_permutation(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizers, _ = variant_model(corpus, tmp_path, ["model.norm_first=false"])
+    monkeypatch.setattr(hf, "permutation", lambda d: torch.arange(d))  # interleaved as ours
+    batch = real_batch(corpus, tokenizers)
+    with torch.inference_mode():
+        ours = model(batch.src, batch.src_lens, batch.tgt_in).log_softmax(-1)
+    theirs = hf_log_probs(hf.convert_model(model), batch)
+    assert (ours - theirs).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("joint", [True, False], ids=["joint", "two vocabularies"])
+def test_the_tokenizer_gives_our_ids_and_our_text(
+    joint: bool, corpus: Path, tmp_path: Path
+) -> None:
+    overrides = [] if joint else ["data.joint_vocab=false"]
+    cfg = compose_config("train", [*corpus_overrides(corpus, tmp_path), *overrides])
+    tokenizers = prepare_data(cfg.data).tokenizers
+    out = tmp_path / "tok"
+    out.mkdir()
+    hf.write_tokenizer(tokenizers, out, cfg, 1024)
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert type(tok).__name__ == "MarianTokenizer"
+    sources = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines() + RARE
+    targets = Path(f"{corpus}.en").read_text(encoding="utf-8").splitlines() + RARE
+    assert any(tokenizers.src.pieces(tokenizers.src.encode(s))[-1].startswith("<0x") for s in RARE)
+    enc = tok(sources, text_target=targets)
+    for s, t, got_src, got_tgt in zip(
+        sources, targets, enc["input_ids"], enc["labels"], strict=True
+    ):
+        assert got_src == tokenizers.src.encode(s) + [EOS_ID]
+        assert got_tgt == tokenizers.tgt.encode(t) + [EOS_ID]
+        ids = [BOS_ID, *tokenizers.tgt.encode(t), EOS_ID, PAD_ID]  # as generate returns them
+        assert tok.decode(ids, skip_special_tokens=True) == tokenizers.tgt.decode(ids) == t
+
+
+# -------------------------------------------------------------------------------- refusals
+
+
+def test_the_gru_is_refused_with_the_reason(corpus: Path, tmp_path: Path) -> None:
+    cfg = compose_config("train", [*corpus_overrides(corpus, tmp_path), "model=gru_bahdanau"])
+    with pytest.raises(ConfigError, match="no\\s+recurrent"):
+        hf.check_exportable(cfg, prepare_data(cfg.data).tokenizers)
+
+
+def test_learned_positions_are_refused_with_the_reason(corpus: Path, tmp_path: Path) -> None:
+    cfg = compose_config(
+        "train", [*corpus_overrides(corpus, tmp_path), "model.learned_positions=true"]
+    )
+    with pytest.raises(ConfigError, match="learned_positions=true cannot be exported"):
+        hf.check_exportable(cfg, prepare_data(cfg.data).tokenizers)
+
+
+def test_a_pre_norm_model_with_two_vocabulary_sizes_is_refused(corpus: Path, tmp_path: Path):
+    cfg = compose_config("train", [*corpus_overrides(corpus, tmp_path), "data.joint_vocab=false"])
+    assert hf.refusal(cfg, 600, 600) is None
+    assert "one vocabulary size" in hf.refusal(cfg, 600, 500)
+    post = compose_config("train", ["model.norm_first=false", "data.joint_vocab=false"])
+    assert hf.refusal(post, 600, 500) is None  # Marian holds two sizes
+
+
+# ----------------------------------------------------------------------- the export command
+
+
+@pytest.fixture(scope="module")
+def run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Transformer trained for a few updates (post-norm: Marian)."""
+    root = tmp_path_factory.mktemp("hfrun")
+    overrides = tiny_run_overrides(
+        corpus, root, "trainer.max_steps=4", "trainer.val_every=4", "model.norm_first=false"
+    )
+    run_dir = root / "run"
+    train(compose_config("train", [*overrides, "decode.beam=3"]), run_dir)
+    return run_dir
+
+
+def test_nmt_export_writes_a_folder_transformers_loads(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "hf"
+    assert export_main([str(run), "--out", str(out), "--format", "hf"]) == 0
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(out))
+    assert type(model).__name__ == "MarianMTModel"
+    config = json.loads((out / "config.json").read_text())
+    assert (config["decoder_start_token_id"], config["pad_token_id"]) == (BOS_ID, PAD_ID)
+    assert (config["encoder_layerdrop"], config["activation_function"]) == (0.0, "relu")
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["num_beams"] == 3 and generation["forced_eos_token_id"] == EOS_ID
+    card = (out / "README.md").read_text()
+    meta = yaml.safe_load(card.split("---\n")[1])
+    assert "translation" in meta["tags"] and meta["pipeline_tag"] == "translation"
+    assert meta["language"] == ["de", "en"] and meta["license"] == "unknown"
+    assert "max_new_tokens=int(1.2 * len(input_ids) + 10) + 1" in card
+    with pytest.raises(SystemExit) as stop:  # an export is replaced only with --force
+        export_main([str(run), "--out", str(out), "--format", "hf"])
+    assert stop.value.code == 2
+    assert export_main([str(run), "--out", str(out), "--format", "hf", "--force"]) == 0
+
+
+def test_a_package_exports_too(run: Path, tmp_path: Path) -> None:
+    assert export_main([str(run), "--out", str(tmp_path / "pkg")]) == 0
+    out = tmp_path / "hf"
+    assert export_main([str(tmp_path / "pkg"), "--out", str(out), "--format", "hf"]) == 0
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert tok("Ein Hund.")["input_ids"][-1] == EOS_ID
+
+
+def test_a_failed_export_leaves_nothing(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object) -> None:
+        raise ConfigError("--format hf: the converted model differs")
+
+    monkeypatch.setattr(hf, "verify_folder", broken)
+    ckpt = run / "checkpoints" / "last.pt"
+    with pytest.raises(ConfigError, match="differs"):
+        export_hf(ckpt, tmp_path / "hf")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_gru_export_exits_2_with_one_line(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    overrides = [
+        o
+        for o in tiny_run_overrides(corpus, tmp_path, "trainer.max_steps=1", "trainer.val_every=1")
+        if o not in TINY_TRANSFORMER
+    ]
+    overrides += ["model=gru_bahdanau", "model.emb_dim=16", "model.hidden_dim=16"]
+    train(compose_config("train", overrides), tmp_path / "gru")
+    with pytest.raises(SystemExit) as stop:
+        export_main([str(tmp_path / "gru"), "--out", str(tmp_path / "hf"), "--format", "hf"])
+    assert stop.value.code == 2
+    assert "no recurrent" in caplog.text and not (tmp_path / "hf").exists()
