@@ -27,7 +27,11 @@ from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_ru
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    # MarianTokenizer's constructor asks for sacremoses, which only its unused normalize() needs
+    pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses:UserWarning"),
+]
 
 SMALL = ["model.d_model=16", "model.heads=2", "model.d_ff=32"]
 LAYERS = ["model.enc_layers=2", "model.dec_layers=1"]
