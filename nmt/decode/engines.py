@@ -70,9 +70,10 @@ class TorchEngine:
 
 
 class TorchInt8Engine(TorchEngine):
-    """Our search on the GRU with int8 weights (``engine=torch-int8``, CPU only). On a trained
-    GRU on a 2-core CPU it decoded Multi30k's test set at 1.25x the fp32 model with beam 5
-    (BLEU 0.18 lower) and 1.49x greedy; for the Transformer, int8 is CTranslate2's."""
+    """Our search on the GRU with int8 linear layers and GRU cells (``engine=torch-int8``, CPU
+    only; :func:`nmt.models.int8.quantize_int8`). On a briefly trained GRU on a busy 2-core CPU
+    it decoded Multi30k's test set at 1.74x the fp32 model with beam 5 (BLEU 0.04 lower) and
+    1.68x greedy (medians of 5 rounds); for the Transformer, int8 is CTranslate2's."""
 
     name = "torch-int8"
 
