@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from nmt.config import ConfigError
 from nmt.data.datasets import encode_texts
 from nmt.decode.engines import make_engine
 from nmt.decode.options import DecodeOptions
+from nmt.models.int8 import Int8GRUCell, Int8Linear, int8_error_bound, quantize_int8
 from nmt.store.loading import load_trained
 from nmt.train.command import train
 
@@ -96,18 +98,98 @@ def test_engine_torch_int8_decodes_the_gru_and_refuses_the_transformer(
     runs: dict[str, Path], corpus: Path
 ) -> None:
     """engine=torch-int8: the GRU with int8 weights, through nmt-eval's engine choice; its
-    outputs stay close to the fp32 model's (the same tokens on most sentences)."""
+    outputs stay close to the fp32 model's (the same tokens on most sentences, greedy and
+    beam 2). It is built and decodes with every warning an error: no deprecated PyTorch API."""
     cpu = torch.device("cpu")
     gru = load_trained(runs["gru"], cpu)
-    engine = make_engine("torch-int8", gru, DecodeOptions(), cpu)
-    assert engine.name == "torch-int8" and engine.model is not gru.model
-    assert isinstance(engine.model.out_proj, torch.ao.nn.quantized.dynamic.Linear)
     src = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[:40]
     data = encode_texts(gru.tokenizers, src, src)
-    opts = DecodeOptions(beam=2, max_output_len_a=0.0, max_output_len_b=8)
-    fp32 = [h.tokens for h in make_engine("torch", gru, opts, cpu).hypotheses(data, opts)]
-    int8 = [h.tokens for h in engine.hypotheses(data, opts)]
-    assert sum(a == b for a, b in zip(fp32, int8, strict=True)) >= 0.75 * len(src)
+    fp32_engine = make_engine("torch", gru, DecodeOptions(), cpu)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine = make_engine("torch-int8", gru, DecodeOptions(), cpu)
+        assert engine.name == "torch-int8" and engine.model is not gru.model
+        assert isinstance(engine.model.out_proj, Int8Linear)
+        assert isinstance(gru.model.out_proj, torch.nn.Linear)  # the float model unchanged
+        for beam in (1, 2):
+            opts = DecodeOptions(beam=beam, max_output_len_a=0.0, max_output_len_b=8)
+            fp32 = [h.tokens for h in fp32_engine.hypotheses(data, opts)]
+            int8 = [h.tokens for h in engine.hypotheses(data, opts)]
+            assert sum(a == b for a, b in zip(fp32, int8, strict=True)) >= 0.75 * len(src)
     transformer = load_trained(runs["transformer"], cpu)
     with pytest.raises(ConfigError, match="decodes the GRU model"):
         make_engine("torch-int8", transformer, opts, cpu)
+
+
+def test_int8_linear_is_close_to_the_float_linear() -> None:
+    """Per-row int8 weights and activations: every output within the bound the roundings
+    allow (half a step per entry, :func:`int8_error_bound`), and about 1% off overall: a
+    rounding error uniform on half a step is 1/sqrt(12) of a step, a step 1/127 of a row's
+    largest entry, about 3 standard deviations of Gaussian entries, so about 0.7% of an
+    entry per factor, 1% for a product of two."""
+    torch.manual_seed(0)
+    for bias in (True, False):
+        linear = torch.nn.Linear(96, 40, bias=bias)
+        x = torch.randn(3, 21, 96)
+        x[0, 0] = 0.0  # a row of zeros stays zeros
+        with torch.no_grad():
+            ref, out = linear(x), Int8Linear.from_float(linear)(x)
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        bound = int8_error_bound(x.reshape(-1, 96), linear.weight.detach())
+        assert ((out - ref).reshape(-1, 40).abs() <= bound + 1e-5).all()
+        assert (out - ref).norm() / ref.norm() < 0.02
+        assert torch.equal(out[0, 0], ref[0, 0])  # the bias alone (or zeros)
+
+
+def test_int8_linear_is_exact_on_the_int8_grid() -> None:
+    """Rows whose largest entry is 127 times their step are integers times that step: nothing
+    rounds, and the integer product is exact."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randint(-127, 128, (12, 16), generator=g).float()
+    weight[:, 0] = 127.0
+    x = torch.randint(-127, 128, (5, 16), generator=g).float()
+    x[:, 1] = -127.0
+    scales = torch.tensor([0.5, 0.25, 2.0, 1.0, 0.125])[:, None]
+    layer = Int8Linear(weight * 0.01, None)
+    assert torch.equal(layer(x * scales), (x @ weight.t()) * scales * 0.01)
+
+
+def test_int8_gru_cell_is_close_to_the_gru_cell() -> None:
+    """nn.GRUCell's gates on int8 projections of the same weights: the gates are squashed
+    (sigmoid slope <= 1/4, tanh <= 1), so the state moves by about the projections' error."""
+    torch.manual_seed(0)
+    cell = torch.nn.GRUCell(48, 32)
+    x, h = torch.randn(10, 48), torch.randn(10, 32)
+    int8 = Int8GRUCell(cell)
+    with torch.no_grad():
+        assert (int8(x, h) - cell(x, h)).abs().max() < 0.03
+        assert (int8(x) - cell(x)).abs().max() < 0.03
+        exact = int8(x, h)
+    # the gates in their places: r, z, n swapped would move the state far more
+    swapped = torch.nn.GRUCell(48, 32)
+    with torch.no_grad():
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            r, z, n = getattr(cell, name).chunk(3)
+            getattr(swapped, name).copy_(torch.cat([z, r, n]))
+        assert (Int8GRUCell(swapped)(x, h) - exact).abs().max() > 0.1
+
+
+def test_int8_model_quantizes_without_a_deprecated_api() -> None:
+    """The int8 copy is built with every warning an error (PyTorch warns on its deprecated
+    quantization API); the linear layers and GRU cells are int8, a one-output projection and
+    the embeddings stay float, the float model is untouched."""
+    model = torch.nn.ModuleDict(
+        {
+            "proj": torch.nn.Linear(8, 6),
+            "score": torch.nn.Linear(6, 1),
+            "cells": torch.nn.ModuleList([torch.nn.GRUCell(6, 4)]),
+            "embed": torch.nn.Embedding(10, 8),
+        }
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        int8 = quantize_int8(model)
+        int8["cells"][0](int8["proj"](int8["embed"](torch.tensor([1, 2]))))
+    assert isinstance(int8["proj"], Int8Linear) and isinstance(int8["cells"][0], Int8GRUCell)
+    assert type(int8["score"]) is torch.nn.Linear and type(int8["embed"]) is torch.nn.Embedding
+    assert type(model["proj"]) is torch.nn.Linear and type(model["cells"][0]) is torch.nn.GRUCell

@@ -6,11 +6,11 @@ In one run on this machine, for the checkpoints given (each exported to a packag
   for Multi30k), all sentences batched: sentences/s, target tokens/s (EOS counted) and BLEU of
   our PyTorch search and of CTranslate2 in float32 and int8, greedy and beam 5, for the
   Transformer checkpoints (``--transformer``, ``--transformer-base``); for the GRU
-  (``--gru``) our search in fp32 and with PyTorch dynamic int8 quantization of its linear and
-  recurrent layers. ``--fixed-length N`` (used for ``--transformer-base``: 20) forces every
-  output to exactly N tokens, so engines do equal work whatever the weights; a model decoded
-  so is also decoded once with its natural output lengths, for its BLEU
-  (``natural_length``);
+  (``--gru``) our search in fp32 and with int8 linear layers and GRU cells
+  (``engine=torch-int8``, :mod:`nmt.models.int8`). ``--fixed-length N`` (used for
+  ``--transformer-base``: 20) forces every output to exactly N tokens, so engines do equal
+  work whatever the weights; a model decoded so is also decoded once with its natural output
+  lengths, for its BLEU (``natural_length``);
 * parity: the share of sentences whose CTranslate2 float32 greedy output equals ours (and
   the others, with whether they reached the length cap), the beam-5 BLEU difference;
 * what ``engine=auto`` picks for each search (its probe, cached under the work folder);
