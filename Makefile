@@ -110,11 +110,13 @@ tensorboard: install ## Watch training curves and attention maps (http://localho
 
 # one pytest-xdist worker per core (tests/conftest.py gives each its share of the cores)
 TEST_WORKERS ?= logical
+# the slow tests dealt among the workers, each module's tests kept together (tests/conftest.py)
+XDIST := --dist loadgroup --no-loadscope-reorder
 test: install ## Run the test suite on every core (TEST_WORKERS=N; fetches Multi30k into data/ once, as train does)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(XDIST) $(ARGS)
 
 test-fast: install ## Run the tests without the slow ones, on every core
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(XDIST) -m "not slow" $(ARGS)
 
 lint: install ## Check code style with ruff
 	$(BIN)/ruff check nmt tests scripts

@@ -44,11 +44,38 @@ def slow_seconds(item: pytest.Item) -> float:
     return float(marker.kwargs.get("seconds", 0)) if marker is not None else 0.0
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest tests first, the rest in their usual order: the workers of ``make test``
-    take tests in this order, so the long ones run side by side from the start and the short
-    ones fill in around them, instead of one long test starting when everything else is done."""
+def worker_groups(items: list[pytest.Item], workers: int) -> dict[str, str]:
+    """Which worker group each test joins (by node id) under ``--dist loadgroup``.
+
+    The tests marked ``slow(seconds=N)`` are dealt into one group per worker, the longest first,
+    each to the group with the fewest seconds so far, so that the groups take about as long as
+    each other; every other test goes with the tests of its module, so that a module-scoped
+    fixture is made once."""
+    load = [0.0] * workers
+    groups = {}
+    for item in sorted(items, key=lambda item: -slow_seconds(item)):
+        seconds = slow_seconds(item)
+        if seconds > 0:
+            least = load.index(min(load))
+            load[least] += seconds
+            groups[item.nodeid] = f"slow-{least}"
+        else:
+            groups[item.nodeid] = item.nodeid.split("::")[0]
+    return groups
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest tests first, the rest in their usual order; in a worker of ``make test``
+    (``--dist loadgroup``), each test in its group (:func:`worker_groups`), so that the slow
+    groups start side by side, one per worker, and the modules fill in around them."""
     items.sort(key=lambda item: -slow_seconds(item))
+    worker = getattr(config, "workerinput", None)
+    if worker is None or config.getoption("dist", "no") != "loadgroup":
+        return
+    groups = worker_groups(items, int(worker["workercount"]))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
 
 
 @pytest.fixture(scope="session")

@@ -177,7 +177,7 @@ DECODE_RUNS = {
 }  # fmt: skip
 
 
-@pytest.mark.slow(seconds=19)
+@pytest.mark.slow(seconds=13)
 def test_bench_quick_smoke(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [

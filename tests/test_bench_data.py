@@ -106,7 +106,7 @@ def test_kill_tree_reaches_children_in_sessions_of_their_own(tmp_path: Path) -> 
         launcher.kill()
 
 
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=24)
 def test_bench_data_smoke_run(multi30k: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     sets = [f"--set={o}" for o in (*TINY_TRANSFORMER, "data.vocab_size=600", "data.max_tokens=600")]

@@ -174,7 +174,7 @@ def test_the_readme_links_point_at_files_of_the_repository() -> None:
     assert sorted(t for t in targets if not (REPO / t).exists()) == []
 
 
-@pytest.mark.slow(seconds=10)
+@pytest.mark.slow(seconds=11)
 def test_the_site_builds_strictly_and_loads_nothing_from_elsewhere(tmp_path: Path) -> None:
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}

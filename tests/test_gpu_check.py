@@ -258,7 +258,7 @@ def test_gpu_quick_preset():
 # ------------------------------------------------------------------------------ the whole check
 
 
-@pytest.mark.slow(seconds=22)
+@pytest.mark.slow(seconds=28)
 def test_whole_check_on_cpu(tmp_path, multi30k):
     corpus = write_subset(multi30k, tmp_path / "corpus", "train", 200)
     overrides = [

@@ -295,7 +295,7 @@ def check_after_kill(run: FaultyRun) -> tuple[int, list[str]]:
     return int(load_checkpoint(resume)["state"]["step"]), leftovers
 
 
-@pytest.mark.slow(seconds=27)
+@pytest.mark.slow(seconds=25)
 def test_sigkill_at_random_moments_then_resume_equals_uninterrupted_run(
     corpus_prefix: Path, tmp_path: Path, one_thread: None
 ) -> None:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from .conftest import pytest_collection_modifyitems, pytest_configure
+from .conftest import pytest_collection_modifyitems, pytest_configure, worker_groups
 
 
 def test_a_warning_raised_from_nmt_is_an_error() -> None:
@@ -42,7 +42,7 @@ def test_the_longest_tests_come_first_and_the_others_keep_their_order() -> None:
         return Item(name=name, marks=marks)
 
     items = [item("a"), item("b", 10), item("c"), item("d", 190), item("e", slow=True), item("f")]
-    pytest_collection_modifyitems(items)
+    pytest_collection_modifyitems(SimpleNamespace(), items)
     assert [i.name for i in items] == ["d", "b", "a", "c", "e", "f"]
 
 
@@ -59,3 +59,24 @@ def test_each_worker_takes_its_share_of_the_cores(monkeypatch: pytest.MonkeyPatc
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(threads)
+
+
+def test_slow_tests_are_dealt_evenly_and_modules_stay_together() -> None:
+    def item(nodeid: str, seconds: float = 0) -> Item:
+        marks = {"slow": pytest.mark.slow(seconds=seconds).mark} if seconds else {}
+        return Item(nodeid=nodeid, marks=marks)
+
+    items = [
+        item("tests/test_a.py::one"),
+        item("tests/test_a.py::two"),
+        item("tests/test_b.py::long", 190),
+        item("tests/test_b.py::short"),
+        item("tests/test_c.py::x", 85),
+        item("tests/test_c.py::y", 58),
+        item("tests/test_d.py::z", 45),
+    ]
+    groups = worker_groups(items, 2)
+    assert groups["tests/test_b.py::long"] == "slow-0"
+    assert {groups[f"tests/test_{t}"] for t in ("c.py::x", "c.py::y", "d.py::z")} == {"slow-1"}
+    assert groups["tests/test_a.py::one"] == groups["tests/test_a.py::two"] == "tests/test_a.py"
+    assert groups["tests/test_b.py::short"] == "tests/test_b.py"

@@ -53,7 +53,7 @@ def tiny_corpus(multi30k, tmp_path_factory):
 
 
 # single-core seconds, which order the suite (tests/conftest.py)
-SECONDS = {"gru_bahdanau": 95, "transformer": 47}
+SECONDS = {"gru_bahdanau": 85, "transformer": 45}
 
 
 @pytest.mark.parametrize(
