@@ -319,14 +319,20 @@ def export_package(
             verified_file(tmp, files.manifest, name)
         if not ctranslate2_only:
             load_package(tmp, torch.device("cpu"))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-        fsync_dir(out.parent)
+        _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Put the finished, checked folder ``tmp`` at ``out`` (replacing what ``--force`` allowed
+    to be there) by a rename, and make the rename durable."""
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    fsync_dir(out.parent)
 
 
 def _check_export_options(
@@ -380,10 +386,7 @@ def export_hf(source: Path, out: Path, *, licence: str | None = None) -> Path:
         for path in tmp.iterdir():  # what transformers wrote, durable before the rename
             with path.open("rb") as f:
                 os.fsync(f.fileno())
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-        fsync_dir(out.parent)
+        _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
