@@ -44,13 +44,18 @@ def slow_seconds(item: pytest.Item) -> float:
     return float(marker.kwargs.get("seconds", 0)) if marker is not None else 0.0
 
 
+# session fixtures that take seconds to make: their tests run on one worker
+SHARED = ("trained_runs",)
+
+
 def worker_groups(items: list[pytest.Item], workers: int) -> dict[str, str]:
     """Which worker group each test joins (by node id) under ``--dist loadgroup``.
 
     The tests marked ``slow(seconds=N)`` are dealt into one group per worker, the longest first,
     each to the group with the fewest seconds so far, so that the groups take about as long as
     each other; every other test goes with the tests of its module, so that a module-scoped
-    fixture is made once."""
+    fixture is made once, and the tests of a costly session fixture (SHARED) go together, so
+    that one worker makes it."""
     load = [0.0] * workers
     groups = {}
     for item in sorted(items, key=lambda item: -slow_seconds(item)):
@@ -60,7 +65,8 @@ def worker_groups(items: list[pytest.Item], workers: int) -> dict[str, str]:
             load[least] += seconds
             groups[item.nodeid] = f"slow-{least}"
         else:
-            groups[item.nodeid] = item.nodeid.split("::")[0]
+            shared = [name for name in SHARED if name in getattr(item, "fixturenames", ())]
+            groups[item.nodeid] = shared[0] if shared else item.nodeid.split("::")[0]
     return groups
 
 

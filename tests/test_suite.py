@@ -80,3 +80,14 @@ def test_slow_tests_are_dealt_evenly_and_modules_stay_together() -> None:
     assert {groups[f"tests/test_{t}"] for t in ("c.py::x", "c.py::y", "d.py::z")} == {"slow-1"}
     assert groups["tests/test_a.py::one"] == groups["tests/test_a.py::two"] == "tests/test_a.py"
     assert groups["tests/test_b.py::short"] == "tests/test_b.py"
+
+
+def test_the_tests_of_a_costly_session_fixture_share_a_worker() -> None:
+    items = [
+        Item(nodeid="tests/test_a.py::one", marks={}, fixturenames=["trained_runs", "tmp_path"]),
+        Item(nodeid="tests/test_a.py::two", marks={}, fixturenames=["tmp_path"]),
+        Item(nodeid="tests/test_b.py::three", marks={}, fixturenames=["trained_runs"]),
+    ]
+    groups = worker_groups(items, 2)
+    assert groups["tests/test_a.py::one"] == groups["tests/test_b.py::three"] == "trained_runs"
+    assert groups["tests/test_a.py::two"] == "tests/test_a.py"
