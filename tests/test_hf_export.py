@@ -20,6 +20,7 @@ from nmt.decode.search import greedy_search
 from nmt.ship import hf
 from nmt.ship.export import export_hf
 from nmt.ship.export import main as export_main
+from nmt.ship.hf_check import USER_STEPS, check_run
 from nmt.store.loading import build_model
 from nmt.train.command import train
 
@@ -244,3 +245,14 @@ def test_the_gru_export_exits_2_with_one_line(
         export_main([str(tmp_path / "gru"), "--out", str(tmp_path / "hf"), "--format", "hf"])
     assert stop.value.code == 2
     assert "no recurrent" in caplog.text and not (tmp_path / "hf").exists()
+
+
+def test_the_parity_check_reports_greedy_and_user_text_parity(run: Path) -> None:
+    """``make check-hf``'s report on a run: greedy tokens and the text a user gets equal ours
+    (a search rule apart, beam BLEU is only reported here, its bound is the trained run's)."""
+    report = check_run(run / "checkpoints" / "best.pt", limit=12, beam=2)
+    assert report["sentences"] == 12
+    assert report["greedy"]["identical"] == 12 and report["greedy"]["ok"]
+    assert report["strings"]["identical"] == 12 and report["strings"]["how"] == USER_STEPS
+    assert report["beam"]["beam"] == 2 and report["beam"]["gap"] >= 0
+    assert report["ok"] == report["beam"]["ok"]
