@@ -356,7 +356,7 @@ class AttentionConfig(DecodeConfig):
 
 @dataclass
 class ServeConfig(DecodeConfig):
-    """``nmt-serve``: an HTTP translation server over a model package (see nmt.ship.serve). The
+    """``nmt-serve``: an HTTP translation server over a model package (see nmt.serve). The
     decoding fields (:class:`DecodeConfig`) are a request's defaults; ``precision`` applies to
     the torch engine only."""
 

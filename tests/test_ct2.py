@@ -448,7 +448,8 @@ def test_a_server_batch_of_many_caps_takes_fewer_ctranslate2_calls(trained: dict
     answer is the sentence's translation alone."""
     from aiohttp.test_utils import TestClient
 
-    from nmt.ship.serve import load_backend, make_app
+    from nmt.serve.app import make_app
+    from nmt.serve.backend import load_backend
 
     from .test_serve import run_app, until
 

@@ -28,8 +28,9 @@ ALLOWED: dict[str, set[str]] = {
     "viz": BELOW_STORE | {"store", "decode", "evaluate"},
     "train": BELOW_STORE | {"store", "decode", "evaluate", "viz"},
     "ship": BELOW_STORE | {"store", "decode", "evaluate"},
-    "docs": BELOW_STORE | {"store", "decode", "evaluate", "viz", "train", "ship"},
-    "bench": BELOW_STORE | {"store", "decode", "evaluate", "viz", "train", "ship"},
+    "serve": BELOW_STORE | {"store", "decode", "viz"},
+    "docs": BELOW_STORE | {"store", "decode", "evaluate", "viz", "train", "ship", "serve"},
+    "bench": BELOW_STORE | {"store", "decode", "evaluate", "viz", "train", "ship", "serve"},
 }
 MAX_LINES = 600
 

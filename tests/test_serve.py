@@ -25,8 +25,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from nmt.decode.options import DecodeOptions
 from nmt.decode.translate import translate_lines
+from nmt.serve.app import make_app
+from nmt.serve.backend import load_backend
 from nmt.ship.export import export_package
-from nmt.ship.serve import load_backend, make_app
 from nmt.store.loading import load_package
 from nmt.train.command import train
 
@@ -258,7 +259,7 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(
 ) -> None:
     """PyTorch runs only on the decode thread (an OpenMP team started on the main thread
     slows every other thread's teams), and answers reach the event loop without tensors."""
-    import nmt.ship.serve
+    import nmt.serve.backend
 
     loaded_on = []
 
@@ -266,9 +267,9 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(
         loaded_on.append(threading.current_thread())
         return load_backend(cfg)
 
-    monkeypatch.setattr(nmt.ship.serve, "load_backend", load)
+    monkeypatch.setattr(nmt.serve.backend, "load_backend", load)
     cfg = serve_config(package, "engine=torch")
-    backend, executor = nmt.ship.serve.start_backend(cfg)
+    backend, executor = nmt.serve.backend.start_backend(cfg)
     decoded_on = []
 
     def decode(sources: list, opts: DecodeOptions, attention: bool) -> list:
@@ -299,7 +300,7 @@ def start_server(package: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     cmd = [
         sys.executable,
         "-m",
-        "nmt.ship.serve",
+        "nmt.serve",
         f"model={package}",
         "port=0",
         "threads=1",

@@ -138,7 +138,7 @@ def bench_server(
 
     say(f"server, engine {engine}")
     cmd = [
-        sys.executable, "-m", "nmt.ship.serve", f"model={package}", f"engine={engine}", "port=0",
+        sys.executable, "-m", "nmt.serve", f"model={package}", f"engine={engine}", "port=0",
         f"threads={s.threads}",
     ]  # fmt: skip
     if s.fixed_length_all:  # the same fixed-length outputs as the offline figures

@@ -1,0 +1,5 @@
+"""``python -m nmt.serve``: the same as ``nmt-serve``."""
+
+from nmt.serve.main import main
+
+main()

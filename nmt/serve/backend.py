@@ -1,0 +1,140 @@
+"""What the server decodes with: the model of a package on one engine, loaded on the thread that
+runs its decodes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+from nmt.config import ConfigError
+from nmt.data.tokenizer import TokenizerPair
+from nmt.decode.options import DecodeOptions
+from nmt.environment import disable_mkl_fast_mm
+from nmt.store.package import CT2_DIR, is_package, read_package, verified_file
+
+DecodeFn = Callable[[list[list[int]], DecodeOptions, bool], list[Any]]
+
+
+@dataclass
+class Backend:
+    """What the server decodes with: an engine's name, the tokenizers, a decode function
+    (source ids without EOS -> outputs with ``tokens``, ``score``, ``nbest``, ``attention``)
+    and the package's decoding defaults."""
+
+    engine: str
+    tokenizers: TokenizerPair
+    decode: DecodeFn
+    defaults: DecodeOptions
+    model: str
+    step: int
+    concurrency: int = 1  # decodes it runs at once, each on a thread of its own
+
+
+def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
+    """The CTranslate2 engine on a package, without PyTorch."""
+    # Intel MKL, inside CTranslate2's CPU build, keeps the memory of the largest batches in a
+    # pool of its own; without it a long-running server gives that memory back (cpu_quick int8,
+    # make bench-serve: 211 MiB at peak and 180 after the load test, against 244 and 196). MKL
+    # reads it when it first allocates, so it is set before CTranslate2 is loaded.
+    disable_mkl_fast_mm()
+    from nmt.decode import ct2
+
+    manifest, train_cfg, tokenizers = read_package(package)
+    if manifest.ctranslate2 is None:
+        raise ConfigError(
+            f"engine=ctranslate2 needs a package exported with --format ctranslate2; {package} "
+            "has no CTranslate2 model"
+        )
+    for name in manifest.files:
+        if name.startswith(f"{CT2_DIR}/"):
+            verified_file(package, manifest, name)
+    engine = ct2.CTranslate2Engine(
+        package / CT2_DIR,
+        tokenizers,
+        train_cfg.model.get("max_positions"),
+        "cuda" if cfg.device == "cuda" else "cpu",
+        threads=cfg.threads,
+    )
+    defaults = DecodeOptions.from_config(cfg, train_cfg.decode)
+    # each worker takes a decode of its own: a worker that finishes its sentences starts on
+    # the next ones at once, instead of waiting for the other worker's longer sentences
+    decode = partial(engine.decode_ids, spread=False)
+    return Backend(
+        "ctranslate2", tokenizers, decode, defaults, str(package), manifest.step, engine.workers
+    )
+
+
+def torch_backend(cfg: DictConfig) -> Backend:
+    """Our search or, with ``engine=auto``, the engine measured faster for the package."""
+    import torch
+
+    from nmt.data.batching import TokenDataset
+    from nmt.decode.engines import make_engine
+    from nmt.runtime.device import pick_device
+    from nmt.store.loading import decode_defaults, load_model
+
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    device = pick_device(cfg.device)
+    trained = load_model(cfg, device)
+    defaults = DecodeOptions.from_config(cfg, decode_defaults(trained))
+    engine = make_engine(cfg.engine, trained, defaults, device)
+
+    def decode(sources: list[list[int]], opts: DecodeOptions, keep_attention: bool) -> list[Any]:
+        data = TokenDataset(sources, [[] for _ in sources])
+        outputs = engine.hypotheses(data, opts, keep_attention=keep_attention)
+        # the answers are built on the event loop's thread, which never touches a tensor
+        return [_without_tensors(o) for o in outputs]
+
+    return Backend(
+        engine.name, trained.tokenizers, decode, defaults, str(trained.path), trained.step
+    )
+
+
+def start_backend(cfg: DictConfig) -> tuple[Backend, ThreadPoolExecutor]:
+    """The backend, loaded on the thread that will run its decodes (:func:`decode_thread`);
+    a backend that runs several decodes at once gets as many threads."""
+    executor = decode_thread()
+    try:
+        backend = executor.submit(load_backend, cfg).result()
+    except BaseException:
+        executor.shutdown(wait=False)
+        raise
+    if backend.concurrency > 1:  # CTranslate2: no PyTorch in the process
+        executor.shutdown(wait=True)
+        executor = decode_thread(backend.concurrency)
+    return backend, executor
+
+
+def _without_tensors(output: Any) -> Any:
+    if output.attention is None or isinstance(output.attention, np.ndarray):
+        return output
+    return replace(output, attention=output.attention.numpy())
+
+
+def load_backend(cfg: DictConfig) -> Backend:
+    package = cfg.model_dir or (cfg.run if is_package(cfg.run) and not cfg.ckpt else None)
+    if cfg.engine == "ctranslate2":
+        if package is None:
+            raise ConfigError("engine=ctranslate2 serves a model package: give model=DIR")
+        return ct2_backend(cfg, Path(package))
+    return torch_backend(cfg)
+
+
+def decode_thread(threads: int = 1) -> ThreadPoolExecutor:
+    """The one thread that loads the model and runs every decode (``threads`` for a backend
+    that runs several decodes at once).
+
+    The event loop's thread (the main one) never runs a PyTorch operation: once the main thread
+    has run one on a team of OpenMP threads, another thread's decodes keep only part of the
+    cores busy. With the model loaded here, the server of a 2-core CPU went from 110 to 248
+    sentences/s (cpu_quick, 32 clients, greedy; ``make bench-serve``).
+    """
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="nmt-decode")
