@@ -81,4 +81,3 @@ def _main(cfg: DictConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     sys.argv[1:] = model_argument(list(sys.argv[1:] if argv is None else argv))
     _main()
-
