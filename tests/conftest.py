@@ -45,7 +45,7 @@ def slow_seconds(item: pytest.Item) -> float:
 
 
 # session fixtures that take seconds to make: their tests run on one worker
-SHARED = ("trained_runs",)
+SHARED = ("trained_runs", "serve_package")
 
 
 def worker_groups(items: list[pytest.Item], workers: int) -> dict[str, str]:
@@ -177,6 +177,28 @@ def trained_runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     finally:
         torch.set_num_threads(threads)
     return runs
+
+
+@pytest.fixture(scope="session")
+def serve_package(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A package of a briefly trained tiny Transformer, with its CTranslate2 model: what the
+    tests of nmt-serve serve (made once, by the worker that runs them all)."""
+    from nmt.ship.export import export_package
+    from nmt.train.command import train
+
+    from .helpers import tiny_run_overrides
+
+    root = tmp_path_factory.mktemp("serve")
+    overrides = tiny_run_overrides(
+        corpus, root, "trainer.max_steps=6", "trainer.val_every=6", "trainer.device=cpu"
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(compose_config("train", overrides), root / "run")
+    finally:
+        torch.set_num_threads(threads)
+    return export_package(root / "run" / "checkpoints" / "best.pt", root / "pkg", fmt="ctranslate2")
 
 
 # -- a real browser (tests marked `browser`) ---------------------------------------------------

@@ -451,7 +451,7 @@ def test_a_server_batch_of_many_caps_takes_fewer_ctranslate2_calls(trained: dict
     from nmt.serve.app import make_app
     from nmt.serve.backend import load_backend
 
-    from .test_serve import run_app, until
+    from .serving import run_app, until
 
     cfg = compose_config(
         "serve",
@@ -484,14 +484,16 @@ def test_a_server_batch_of_many_caps_takes_fewer_ctranslate2_calls(trained: dict
     assert caps >= 10
 
     async def scenario(client: TestClient) -> None:
-        first = asyncio.ensure_future(client.post("/translate", json={"text": texts[:1], **search}))
+        first = asyncio.ensure_future(
+            client.post("/v1/translate", json={"text": texts[:1], **search})
+        )
 
         async def decoding() -> bool:
             return started.is_set()
 
         await until(decoding, "the first request is being decoded")
         others = [
-            asyncio.ensure_future(client.post("/translate", json={"text": [t], **search}))
+            asyncio.ensure_future(client.post("/v1/translate", json={"text": [t], **search}))
             for t in texts[1:]
         ]
 

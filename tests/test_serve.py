@@ -7,12 +7,7 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
-import urllib.request
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -21,54 +16,22 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from nmt.decode.options import DecodeOptions
 from nmt.decode.translate import translate_lines
 from nmt.serve.app import make_app
 from nmt.serve.backend import load_backend
-from nmt.ship.export import export_package
 from nmt.store.loading import load_package
-from nmt.train.command import train
 
-from .helpers import REPO, compose_config, tiny_run_overrides
+from .serving import SENTENCES, get, post, run_app, serve_config, server_log, start_server, until
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SENTENCES = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest."]
-
 
 @pytest.fixture(scope="module")
-def package(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A package of a briefly trained tiny Transformer, with its CTranslate2 model."""
-    root = tmp_path_factory.mktemp("serve")
-    overrides = tiny_run_overrides(
-        corpus, root, "trainer.max_steps=6", "trainer.val_every=6", "trainer.device=cpu"
-    )
-    train(compose_config("train", overrides), root / "run")
-    ckpt = root / "run" / "checkpoints" / "best.pt"
-    return export_package(ckpt, root / "pkg", fmt="ctranslate2")
-
-
-def serve_config(package: Path, *extra: str):
-    return compose_config("serve", [f"model_dir={package}", "device=cpu", "threads=1", *extra])
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str, tries: int = 2000) -> None:
-    """Wait for a condition (polled every 10 ms, at most ``tries`` times)."""
-    for _ in range(tries):
-        if await check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
-
-
-def run_app(app: Any, scenario: Callable[[TestClient], Awaitable[None]]) -> None:
-    async def main() -> None:
-        async with TestClient(TestServer(app)) as client:
-            await scenario(client)
-
-    asyncio.run(main())
+def package(serve_package: Path) -> Path:
+    return serve_package
 
 
 @pytest.mark.parametrize("engine", ["torch", "ctranslate2"])
@@ -80,7 +43,7 @@ def test_a_real_request_is_translated_as_nmt_translate_does(package: Path, engin
 
     async def scenario(client: TestClient) -> None:
         response = await client.post(
-            "/translate", json={"text": SENTENCES, "beam": 2, "n_best": 2, "attention": True}
+            "/v1/translate", json={"text": SENTENCES, "beam": 2, "n_best": 2, "attention": True}
         )
         assert response.status == 200, await response.text()
         body = await response.json()
@@ -117,14 +80,14 @@ def test_concurrent_requests_share_one_decode(package: Path) -> None:
         return await (await client.get("/health")).json()
 
     async def scenario(client: TestClient) -> None:
-        first = asyncio.ensure_future(client.post("/translate", json={"text": SENTENCES[:1]}))
+        first = asyncio.ensure_future(client.post("/v1/translate", json={"text": SENTENCES[:1]}))
 
         async def decoding() -> bool:
             return len(calls) == 1
 
         await until(decoding, "the first request is being decoded")
         others = [
-            asyncio.ensure_future(client.post("/translate", json={"text": SENTENCES[i : i + 2]}))
+            asyncio.ensure_future(client.post("/v1/translate", json={"text": SENTENCES[i : i + 2]}))
             for i in range(3)
         ]
 
@@ -140,7 +103,7 @@ def test_concurrent_requests_share_one_decode(package: Path) -> None:
         state = await health(client)
         assert calls == [1, 5] and state["batches"] == 2 and state["sentences"] == 6
         # each request got its own sentences back
-        alone = await (await client.post("/translate", json={"text": SENTENCES[1:3]})).json()
+        alone = await (await client.post("/v1/translate", json={"text": SENTENCES[1:3]})).json()
         assert bodies[2]["translations"] == alone["translations"]
 
     run_app(app, scenario)
@@ -165,7 +128,7 @@ def test_a_backend_with_two_workers_runs_two_decodes_at_once(package: Path) -> N
         return await (await client.get("/health")).json()
 
     def post(client: TestClient, i: int) -> asyncio.Future:
-        return asyncio.ensure_future(client.post("/translate", json={"text": SENTENCES[i:]}))
+        return asyncio.ensure_future(client.post("/v1/translate", json={"text": SENTENCES[i:]}))
 
     async def scenario(client: TestClient) -> None:
         first = post(client, 2)
@@ -239,14 +202,14 @@ def test_each_malformed_request_gets_a_4xx_with_a_message(package: Path) -> None
 
     async def scenario(client: TestClient) -> None:
         for kind, body, status, words in cases:
-            response = await client.post("/translate", data=body)
+            response = await client.post("/v1/translate", data=body)
             assert response.status == status, (kind, await response.text())
             assert words in (await response.json())["error"], kind
-        response = await client.post("/translate", data=chunks(cases[-1][1]))
+        response = await client.post("/v1/translate", data=chunks(cases[-1][1]))
         assert response.status == 413 and "larger than 4000" in (await response.json())["error"]
         assert (await client.get("/translate")).status == 405
         assert (await client.get("/nothing")).status == 404
-        good = await client.post("/translate", json={"text": ["Ein Hund."]})
+        good = await client.post("/v1/translate", json={"text": ["Ein Hund."]})
         assert good.status == 200  # still serving
         state = await (await client.get("/health")).json()
         assert state["rejected"] == len(cases) + 1 and state["requests"] == 1
@@ -277,7 +240,7 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(
         return backend.decode(sources, opts, attention)
 
     async def scenario(client: TestClient) -> None:
-        response = await client.post("/translate", json={"text": SENTENCES, "attention": True})
+        response = await client.post("/v1/translate", json={"text": SENTENCES, "attention": True})
         body = await response.json()
         assert response.status == 200 and len(body["attention"]) == len(SENTENCES)
 
@@ -291,48 +254,6 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(
 
 
 # ------------------------------------------------------------------------- the process
-
-
-def start_server(package: Path, *extra: str) -> tuple[subprocess.Popen, int]:
-    """The server in a process of its own; its log (a line per request) goes to a file, which
-    cannot fill up and stall it as an unread pipe would."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "nmt.serve",
-        f"model={package}",
-        "port=0",
-        "threads=1",
-        *extra,
-    ]
-    fd, name = tempfile.mkstemp(suffix=".log", dir=package.parent)  # in pytest's tmp folder
-    log = Path(name)
-    with os.fdopen(fd, "w") as err:  # the server keeps its own descriptor
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True
-        )
-    proc.log = log  # type: ignore[attr-defined]
-    line = proc.stdout.readline()
-    assert "nmt-serve:" in line, line + server_log(proc)
-    return proc, int(line.rsplit(":", 1)[1])
-
-
-def server_log(proc: subprocess.Popen) -> str:
-    return proc.log.read_text()  # type: ignore[attr-defined]
-
-
-def get(port: int, path: str) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=60) as r:
-        return json.loads(r.read())
-
-
-def post(port: int, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/translate", data=json.dumps(body).encode(), method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=120) as r:
-        return r.status, json.loads(r.read())
 
 
 def test_sigterm_finishes_the_request_in_flight(package: Path) -> None:

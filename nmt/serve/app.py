@@ -1,8 +1,18 @@
-"""The aiohttp application: the endpoints over a backend and its batcher."""
+"""The aiohttp application: the endpoints over a backend and its batcher.
+
+* ``GET /health``: the engine, model, limits and counters;
+* ``POST /v1/translate``: our own API (:mod:`nmt.serve.native`);
+* ``POST /translate``, ``GET /languages``: LibreTranslate's API (:mod:`nmt.serve.libre`);
+* ``GET /openapi.json``: the OpenAPI 3 document of them all (:mod:`nmt.serve.openapi`).
+
+Every request body is read as hostile (:func:`nmt.serve.native.load_json`): a malformed one
+gets a 4xx with ``{"error": message}`` and the server goes on serving.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from typing import Any
@@ -11,9 +21,18 @@ from omegaconf import DictConfig
 
 from nmt.config import ConfigError
 from nmt.data.tokenizer import EOS_ID
+from nmt.serve import libre
 from nmt.serve.backend import Backend
 from nmt.serve.batcher import Batcher
-from nmt.serve.native import BadRequest, Limits, attention_view, parse_request
+from nmt.serve.native import BadRequest, Limits, attention_view, load_json, parse_request
+from nmt.serve.openapi import openapi_document
+
+JSON_TYPES = ("application/json",)
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+# The key ring's check of a LibreTranslate request's ``api_key``: None lets it through, a
+# message refuses it with 403 {"error": message}.
+ApiKeyCheck = Callable[[str | None], str | None]
 
 
 def require_aiohttp() -> Any:
@@ -26,21 +45,29 @@ def require_aiohttp() -> Any:
     return web
 
 
+def limits_of(cfg: DictConfig) -> Limits:
+    return Limits(
+        cfg.max_sentences, cfg.max_chars, cfg.max_body_bytes, cfg.max_beam, cfg.max_batch_sentences
+    )
+
+
 def make_app(
     backend: Backend,
     cfg: DictConfig,
     state: dict[str, Any] | None = None,
     executor: ThreadPoolExecutor | None = None,
+    api_key_check: ApiKeyCheck | None = None,
 ) -> Any:
-    """The aiohttp application: /health and /translate over ``backend``, decoding on
-    ``executor`` (the thread that loaded the backend). ``state`` (filled here) gives the caller
-    the batcher and the counters of requests in flight and rejected."""
+    """The aiohttp application over ``backend``, decoding on ``executor`` (the thread that
+    loaded the backend). ``state`` (filled here) gives the caller the batcher and the counters
+    of requests in flight and rejected."""
     web = require_aiohttp()
-    limits = Limits(cfg.max_sentences, cfg.max_chars, cfg.max_body_bytes, cfg.max_beam)
+    limits = limits_of(cfg)
     batcher = Batcher(backend, cfg.batch_wait_ms / 1000.0, cfg.max_batch_sentences, executor)
     state = {} if state is None else state
     state.update(in_flight=0, rejected=0, batcher=batcher)
     src_tok, tgt_tok = backend.tokenizers.src, backend.tokenizers.tgt
+    document = openapi_document(limits, backend)
 
     def error(status: int, message: str) -> Any:
         state["rejected"] += 1
@@ -53,11 +80,12 @@ def make_app(
                 "engine": backend.engine,
                 "model": backend.model,
                 "step": backend.step,
+                "languages": {"source": backend.languages[0], "target": backend.languages[1]},
                 "decode": {
                     "beam": backend.defaults.beam,
                     "length_penalty": backend.defaults.length_penalty,
                 },
-                "limits": asdict(limits),
+                "limits": {**asdict(limits), "max_positions": backend.max_positions},
                 "requests": batcher.requests,
                 "batches": batcher.batches,
                 "sentences": batcher.sentences,
@@ -68,51 +96,154 @@ def make_app(
             }
         )
 
-    async def translate(request: Any) -> Any:
-        state["in_flight"] += 1
+    def too_large() -> BadRequest:
+        return BadRequest(413, f"the body is larger than {limits.max_body_bytes} bytes")
+
+    async def read_body(request: Any) -> bytes:
+        size = request.content_length
+        if size is not None and size > limits.max_body_bytes:
+            raise BadRequest(413, f"the body has {size} bytes; at most {limits.max_body_bytes}")
         try:
-            if (
-                request.content_length is not None
-                and request.content_length > limits.max_body_bytes
-            ):
-                return error(
-                    413,
-                    f"the body has {request.content_length} bytes; at most {limits.max_body_bytes}",
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise too_large() from None
+
+    def utf8_only(request: Any) -> None:
+        charset = request.charset
+        if charset and charset.lower().replace("_", "-") not in ("utf-8", "utf8"):
+            raise BadRequest(415, f"the body's charset is {charset[:40]}; JSON is read as UTF-8")
+
+    def no_query(request: Any) -> None:
+        if request.query_string:
+            keys = sorted(request.query.keys())[:10]
+            raise BadRequest(
+                400, f"the query string ({keys}) is not read here: send the fields in the body"
+            )
+
+    def encode(texts: list[str], where: list[str], prefix: str = "") -> list[list[int]]:
+        """Source ids, each within the model's position table (EOS included)."""
+        ids = src_tok.encode_batch(texts)
+        most = backend.max_positions
+        for name, sentence in zip(where, ids, strict=True):
+            if most is not None and len(sentence) + 1 > most:
+                raise BadRequest(
+                    413 if not prefix else 400,
+                    f"{prefix}{name} is {len(sentence)} subword pieces long; this model reads at "
+                    f"most {most - 1} (model.max_positions={most} counts the end of sentence)",
                 )
+        return ids
+
+    def counted(handle: Callable) -> Callable:
+        """A translate endpoint: counted in flight, a :class:`BadRequest` as its 4xx answer."""
+
+        async def endpoint(request: Any) -> Any:
+            state["in_flight"] += 1
             try:
-                raw = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                return error(413, f"the body is larger than {limits.max_body_bytes} bytes")
-            try:
-                req = parse_request(raw, limits, backend.defaults)
+                return await handle(request)
             except BadRequest as e:
                 return error(e.status, str(e))
-            sources = src_tok.encode_batch(req["text"])
-            opts = replace(backend.defaults, beam=req["beam"], length_penalty=req["length_penalty"])
+            finally:
+                state["in_flight"] -= 1
+
+        return endpoint
+
+    async def decode(sources: list[list[int]], beam: int, alpha: float, attention: bool) -> list:
+        opts = replace(backend.defaults, beam=beam, length_penalty=alpha)
+        return await batcher.submit(sources, opts, attention)
+
+    async def translate_v1(request: Any) -> Any:
+        no_query(request)
+        utf8_only(request)  # our API reads any Content-Type as JSON (curl -d sends a form's)
+        req = parse_request(await read_body(request), limits, backend.defaults)
+        where = [f"text[{i}]" for i in range(len(req["text"]))]
+        sources = encode(req["text"], where)
+        try:
+            outputs = await decode(sources, req["beam"], req["length_penalty"], req["attention"])
+        except Exception as e:
+            return web.json_response({"error": f"decoding failed: {e}"}, status=500)
+        answer: dict[str, Any] = {
+            "translations": [tgt_tok.decode(o.tokens) for o in outputs],
+            "scores": [float(o.score) for o in outputs],
+        }
+        n_best = req["n_best"]
+        if n_best > 1:
+            answer["n_best"] = [
+                [{"text": tgt_tok.decode(t), "score": float(s)} for t, s in o.nbest[:n_best]]
+                for o in outputs
+            ]
+        if req["attention"]:
+            answer["attention"] = [
+                attention_view(src_tok.pieces([*ids, EOS_ID]), tgt_tok.pieces(o.tokens), o)
+                for ids, o in zip(sources, outputs, strict=True)
+            ]
+        return web.json_response(answer)
+
+    async def libre_fields(request: Any) -> dict[str, Any]:
+        """The fields of a LibreTranslate request: a JSON object, or a form (urlencoded or
+        multipart) with the query string's fields, as LibreTranslate reads them."""
+        kind = request.content_type
+        if kind in JSON_TYPES or kind.endswith("+json"):
+            no_query(request)
+            utf8_only(request)
+            body = load_json(await read_body(request))
+            if not isinstance(body, dict):
+                raise BadRequest(400, "Invalid JSON format")
+            return body
+        if kind in FORM_TYPES:
+            if request.content_length and request.content_length > limits.max_body_bytes:
+                raise BadRequest(413, f"the body has {request.content_length} bytes; at most "
+                                 f"{limits.max_body_bytes}")  # fmt: skip
             try:
-                outputs = await batcher.submit(sources, opts, req["attention"])
+                form = await request.post()
+            except web.HTTPRequestEntityTooLarge:
+                raise too_large() from None
+            except Exception as e:  # whatever a malformed form makes the reader raise
+                raise BadRequest(400, f"the form could not be read: {str(e)[:200]}") from None
+            items = [*request.query.items(), *form.items()]
+        elif "Content-Type" not in request.headers and not await request.read():
+            items = list(request.query.items())  # a bare POST with its fields in the URL
+        else:
+            raise BadRequest(
+                415,
+                f"Content-Type {kind[:60]} is not read: send application/json, "
+                "application/x-www-form-urlencoded or multipart/form-data",
+            )
+        fields: dict[str, Any] = {}
+        for key, value in items:
+            if key in fields:
+                raise libre.invalid(f"{key[:40]} parameter is given twice")
+            if not isinstance(value, str):
+                raise libre.invalid(f"{key[:40]} parameter must be a form field, not a file")
+            fields[key] = value
+        return fields
+
+    async def translate_libre(request: Any) -> Any:
+        req = libre.parse_libre(await libre_fields(request), limits, backend.languages)
+        # API keys: the key ring decides here on the request's api_key (403 when refused)
+        if api_key_check is not None:
+            refusal = api_key_check(req.api_key)
+            if refusal is not None:
+                return error(403, refusal)
+        plan = libre.plan(req, limits)
+        sources = encode(plan.sentences, plan.where, "Invalid request: ")
+        count = req.alternatives + 1
+        beam = max(backend.defaults.beam, count)
+        hypotheses: list[list[str]] = []
+        if sources:
+            try:
+                outputs = await decode(sources, beam, backend.defaults.length_penalty, False)
             except Exception as e:
-                return web.json_response({"error": f"decoding failed: {e}"}, status=500)
-            answer: dict[str, Any] = {
-                "translations": [tgt_tok.decode(o.tokens) for o in outputs],
-                "scores": [float(o.score) for o in outputs],
-            }
-            if req["n_best"] > 1:
-                answer["n_best"] = [
-                    [
-                        {"text": tgt_tok.decode(t), "score": float(s)}
-                        for t, s in o.nbest[: req["n_best"]]
-                    ]
-                    for o in outputs
-                ]
-            if req["attention"]:
-                answer["attention"] = [
-                    attention_view(src_tok.pieces([*ids, EOS_ID]), tgt_tok.pieces(o.tokens), o)
-                    for ids, o in zip(sources, outputs, strict=True)
-                ]
-            return web.json_response(answer)
-        finally:
-            state["in_flight"] -= 1
+                return web.json_response({"error": f"Cannot translate text: {e}"}, status=500)
+            for o in outputs:
+                best = [tgt_tok.decode(o.tokens)]
+                hypotheses.append(best + [tgt_tok.decode(t) for t, _ in o.nbest[1:count]])
+        return web.json_response(libre.answer(req, plan, hypotheses, backend.languages[0]))
+
+    async def languages(request: Any) -> Any:
+        return web.json_response(libre.language_list(backend.languages))
+
+    async def openapi(request: Any) -> Any:
+        return web.json_response(document)
 
     async def on_startup(app: Any) -> None:
         batcher.start()
@@ -122,7 +253,10 @@ def make_app(
 
     app = web.Application(client_max_size=limits.max_body_bytes)
     app.router.add_get("/health", health)
-    app.router.add_post("/translate", translate)
+    app.router.add_post("/v1/translate", counted(translate_v1))
+    app.router.add_post("/translate", counted(translate_libre))
+    app.router.add_get("/languages", languages)
+    app.router.add_get("/openapi.json", openapi)
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app

@@ -35,6 +35,14 @@ class Backend:
     model: str
     step: int
     concurrency: int = 1  # decodes it runs at once, each on a thread of its own
+    languages: tuple[str, str] = ("src", "tgt")  # the training data's src_lang, tgt_lang
+    max_positions: int | None = None  # source pieces the model reads, EOS included (None: any)
+
+
+def languages_of(train_cfg: DictConfig) -> tuple[str, str]:
+    """The source and target language codes of a run's config (``data.src_lang``/``tgt_lang``)."""
+    data = train_cfg.get("data") or {}
+    return str(data.get("src_lang", "src")), str(data.get("tgt_lang", "tgt"))
 
 
 def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
@@ -55,10 +63,11 @@ def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
     for name in manifest.files:
         if name.startswith(f"{CT2_DIR}/"):
             verified_file(package, manifest, name)
+    max_positions = train_cfg.model.get("max_positions")
     engine = ct2.CTranslate2Engine(
         package / CT2_DIR,
         tokenizers,
-        train_cfg.model.get("max_positions"),
+        max_positions,
         "cuda" if cfg.device == "cuda" else "cpu",
         threads=cfg.threads,
     )
@@ -67,7 +76,15 @@ def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
     # the next ones at once, instead of waiting for the other worker's longer sentences
     decode = partial(engine.decode_ids, spread=False)
     return Backend(
-        "ctranslate2", tokenizers, decode, defaults, str(package), manifest.step, engine.workers
+        "ctranslate2",
+        tokenizers,
+        decode,
+        defaults,
+        str(package),
+        manifest.step,
+        engine.workers,
+        languages_of(train_cfg),
+        max_positions,
     )
 
 
@@ -94,7 +111,14 @@ def torch_backend(cfg: DictConfig) -> Backend:
         return [_without_tensors(o) for o in outputs]
 
     return Backend(
-        engine.name, trained.tokenizers, decode, defaults, str(trained.path), trained.step
+        engine.name,
+        trained.tokenizers,
+        decode,
+        defaults,
+        str(trained.path),
+        trained.step,
+        languages=languages_of(trained.cfg),
+        max_positions=trained.model.max_positions if trained.model is not None else None,
     )
 
 

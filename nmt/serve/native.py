@@ -1,21 +1,98 @@
-"""Our own request body (``POST /translate`` with ``{"text": [...]}``): its checks and the
-attention view of an answer."""
+"""Our own request body (``POST /v1/translate`` with ``{"text": [...]}``): the hostile-proof
+reading of a JSON body, the checks of our fields and the attention view of an answer."""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from nmt.decode.options import DecodeOptions
 
 REQUEST_KEYS = ("text", "beam", "length_penalty", "n_best", "attention")
+MAX_DIGITS = 30  # an integer literal with more digits is refused before Python converts it
 
 
 class BadRequest(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+@dataclass
+class Limits:
+    max_sentences: int
+    max_chars: int
+    max_body_bytes: int
+    max_beam: int
+    max_segments: int = 256  # lines or html text nodes of one LibreTranslate request
+
+
+def _int_literal(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise BadRequest(400, f"an integer of {len(text)} digits; at most {MAX_DIGITS}")
+    return int(text)
+
+
+def _float_literal(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadRequest(400, f"the number {text[:40]} is out of range")
+    return value
+
+
+def _constant(name: str) -> Any:
+    raise BadRequest(400, f"{name} is not JSON; numbers must be finite")
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in body:
+            raise BadRequest(400, f"the key {key!r} is given twice")
+        body[key] = value
+    return body
+
+
+def decode_utf8(raw: bytes, what: str = "the body") -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequest(400, f"{what} is not valid UTF-8 (byte {e.start})") from None
+
+
+def load_json(raw: bytes) -> Any:
+    """A JSON body read as hostile: UTF-8 only, no NaN or infinite numbers, no integers of
+    more than MAX_DIGITS digits, no nesting deeper than the parser's recursion limit, no key
+    given twice;
+    :class:`BadRequest` naming the problem."""
+    text = decode_utf8(raw)
+    try:
+        return json.loads(
+            text,
+            parse_int=_int_literal,
+            parse_float=_float_literal,
+            parse_constant=_constant,
+            object_pairs_hook=_object,
+        )
+    except json.JSONDecodeError as e:
+        raise BadRequest(400, f"the body is not valid JSON: {e}") from None
+    except RecursionError:  # the parser's own guard against deep nesting
+        raise BadRequest(400, "the JSON is nested too deeply (arrays or objects)") from None
+
+
+def check_text(value: str, where: str) -> str:
+    """A sentence that can be encoded and tokenized: no lone surrogate (a JSON escape such
+    as \\ud800 decodes to one), no NUL character."""
+    for i, ch in enumerate(value):
+        if "\ud800" <= ch <= "\udfff":
+            raise BadRequest(
+                400, f"{where} has a lone surrogate (U+{ord(ch):04X}) at character {i}"
+            )
+        if ch == "\0":
+            raise BadRequest(400, f"{where} has a NUL character at character {i}")
+    return value
 
 
 def _int(body: dict, key: str, low: int, high: int, default: int) -> int:
@@ -27,29 +104,15 @@ def _int(body: dict, key: str, low: int, high: int, default: int) -> int:
     return value
 
 
-@dataclass
-class Limits:
-    max_sentences: int
-    max_chars: int
-    max_body_bytes: int
-    max_beam: int
-
-
 def parse_request(raw: bytes, limits: Limits, defaults: DecodeOptions) -> dict[str, Any]:
-    """The checked fields of a /translate body; :class:`BadRequest` naming the problem."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadRequest(400, f"the body is not valid UTF-8 (byte {e.start})") from None
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadRequest(400, f"the body is not valid JSON: {e}") from None
+    """The checked fields of a /v1/translate body; :class:`BadRequest` naming the problem."""
+    body = load_json(raw)
     if not isinstance(body, dict):
         raise BadRequest(400, 'the body must be a JSON object such as {"text": ["..."]}')
     unknown = sorted(set(body) - set(REQUEST_KEYS))
     if unknown:
-        raise BadRequest(400, f"unknown key(s) {unknown}; allowed: {list(REQUEST_KEYS)}")
+        unknown_keys = [k.encode("utf-8", "backslashreplace").decode() for k in unknown]
+        raise BadRequest(400, f"unknown key(s) {unknown_keys}; allowed: {list(REQUEST_KEYS)}")
     if "text" not in body:
         raise BadRequest(400, "'text' is missing: a list of sentences to translate")
     sentences = body["text"]
@@ -66,6 +129,9 @@ def parse_request(raw: bytes, limits: Limits, defaults: DecodeOptions) -> dict[s
             raise BadRequest(
                 413, f"text[{i}] has {len(sentence)} characters; at most {limits.max_chars}"
             )
+        check_text(sentence, f"text[{i}]")
+        if not sentence.strip():
+            raise BadRequest(400, f"text[{i}] is empty or only whitespace")
     beam = _int(body, "beam", 1, limits.max_beam, defaults.beam)
     n_best = _int(body, "n_best", 1, beam, 1)
     alpha = body.get("length_penalty", defaults.length_penalty)
