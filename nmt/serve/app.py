@@ -226,7 +226,7 @@ def make_app(
                 return error(403, refusal)
         plan = libre.plan(req, limits)
         sources = encode(plan.sentences, plan.where, "Invalid request: ")
-        count = req.alternatives + 1
+        count = req.alternatives + 1 if req.format == "text" else 1  # none for html
         beam = max(backend.defaults.beam, count)
         hypotheses: list[list[str]] = []
         if sources:
