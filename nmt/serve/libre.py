@@ -95,6 +95,8 @@ def _alternatives(value: Any, limit: int) -> int:
 def parse_libre(fields: dict[str, Any], limits: Limits, languages: tuple[str, str]) -> LibreRequest:
     """The checked fields of a LibreTranslate request (a JSON object, or the fields of a form);
     :class:`BadRequest` with LibreTranslate's message for each problem, in its order."""
+    if not isinstance(fields, dict):
+        raise BadRequest(400, "Invalid JSON format")
     if "text" in fields and "q" not in fields:
         raise BadRequest(
             400,

@@ -195,7 +195,7 @@ def _libre(limits: Limits, languages: tuple[str, str]) -> dict[str, Any]:
         "required": ["translatedText"],
         "properties": {
             "translatedText": {"oneOf": [{"type": "string"}, strings]},
-            "alternatives": {"oneOf": [strings, {"type": "array", "items": strings}]},
+            "alternatives": {"anyOf": [strings, {"type": "array", "items": strings}]},
             "detectedLanguage": {"oneOf": [detected, {"type": "array", "items": detected}]},
         },
     }

@@ -1,0 +1,314 @@
+"""Every byte of a request is hostile: malformed bodies of each kind get a 4xx with a JSON
+``{"error"}`` on both APIs and the server goes on serving; generated bodies (hypothesis) never
+get a 5xx, neither from the parsers nor from the live server; the OpenAPI document follows the
+limits the server enforces, and schemathesis finds every answer of the live server in it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nmt.decode.options import DecodeOptions
+from nmt.serve.app import make_app
+from nmt.serve.backend import load_backend
+from nmt.serve.libre import parse_libre
+from nmt.serve.native import BadRequest, Limits, load_json, parse_request
+
+from .serving import get, run_app, serve_config, server_log, start_server, stop_server
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LIMITS = Limits(max_sentences=4, max_chars=80, max_body_bytes=20_000, max_beam=3, max_segments=8)
+SERVER = [f"max_sentences={LIMITS.max_sentences}", f"max_chars={LIMITS.max_chars}",
+          f"max_body_bytes={LIMITS.max_body_bytes}", f"max_beam={LIMITS.max_beam}",
+          f"max_batch_sentences={LIMITS.max_segments}", "max_output_len_a=0",
+          "max_output_len_b=8"]  # fmt: skip
+NATIVE = b'{"text": ["Ein Hund rennt."]}'
+LIBRE = b'{"q": "Ein Hund rennt.", "source": "de", "target": "en"}'
+
+
+def hostile_bodies() -> list[tuple[str, bytes, bytes, str]]:
+    """(kind, a body for our API, one for LibreTranslate's, words of the error)."""
+    deep = b"[" * 5000 + b"]" * 5000
+    both = [
+        ("deep arrays", b'{"text": ' + deep + b"}", b'{"q": ' + deep + b"}", "nested"),
+        (
+            "huge integer",
+            b'{"beam": ' + b"9" * 5000 + b"}",
+            b'{"alternatives": ' + b"9" * 5000 + b"}",
+            "5000 digits",
+        ),  # fmt: skip
+        ("inf", b'{"length_penalty": 1e999}', b'{"alternatives": 1e999}', "out of range"),
+        ("nan", b'{"length_penalty": NaN}', b'{"alternatives": NaN}', "NaN is not JSON"),
+        ("twice", b'{"text": ["a"], "text": ["b"]}', b'{"q": "a", "q": "b"}', "given twice"),
+        (
+            "surrogate",
+            b'{"text": ["\\ud800"]}',
+            b'{"q": "\\udc00", "source": "de", "target": "en"}',
+            "surrogate",
+        ),
+        (
+            "nul",
+            b'{"text": ["a\\u0000"]}',
+            b'{"q": ["a\\u0000"], "source": "de", "target": "en"}',
+            "NUL",
+        ),
+        ("raw nul", b'{"text": ["a\x00"]}', b'{"q": "a\x00"}', "not valid JSON"),
+        (
+            "latin-1",
+            '{"text": ["Müller"]}'.encode("latin-1"),
+            '{"q": "Müller"}'.encode("latin-1"),
+            "UTF-8",
+        ),  # fmt: skip
+        ("utf-16", '{"text": ["a"]}'.encode("utf-16"), '{"q": "a"}'.encode("utf-16"), "UTF-8"),
+        ("empty", b"", b"", "not valid JSON"),
+    ]
+    return both
+
+
+@pytest.fixture(scope="module")
+def app_of(serve_package: Path) -> Any:
+    cfg = serve_config(serve_package, "engine=torch", *SERVER)
+    backend = load_backend(cfg)
+    return lambda: make_app(backend, cfg)
+
+
+def test_each_hostile_body_gets_a_4xx_json_error_on_both_apis(app_of: Any) -> None:
+    async def post(client: TestClient, path: str, body: bytes, **kw: Any) -> tuple[int, str]:
+        response = await client.post(path, data=body, **kw)
+        assert response.content_type == "application/json", await response.text()
+        error = (await response.json())["error"]
+        assert isinstance(error, str)
+        return response.status, error
+
+    json_type = {"headers": {"Content-Type": "application/json"}}
+
+    async def scenario(client: TestClient) -> None:
+        for kind, native, libre, words in hostile_bodies():
+            for path, body in (("/v1/translate", native), ("/translate", libre)):
+                status, error = await post(client, path, body, **json_type)
+                assert 400 <= status < 500 and words in error, (kind, path, status, error)
+        cases = [  # (path, body, post arguments, status, words)
+            ("/v1/translate", b'{"text": ["a", 1]}', {}, 400, "list of strings"),
+            ("/v1/translate", b'{"text": [" \\t\\n"]}', {}, 400, "text[0] is empty or only"),
+            ("/v1/translate", b'{"text": [""]}', {}, 400, "text[0] is empty"),
+            ("/v1/translate", NATIVE, {"params": {"beam": "2"}}, 400, "query string"),
+            (
+                "/v1/translate",
+                NATIVE,
+                {"headers": {"Content-Type": "application/json; charset=utf-16"}},
+                415,
+                "charset is utf-16",
+            ),  # fmt: skip
+            ("/translate", LIBRE, {"headers": {"Content-Type": "text/plain"}}, 415, "Content"),
+            ("/translate", LIBRE, {"params": {"q": "x"}, **json_type}, 400, "query string"),
+            (
+                "/translate",
+                b"q=\xff\xfe&source=de&target=en",
+                {"headers": {"Content-Type": "application/x-www-form-urlencoded"}},
+                400,
+                "form could not be read",
+            ),  # fmt: skip
+            (
+                "/translate",
+                b"--x\r\nbroken",
+                {"headers": {"Content-Type": "multipart/form-data; boundary=x"}},
+                400,
+                "",
+            ),  # fmt: skip
+            (
+                "/translate",
+                b'{"q": ["a", null], "source": "de", "target": "en"}',
+                json_type,
+                400,
+                "list of strings",
+            ),  # fmt: skip
+        ]
+        for path, body, kwargs, status, words in cases:
+            got, error = await post(client, path, body, **kwargs)
+            assert got == status and words in error, (path, body, got, error)
+        # still serving, both APIs
+        assert (await client.post("/v1/translate", data=NATIVE)).status == 200
+        assert (await client.post("/translate", data=LIBRE, **json_type)).status == 200
+
+    run_app(app_of(), scenario)
+
+
+# ---------------------------------------------------------------- generated bodies
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+FIELDS = st.sampled_from(["text", "beam", "length_penalty", "n_best", "attention", "q",
+                          "source", "target", "format", "alternatives", "api_key"])  # fmt: skip
+OBJECTS = st.dictionaries(FIELDS, JSON_VALUES, max_size=6)
+
+
+def _mutate(raw: bytes, data: st.DataObject) -> bytes:
+    """A valid body with bytes cut, flipped or put in."""
+    body = bytearray(raw)
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(body)))
+        how = data.draw(st.sampled_from(["cut", "flip", "put"]))
+        if how == "cut":
+            del body[at : at + data.draw(st.integers(1, 5))]
+        elif how == "flip" and at < len(body):
+            body[at] ^= data.draw(st.integers(1, 255))
+        else:
+            body[at:at] = data.draw(st.binary(min_size=1, max_size=4))
+    return bytes(body)
+
+
+@st.composite
+def bodies(draw: Any) -> bytes:
+    kind = draw(st.sampled_from(["bytes", "value", "object", "mutated"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=200))
+    if kind == "value":
+        return json.dumps(draw(JSON_VALUES)).encode()
+    if kind == "object":
+        return json.dumps(draw(OBJECTS)).encode()
+    return _mutate(draw(st.sampled_from([NATIVE, LIBRE])), draw(st.data()))
+
+
+@given(raw=bodies())
+@settings(max_examples=400, deadline=None)
+def test_the_parsers_raise_nothing_but_a_4xx(raw: bytes) -> None:
+    defaults = DecodeOptions(beam=2)
+    for parse in (
+        lambda: parse_request(raw, LIMITS, defaults),
+        lambda: parse_libre(load_json(raw), LIMITS, ("de", "en")),
+    ):
+        try:
+            parse()
+        except BadRequest as e:
+            assert 400 <= e.status < 500 and str(e)
+
+
+@pytest.fixture(scope="module")
+def live(serve_package: Path) -> Iterator[int]:
+    """The real process, with small limits (the answers of generated requests come fast)."""
+    proc, port = start_server(serve_package, "engine=ctranslate2", *SERVER)
+    yield port
+    assert stop_server(proc) == 0, server_log(proc)
+
+
+def raw_post(port: int, path: str, body: bytes, content_type: str) -> tuple[int, str, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.request("POST", path, body, {"Content-Type": content_type})
+        response = connection.getresponse()
+        return response.status, response.getheader("Content-Type", ""), response.read()
+    finally:
+        connection.close()
+
+
+@pytest.mark.slow(seconds=25)
+@given(
+    raw=bodies(),
+    path=st.sampled_from(["/v1/translate", "/translate"]),
+    content_type=st.sampled_from(
+        [
+            "application/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=b",
+            "text/plain",
+            "application/json; charset=latin-1",
+        ]  # fmt: skip
+    ),
+)
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_the_live_server_answers_generated_bodies_without_a_5xx(
+    live: int, raw: bytes, path: str, content_type: str
+) -> None:
+    status, kind, body = raw_post(live, path, raw, content_type)
+    assert status < 500, (status, body)
+    if status >= 400:
+        assert kind.startswith("application/json"), (status, kind, body)
+        assert isinstance(json.loads(body)["error"], str)
+
+
+# ------------------------------------------------------------------------ OpenAPI
+
+
+def test_the_openapi_document_follows_the_servers_limits(live: int) -> None:
+    document = get(live, "/openapi.json")
+    assert document["openapi"].startswith("3.")
+    paths = document["paths"]
+    expected = {"/health", "/ready", "/metrics", "/", "/v1/translate", "/translate",
+                "/languages", "/openapi.json"}  # fmt: skip
+    assert set(paths) == expected
+    ours = paths["/v1/translate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    text = ours["properties"]["text"]
+    assert (text["maxItems"], text["items"]["maxLength"]) == (4, 80)
+    assert ours["properties"]["beam"]["maximum"] == 3
+    libre = paths["/translate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert libre["properties"]["alternatives"]["maximum"] == 2
+    assert libre["properties"]["source"]["enum"] == ["auto", "de"]
+    for path in ("/v1/translate", "/translate"):
+        answers = paths[path]["post"]["responses"]
+        assert {"400", "403", "413", "429", "503", "504"} <= set(answers)
+        assert "Retry-After" in answers["503"]["headers"]
+    assert "text/plain" in paths["/metrics"]["get"]["responses"]["200"]["content"]
+    assert "text/html" in paths["/"]["get"]["responses"]["200"]["content"]
+    # the limits it states are those the server enforces
+    over = json.dumps({"text": ["a" * 81]}).encode()
+    assert raw_post(live, "/v1/translate", over, "application/json")[0] == 413
+    assert raw_post(live, "/v1/translate", b'{"text": ["a"], "beam": 4}', "")[0] == 400
+
+
+@pytest.mark.slow(seconds=40)
+def test_schemathesis_finds_every_answer_of_the_live_server_in_the_document(live: int) -> None:
+    """Generated requests of each operation the server has (positive and negative): no 5xx,
+    and each status, content type, header and body as the document says."""
+    import schemathesis
+    from schemathesis.checks import not_a_server_error
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        response_headers_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
+    base = f"http://127.0.0.1:{live}"
+    # the document as served (from_url would leave its own path out)
+    schema = schemathesis.openapi.from_dict(get(live, "/openapi.json"))
+    checks = [not_a_server_error, status_code_conformance, content_type_conformance,
+              response_headers_conformance, response_schema_conformance]  # fmt: skip
+    operations = [result.ok() for result in schema.get_all_operations()]
+    # the endpoints built elsewhere (readiness, metrics, the page) are tested once they exist
+    served = [op for op in operations if routed(live, op.method.upper(), op.path)]
+    assert {op.path for op in served} >= {"/health", "/v1/translate", "/translate",
+                                          "/languages", "/openapi.json"}  # fmt: skip
+    modes = [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE]
+    strategy = st.one_of([op.as_strategy(generation_mode=mode) for op in served for mode in modes])
+
+    @given(case=strategy)
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    def conforms(case: Any) -> None:
+        case.call_and_validate(base_url=base, checks=checks)
+
+    conforms()
+
+
+def routed(port: int, method: str, path: str) -> bool:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.request(method, path, b"" if method == "POST" else None)
+        response = connection.getresponse()
+        response.read()
+        return response.status != 404
+    finally:
+        connection.close()
