@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from nmt.decode.options import DecodeOptions
 from nmt.serve.app import make_app
 from nmt.serve.backend import load_backend
-from nmt.serve.libre import parse_libre
+from nmt.serve.libre import parse_libre, plan
+from nmt.serve.markup import MarkupError, join_html, split_html, text_nodes
 from nmt.serve.native import BadRequest, Limits, load_json, parse_request
 
 from .serving import get, run_app, serve_config, server_log, start_server, stop_server
@@ -187,12 +188,30 @@ def test_the_parsers_raise_nothing_but_a_4xx(raw: bytes) -> None:
     defaults = DecodeOptions(beam=2)
     for parse in (
         lambda: parse_request(raw, LIMITS, defaults),
-        lambda: parse_libre(load_json(raw), LIMITS, ("de", "en")),
+        lambda: plan(parse_libre(load_json(raw), LIMITS, ("de", "en")), LIMITS),
     ):
         try:
             parse()
         except BadRequest as e:
             assert 400 <= e.status < 500 and str(e)
+
+
+@given(markup=st.text(max_size=200) | st.lists(st.sampled_from(
+    ["<p>", "</p>", "<b x='1'>", "<br/>", "<!--", "-->", "<![CDATA[", "]]>", "<!DOCTYPE html>",
+     "<?pi?>", "<script>", "</script>", "&amp;", "&#x;", "&", "<", ">", "Ein Hund", " "]
+), max_size=30).map("".join))  # fmt: skip
+@settings(max_examples=400, deadline=None)
+def test_html_is_split_and_joined_without_a_crash(markup: str) -> None:
+    """Any text: its parts, or a MarkupError; text without markup comes back as it was."""
+    try:
+        parts = split_html(markup)
+    except MarkupError:
+        return
+    nodes = text_nodes(parts)
+    assert all(node and node == node.strip() for node in nodes)
+    if not any(c in markup for c in "<&>"):
+        assert join_html(parts, nodes) == markup
+    assert join_html(parts, ["a < b & c"] * len(nodes)).count("&lt;") >= len(nodes)
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +232,6 @@ def raw_post(port: int, path: str, body: bytes, content_type: str) -> tuple[int,
         connection.close()
 
 
-@pytest.mark.slow(seconds=25)
 @given(
     raw=bodies(),
     path=st.sampled_from(["/v1/translate", "/translate"]),
@@ -269,7 +287,6 @@ def test_the_openapi_document_follows_the_servers_limits(live: int) -> None:
     assert raw_post(live, "/v1/translate", b'{"text": ["a"], "beam": 4}', "")[0] == 400
 
 
-@pytest.mark.slow(seconds=40)
 def test_schemathesis_finds_every_answer_of_the_live_server_in_the_document(live: int) -> None:
     """Generated requests of each operation the server has (positive and negative): no 5xx,
     and each status, content type, header and body as the document says."""
