@@ -151,7 +151,7 @@ def bench_server(
     try:
         line = proc.stdout.readline()
         port = int(line.rsplit(":", 1)[1])
-        url = f"http://127.0.0.1:{port}/translate"
+        url = f"http://127.0.0.1:{port}/v1/translate"  # our API
         request = urllib.request.Request(url, data=json.dumps({"text": [sentences[0]]}).encode())
         with urllib.request.urlopen(request, timeout=120) as r:
             r.read()

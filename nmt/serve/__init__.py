@@ -6,14 +6,16 @@
 
 Endpoints (JSON in and out):
 
-* ``GET /health``: ``{"status": "ok", "engine", "model", "step", "decode", "limits",
-  "requests", "batches", "sentences", "in_flight", "queued"}``;
-* ``POST /translate`` with ``{"text": ["Ein Hund.", ...], "beam": 5, "length_penalty": 1.0,
-  "n_best": 2, "attention": true}`` (all but ``text`` optional; the defaults are the package's
-  decoding defaults) answers ``{"translations": [...], "scores": [...]}``, plus ``"n_best"``
-  (per sentence, ``[{"text", "score"}]`` best first) when ``n_best`` > 1 and ``"attention"``
-  (per sentence, ``{"source", "target", "weights"}``: pieces and one row per output token,
-  EOS included) when asked for.
+* ``GET /health``: ``{"status": "ok", "engine", "model", "step", "languages", "decode",
+  "limits", "requests", "batches", "sentences", "in_flight", "queued"}``;
+* ``POST /v1/translate`` (our own API) with ``{"text": ["Ein Hund.", ...], "beam": 5,
+  "length_penalty": 1.0, "n_best": 2, "attention": true}`` (all but ``text`` optional; the
+  defaults are the package's decoding defaults) answers ``{"translations": [...], "scores":
+  [...]}``, plus ``"n_best"`` (per sentence, ``[{"text", "score"}]`` best first) when ``n_best``
+  > 1 and ``"attention"`` (per sentence, ``{"source", "target", "weights"}``: pieces and one row
+  per output token, EOS included) when asked for;
+* ``POST /translate`` and ``GET /languages``: LibreTranslate's API (:mod:`~nmt.serve.libre`);
+* ``GET /openapi.json``: the OpenAPI 3 document of them all (:mod:`~nmt.serve.openapi`).
 
 Requests are batched: a request that arrives while the model decodes, or within
 ``batch_wait_ms`` of the first one of a batch, shares a decode with the others that ask for the
@@ -22,8 +24,10 @@ gets its own sentences back. An engine with several workers (CTranslate2 on CPU)
 decodes at once, and the waiting sentences are shared among its free workers.
 
 Limits (``max_sentences`` per request, ``max_chars`` per sentence, ``max_body_bytes`` per
-body, ``max_beam``) and malformed input (not UTF-8, not JSON, wrong types, empty lists,
-unknown keys) get a 4xx answer with ``{"error": message}``; the server goes on serving.
+body, ``max_beam``, the model's position table) and malformed input (every byte is read as
+hostile: not UTF-8, not JSON, too deep, huge or non-finite numbers, keys given twice, lone
+surrogates, wrong types, empty lists, unknown keys) get a 4xx answer with ``{"error":
+message}``; the server goes on serving.
 SIGTERM or SIGINT stops it gracefully: it stops accepting connections, finishes the requests
 in flight (up to ``shutdown_timeout`` seconds) and exits 0.
 
@@ -34,7 +38,9 @@ torch-free code (:mod:`nmt.store.package`, :mod:`nmt.decode.ct2`).
 
 Modules: :mod:`~nmt.serve.backend` (the model and the threads that decode with it),
 :mod:`~nmt.serve.batcher` (concurrent requests into shared decodes), :mod:`~nmt.serve.native`
-(the checks of our own request body), :mod:`~nmt.serve.app` (the aiohttp application) and
+(the reading of a JSON body and the checks of our own), :mod:`~nmt.serve.libre`
+(LibreTranslate's API) with :mod:`~nmt.serve.markup` (its html), :mod:`~nmt.serve.openapi`
+(the OpenAPI document), :mod:`~nmt.serve.app` (the aiohttp application) and
 :mod:`~nmt.serve.main` (the process: start, signals, graceful stop). May import every layer up
 to :mod:`nmt.decode`; nothing but :mod:`nmt.bench` and :mod:`nmt.docs` imports it.
 """
