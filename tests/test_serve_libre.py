@@ -22,6 +22,7 @@ from nmt.store.package import read_package
 from .serving import SENTENCES, get, run_app, serve_config, server_log, start_server, stop_server
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +171,9 @@ def test_each_libretranslate_error_is_its_400_with_its_message(app_of: Any) -> N
             assert message in body["error"], (kind, body)
         ours_hint = await libre(client, 400, json={"text": ["a"]})
         assert "POST /v1/translate" in ours_hint["error"]
+        as_curl_sends_it = await libre(client, 400, data=b'{"text": ["a"]}', headers=FORM)
+        assert "Content-Type: application/json" in as_curl_sends_it["error"]
+        assert "POST /v1/translate" in as_curl_sends_it["error"]
         files = aiohttp.FormData({"source": "de", "target": "en"})
         files.add_field("q", b"Ein Hund.", filename="q.txt")
         assert "not a file" in (await libre(client, 400, data=files))["error"]

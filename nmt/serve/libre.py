@@ -97,12 +97,15 @@ def parse_libre(fields: dict[str, Any], limits: Limits, languages: tuple[str, st
     :class:`BadRequest` with LibreTranslate's message for each problem, in its order."""
     if not isinstance(fields, dict):
         raise BadRequest(400, "Invalid JSON format")
+    ours = 'our own API, with {"text": [...]}, is at POST /v1/translate'
     if "text" in fields and "q" not in fields:
-        raise BadRequest(
-            400,
-            "Invalid request: missing q parameter; this is LibreTranslate's API "
-            '({"q", "source", "target"}): our own API, with {"text": [...]}, is at '
-            "POST /v1/translate",
+        raise invalid(f"missing q parameter; this is LibreTranslate's API ({{q, source, target}}): "
+                      f"{ours}")  # fmt: skip
+    if "q" not in fields and any(str(key).lstrip().startswith("{") for key in fields):
+        hint = f"; {ours}" if any('"text"' in str(key) for key in fields) else ""
+        raise invalid(
+            "missing q parameter; the body looks like JSON: send it with Content-Type: "
+            f"application/json{hint}"
         )
     q = fields.get("q")
     if q is not None and not isinstance(q, (str, list)):
