@@ -77,7 +77,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     groups start side by side, one per worker, and the modules fill in around them."""
     items.sort(key=lambda item: -slow_seconds(item))
     worker = getattr(config, "workerinput", None)
-    if worker is None or config.getoption("dist", "no") != "loadgroup":
+    # a worker sees its own dist as "no" (pytest-xdist rewrites it) and loadgroup as a flag
+    if worker is None or not getattr(config.option, "loadgroup", False):
         return
     groups = worker_groups(items, int(worker["workercount"]))
     for item in items:
