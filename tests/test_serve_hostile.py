@@ -133,6 +133,8 @@ def test_each_hostile_body_gets_a_4xx_json_error_on_both_apis(app_of: Any) -> No
                 "list of strings",
             ),  # fmt: skip
         ]
+        bare = {"skip_auto_headers": ["Content-Type"]}
+        cases.append(("/translate", b"q=a" * 10_000, bare, 413, "bytes; at most 20000"))
         for path, body, kwargs, status, words in cases:
             got, error = await post(client, path, body, **kwargs)
             assert got == status and words in error, (path, body, got, error)

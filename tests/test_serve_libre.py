@@ -63,6 +63,8 @@ def test_json_and_form_bodies_translate_as_our_api_does(app_of: Any) -> None:
         multipart.add_field("format", "text")
         multipart._is_multipart = True  # as a browser's FormData sends it
         assert await libre(client, data=multipart) == {"translatedText": expected[0]}
+        in_the_url = await libre(client, params=one, skip_auto_headers=["Content-Type"])
+        assert in_the_url == {"translatedText": expected[0]}  # as LibreTranslate reads a form
         auto = await libre(client, json={**one, "source": "auto"})
         assert auto["detectedLanguage"] == {"confidence": 100.0, "language": "de"}
         autos = await libre(client, json={**one, "q": SENTENCES[:2], "source": "auto"})

@@ -187,9 +187,9 @@ def make_app(
             utf8_only(request)
             return load_json(await read_body(request))  # parse_libre wants an object
         if kind in FORM_TYPES:
-            if request.content_length and request.content_length > limits.max_body_bytes:
-                raise BadRequest(413, f"the body has {request.content_length} bytes; at most "
-                                 f"{limits.max_body_bytes}")  # fmt: skip
+            size = request.content_length
+            if size is not None and size > limits.max_body_bytes:
+                raise BadRequest(413, f"the body has {size} bytes; at most {limits.max_body_bytes}")
             try:
                 form = await request.post()
             except web.HTTPRequestEntityTooLarge:
@@ -197,7 +197,7 @@ def make_app(
             except Exception as e:  # whatever a malformed form makes the reader raise
                 raise BadRequest(400, f"the form could not be read: {str(e)[:200]}") from None
             items = [*request.query.items(), *form.items()]
-        elif "Content-Type" not in request.headers and not await request.read():
+        elif "Content-Type" not in request.headers and not await read_body(request):
             items = list(request.query.items())  # a bare POST with its fields in the URL
         else:
             raise BadRequest(

@@ -92,15 +92,16 @@ def _alternatives(value: Any, limit: int) -> int:
     return count
 
 
-def parse_libre(fields: dict[str, Any], limits: Limits, languages: tuple[str, str]) -> LibreRequest:
+def parse_libre(fields: Any, limits: Limits, languages: tuple[str, str]) -> LibreRequest:
     """The checked fields of a LibreTranslate request (a JSON object, or the fields of a form);
     :class:`BadRequest` with LibreTranslate's message for each problem, in its order."""
     if not isinstance(fields, dict):
         raise BadRequest(400, "Invalid JSON format")
     ours = 'our own API, with {"text": [...]}, is at POST /v1/translate'
     if "text" in fields and "q" not in fields:
-        raise invalid(f"missing q parameter; this is LibreTranslate's API ({{q, source, target}}): "
-                      f"{ours}")  # fmt: skip
+        raise invalid(
+            f"missing q parameter; this is LibreTranslate's API (q, source, target): {ours}"
+        )
     if "q" not in fields and any(str(key).lstrip().startswith("{") for key in fields):
         hint = f"; {ours}" if any('"text"' in str(key) for key in fields) else ""
         raise invalid(
@@ -129,12 +130,12 @@ def parse_libre(fields: dict[str, Any], limits: Limits, languages: tuple[str, st
         check_text(text, f"q[{i}]" if isinstance(q, list) else "q")
     src, tgt = languages
     if source not in ("auto", src):
-        raise BadRequest(400, f"{source} is not supported")
+        raise BadRequest(400, f"{source[:100]} is not supported")
     if target != tgt:
-        raise BadRequest(400, f"{target} is not supported")
+        raise BadRequest(400, f"{target[:100]} is not supported")
     fmt = _string(fields, "format") or "text"
     if fmt not in FORMATS:
-        raise BadRequest(400, f"{fmt} format is not supported")
+        raise BadRequest(400, f"{fmt[:100]} format is not supported")
     return LibreRequest(
         texts, isinstance(q, list), source, target, fmt, alternatives, _string(fields, "api_key")
     )
