@@ -17,6 +17,8 @@ from aiohttp.test_utils import TestClient
 from nmt.decode.options import DecodeOptions
 from nmt.serve.app import make_app
 from nmt.serve.backend import load_backend
+from nmt.serve.libre import answer, parse_libre, plan
+from nmt.serve.native import Limits
 from nmt.store.package import read_package
 
 from .serving import SENTENCES, get, run_app, serve_config, server_log, start_server, stop_server
@@ -268,3 +270,19 @@ def get_translations(port: int, texts: list[str]) -> list[str]:
     status, body = post(port, {"text": texts})
     assert status == 200
     return body["translations"]
+
+
+def test_alternatives_leave_out_the_best_and_repeats_line_by_line() -> None:
+    """Hypotheses that decode to the same text (pieces differ, words do not) are one
+    alternative; a text of several lines takes each line's k-th hypothesis (or its last)."""
+    limits = Limits(max_sentences=4, max_chars=100, max_body_bytes=1000, max_beam=4)
+    fields = {"q": "Ein Hund.\n\nEine Frau.", "source": "de", "target": "en", "alternatives": "3"}
+    req = parse_libre(fields, limits, ("de", "en"))
+    lines = plan(req, limits)
+    assert lines.sentences == ["Ein Hund.", "Eine Frau."]
+    hypotheses = [["A dog.", "A dog.", "The dog.", "The dog."], ["A woman."]]
+    body = answer(req, lines, hypotheses, "de")
+    assert body == {
+        "translatedText": "A dog.\n\nA woman.",
+        "alternatives": ["The dog.\n\nA woman."],
+    }
