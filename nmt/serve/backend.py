@@ -118,7 +118,11 @@ def torch_backend(cfg: DictConfig) -> Backend:
         str(trained.path),
         trained.step,
         languages=languages_of(trained.cfg),
-        max_positions=trained.model.max_positions if trained.model is not None else None,
+        max_positions=(
+            trained.model.max_positions  # None for a model without a position table
+            if trained.model is not None
+            else trained.cfg.model.get("max_positions")  # a CTranslate2-only package
+        ),
     )
 
 
