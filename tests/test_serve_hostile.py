@@ -185,7 +185,7 @@ def bodies(draw: Any) -> bytes:
 
 
 @given(raw=bodies())
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_the_parsers_raise_nothing_but_a_4xx(raw: bytes) -> None:
     defaults = DecodeOptions(beam=2)
     for parse in (
@@ -202,7 +202,7 @@ def test_the_parsers_raise_nothing_but_a_4xx(raw: bytes) -> None:
     ["<p>", "</p>", "<b x='1'>", "<br/>", "<!--", "-->", "<![CDATA[", "]]>", "<!DOCTYPE html>",
      "<?pi?>", "<script>", "</script>", "&amp;", "&#x;", "&", "<", ">", "Ein Hund", " "]
 ), max_size=30).map("".join))  # fmt: skip
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_html_is_split_and_joined_without_a_crash(markup: str) -> None:
     """Any text: its parts, or a MarkupError; text without markup comes back as it was."""
     try:
@@ -248,7 +248,9 @@ def raw_post(port: int, path: str, body: bytes, content_type: str) -> tuple[int,
     ),
 )
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 def test_the_live_server_answers_generated_bodies_without_a_5xx(
     live: int, raw: bytes, path: str, content_type: str
