@@ -5,15 +5,19 @@ from __future__ import annotations
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from nmt.config import ConfigError
 from nmt.data.tokenizer import EOS_ID
+from nmt.serve.access import check_origins, cors_middleware, key_middleware
 from nmt.serve.backend import Backend
 from nmt.serve.batcher import Batcher
+from nmt.serve.keys import KeyRing
 from nmt.serve.native import BadRequest, Limits, attention_view, parse_request
+from nmt.serve.page import page_headers, render_page
 
 
 def require_aiohttp() -> Any:
@@ -32,10 +36,13 @@ def make_app(
     state: dict[str, Any] | None = None,
     executor: ThreadPoolExecutor | None = None,
 ) -> Any:
-    """The aiohttp application: /health and /translate over ``backend``, decoding on
-    ``executor`` (the thread that loaded the backend). ``state`` (filled here) gives the caller
+    """The aiohttp application: the page at /, /health and /translate over ``backend``,
+    decoding on ``executor`` (the thread that loaded the backend), with the keys of
+    ``api_keys_file`` and CORS for ``cors_origins``. ``state`` (filled here) gives the caller
     the batcher and the counters of requests in flight and rejected."""
     web = require_aiohttp()
+    origins = check_origins(cfg.cors_origins)
+    ring = KeyRing.load(cfg.api_keys_file) if cfg.api_keys_file else None
     limits = Limits(cfg.max_sentences, cfg.max_chars, cfg.max_body_bytes, cfg.max_beam)
     batcher = Batcher(backend, cfg.batch_wait_ms / 1000.0, cfg.max_batch_sentences, executor)
     state = {} if state is None else state
@@ -66,6 +73,24 @@ def make_app(
                 "queued": batcher.queue.qsize(),
                 "pytorch_loaded": "torch" in sys.modules,
             }
+        )
+
+    html, policy = render_page(
+        {
+            "model": Path(backend.model).name,
+            "step": backend.step,
+            "engine": backend.engine,
+            "src_lang": backend.languages[0],
+            "tgt_lang": backend.languages[1],
+            "beam": backend.defaults.beam,
+            "max_beam": limits.max_beam,
+            "keys": ring is not None,
+        }
+    )
+
+    async def page(request: Any) -> Any:
+        return web.Response(
+            text=html, content_type="text/html", charset="utf-8", headers=page_headers(policy)
         )
 
     async def translate(request: Any) -> Any:
@@ -120,9 +145,16 @@ def make_app(
     async def on_cleanup(app: Any) -> None:
         await batcher.stop()
 
-    app = web.Application(client_max_size=limits.max_body_bytes)
+    middlewares = []
+    if origins:
+        middlewares.append(cors_middleware(web, origins))
+    if ring is not None:
+        middlewares.append(key_middleware(web, ring))
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
+    app.router.add_get("/", page)
     app.router.add_get("/health", health)
     app.router.add_post("/translate", translate)
+    app.router.add_post("/v1/translate", translate)
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app

@@ -35,6 +35,7 @@ class Backend:
     model: str
     step: int
     concurrency: int = 1  # decodes it runs at once, each on a thread of its own
+    languages: tuple[str, str] = ("", "")  # the package's data.src_lang and data.tgt_lang
 
 
 def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
@@ -67,7 +68,14 @@ def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
     # the next ones at once, instead of waiting for the other worker's longer sentences
     decode = partial(engine.decode_ids, spread=False)
     return Backend(
-        "ctranslate2", tokenizers, decode, defaults, str(package), manifest.step, engine.workers
+        "ctranslate2",
+        tokenizers,
+        decode,
+        defaults,
+        str(package),
+        manifest.step,
+        engine.workers,
+        languages(train_cfg),
     )
 
 
@@ -94,8 +102,19 @@ def torch_backend(cfg: DictConfig) -> Backend:
         return [_without_tensors(o) for o in outputs]
 
     return Backend(
-        engine.name, trained.tokenizers, decode, defaults, str(trained.path), trained.step
+        engine.name,
+        trained.tokenizers,
+        decode,
+        defaults,
+        str(trained.path),
+        trained.step,
+        languages=languages(trained.cfg),
     )
+
+
+def languages(train_cfg: DictConfig) -> tuple[str, str]:
+    """The source and target language of a training config (its data section)."""
+    return str(train_cfg.data.src_lang), str(train_cfg.data.tgt_lang)
 
 
 def start_backend(cfg: DictConfig) -> tuple[Backend, ThreadPoolExecutor]:
