@@ -61,13 +61,14 @@ def check_origins(origins: Iterable[str]) -> list[str]:
 
 
 def key_middleware(web: Any, ring: KeyRing, open_paths: Iterable[str] = OPEN_PATHS) -> Any:
-    """Every request but those to ``open_paths`` (and CORS preflights) needs a key of
-    ``ring``: 403 without one or with a wrong one, 429 with ``Retry-After`` past its limit."""
+    """Every request but those to ``open_paths`` needs a key of ``ring`` (CORS preflights
+    are answered before, by :func:`cors_middleware`): 403 without one or with a wrong one,
+    429 with ``Retry-After`` past its limit."""
     free = frozenset(open_paths)
 
     @web.middleware
     async def require_key(request: Any, handler: Handler) -> Any:
-        if request.path in free or request.method == "OPTIONS":
+        if request.path in free:
             return await handler(request)
         refusal = ring.check(request_key(request.headers))
         if refusal is None:
