@@ -81,7 +81,7 @@ def open_server_page(browser: Any, port: int) -> tuple[Opened, Any]:
     opened = Opened(context.new_page())
     response = opened.page.goto(f"http://127.0.0.1:{port}/")
     assert response.status == 200
-    opened.page.wait_for_function("document.getElementById('target').textContent !== ''")
+    opened.page.wait_for_selector("#target:not(:empty)", timeout=10_000)  # the script ran
     return opened, response
 
 
