@@ -224,7 +224,7 @@ def stop(proc: subprocess.Popen) -> None:
     assert proc.returncode == 0, server_log(proc)
 
 
-@pytest.mark.slow(seconds=12)
+@pytest.mark.slow(seconds=8)
 def test_a_server_beyond_loopback_needs_keys_or_allow_open(
     package: Path,  # noqa: F811
     tmp_path: Path,

@@ -94,7 +94,7 @@ def translations_shown(page: Any) -> list[str]:
 
 
 @pytest.mark.browser
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=10)
 @pytest.mark.parametrize("engine", ["torch", "ctranslate2"])
 def test_the_page_translates_from_the_keyboard(
     engine: str, browser, server, tmp_path: Path
@@ -170,7 +170,7 @@ def test_the_page_translates_from_the_keyboard(
 
 
 @pytest.mark.browser
-@pytest.mark.slow(seconds=10)
+@pytest.mark.slow(seconds=5)
 def test_the_page_asks_for_the_key_the_server_needs(browser, server, tmp_path: Path) -> None:
     keys = tmp_path / "keys.jsonl"
     key = add_key(keys, "page")
