@@ -6,13 +6,15 @@
 
 Endpoints (JSON in and out):
 
+* ``GET /``: a page to try the model in a browser (:mod:`~nmt.serve.page`);
 * ``GET /health``: ``{"status": "ok", "engine", "model", "step", "decode", "limits",
   "requests", "batches", "sentences", "in_flight", "queued"}``;
-* ``POST /translate`` with ``{"text": ["Ein Hund.", ...], "beam": 5, "length_penalty": 1.0,
-  "n_best": 2, "attention": true}`` (all but ``text`` optional; the defaults are the package's
-  decoding defaults) answers ``{"translations": [...], "scores": [...]}``, plus ``"n_best"``
-  (per sentence, ``[{"text", "score"}]`` best first) when ``n_best`` > 1 and ``"attention"``
-  (per sentence, ``{"source", "target", "weights"}``: pieces and one row per output token,
+* ``POST /translate`` (also ``POST /v1/translate``) with ``{"text": ["Ein Hund.", ...],
+  "beam": 5, "length_penalty": 1.0, "n_best": 2, "attention": true}`` (all but ``text``
+  optional; the defaults are the package's decoding defaults) answers
+  ``{"translations": [...], "scores": [...]}``, plus ``"n_best"`` (per sentence,
+  ``[{"text", "score"}]`` best first) when ``n_best`` > 1 and ``"attention"`` (per sentence,
+  ``{"source", "target", "weights"}``: pieces and one row per output token,
   EOS included) when asked for.
 
 Requests are batched: a request that arrives while the model decodes, or within
@@ -27,6 +29,11 @@ unknown keys) get a 4xx answer with ``{"error": message}``; the server goes on s
 SIGTERM or SIGINT stops it gracefully: it stops accepting connections, finishes the requests
 in flight (up to ``shutdown_timeout`` seconds) and exits 0.
 
+With ``api_keys_file`` every endpoint but the page, ``/health``, ``/ready``, ``/metrics`` and
+``/openapi.json`` needs a key of the file (403 without, 429 past its limit); without it the
+server listens on loopback only, unless ``allow_open=true``. ``cors_origins`` lists the web
+origins whose pages may call it (:mod:`~nmt.serve.access`, :mod:`~nmt.serve.keys`).
+
 The web library is aiohttp: one well-kept package gives the asyncio server, request body limits
 and graceful shutdown, and its client serves the load test. With ``engine=ctranslate2`` the
 process never imports PyTorch: the package's config, tokenizers and CTranslate2 model are read by
@@ -34,7 +41,9 @@ torch-free code (:mod:`nmt.store.package`, :mod:`nmt.decode.ct2`).
 
 Modules: :mod:`~nmt.serve.backend` (the model and the threads that decode with it),
 :mod:`~nmt.serve.batcher` (concurrent requests into shared decodes), :mod:`~nmt.serve.native`
-(the checks of our own request body), :mod:`~nmt.serve.app` (the aiohttp application) and
+(the checks of our own request body), :mod:`~nmt.serve.keys` (API keys and their limits),
+:mod:`~nmt.serve.access` (keys on requests, exposure, CORS), :mod:`~nmt.serve.page` (the
+page), :mod:`~nmt.serve.app` (the aiohttp application) and
 :mod:`~nmt.serve.main` (the process: start, signals, graceful stop). May import every layer up
 to :mod:`nmt.decode`; nothing but :mod:`nmt.bench` and :mod:`nmt.docs` imports it.
 """
