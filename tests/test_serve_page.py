@@ -201,3 +201,33 @@ def test_the_page_asks_for_the_key_the_server_needs(browser, server, tmp_path: P
     kept = page.evaluate("localStorage.length + sessionStorage.length + document.cookie.length")
     assert kept == 0 and page.context.cookies() == []
     assert len(opened.problems) == 1
+
+
+@pytest.mark.browser
+@pytest.mark.slow(seconds=5)
+def test_each_line_is_a_sentence_with_its_own_attention(browser, server) -> None:
+    port = server("engine=ctranslate2")
+    opened, _ = open_server_page(browser, port)
+    page = opened.page
+    page.focus("#text")
+    lines = [SENTENCE, "Zwei Männer spielen Fußball."]
+    page.keyboard.type(lines[0])
+    page.keyboard.press("Shift+Enter")  # a new line, not a request
+    page.keyboard.type(lines[1])
+    assert page.input_value("#text") == "\n".join(lines) and opened.requests[1:] == []
+    page.keyboard.press("Control+Enter")
+    page.wait_for_selector("#translations li:nth-child(2)")
+    beam, n_best = int(page.input_value("#beam")), int(page.input_value("#nbest"))
+    expected = api(port, {"text": lines, "beam": beam, "n_best": n_best, "attention": True})
+    assert translations_shown(page) == expected["translations"]
+    assert page.is_visible("#sentence")
+    for i, att in enumerate(expected["attention"]):
+        page.select_option("#sentence", str(i))
+        rows = page.eval_on_selector_all("#heatmap tbody th", "t => t.map(th => th.textContent)")
+        columns = page.eval_on_selector_all("#heatmap thead th:not(.corner)", "t => t.length")
+        assert rows == att["target"] and columns == len(att["source"]), i
+        alternatives = page.eval_on_selector_all(
+            "#alternatives li .text", "els => els.map(e => e.textContent)"
+        )
+        assert alternatives == [h["text"] for h in expected["n_best"][i]], i
+    assert opened.problems == []
