@@ -375,6 +375,9 @@ class ServeConfig(DecodeConfig):
     batch_wait_ms: float = 5.0  # how long a batch waits for more requests after its first
     max_batch_sentences: int = 256  # sentences of one shared decode
     shutdown_timeout: float = 60.0  # seconds given to requests in flight at SIGTERM
+    api_keys_file: str | None = None  # the keys a translation needs (python -m nmt.serve.keys)
+    allow_open: bool = False  # true: listen on a non-loopback host without api_keys_file
+    cors_origins: list[str] = field(default_factory=list)  # web origins allowed to call (CORS)
 
 
 # The model schemas by architecture name: a model config's ``arch`` selects one (and, through

@@ -6,6 +6,7 @@
 
 Endpoints (JSON in and out):
 
+* ``GET /``: a page to try the model in a browser (:mod:`~nmt.serve.page`);
 * ``GET /health``: ``{"status": "ok", "engine", "model", "step", "languages", "decode",
   "limits", "requests", "batches", "sentences", "in_flight", "queued"}``;
 * ``POST /v1/translate`` (our own API) with ``{"text": ["Ein Hund.", ...], "beam": 5,
@@ -31,6 +32,13 @@ message}``; the server goes on serving.
 SIGTERM or SIGINT stops it gracefully: it stops accepting connections, finishes the requests
 in flight (up to ``shutdown_timeout`` seconds) and exits 0.
 
+With ``api_keys_file`` every endpoint but the page, ``/health``, ``/ready``, ``/metrics``,
+``/openapi.json`` and ``/languages`` needs a key of the file (``Authorization: Bearer KEY`` or
+``X-API-Key``; LibreTranslate's ``/translate`` also takes its body's ``api_key``): 403 without
+one, 429 past its limit. Without a keys file the
+server listens on loopback only, unless ``allow_open=true``. ``cors_origins`` lists the web
+origins whose pages may call it (:mod:`~nmt.serve.access`, :mod:`~nmt.serve.keys`).
+
 The web library is aiohttp: one well-kept package gives the asyncio server, request body limits
 and graceful shutdown, and its client serves the load test. With ``engine=ctranslate2`` the
 process never imports PyTorch: the package's config, tokenizers and CTranslate2 model are read by
@@ -40,7 +48,9 @@ Modules: :mod:`~nmt.serve.backend` (the model and the threads that decode with i
 :mod:`~nmt.serve.batcher` (concurrent requests into shared decodes), :mod:`~nmt.serve.native`
 (the reading of a JSON body and the checks of our own), :mod:`~nmt.serve.libre`
 (LibreTranslate's API) with :mod:`~nmt.serve.markup` (its html), :mod:`~nmt.serve.openapi`
-(the OpenAPI document), :mod:`~nmt.serve.app` (the aiohttp application) and
+(the OpenAPI document), :mod:`~nmt.serve.keys` (API keys and their limits),
+:mod:`~nmt.serve.access` (keys on requests, exposure, CORS), :mod:`~nmt.serve.page` (the
+page), :mod:`~nmt.serve.app` (the aiohttp application) and
 :mod:`~nmt.serve.main` (the process: start, signals, graceful stop). May import every layer up
 to :mod:`nmt.decode`; nothing but :mod:`nmt.bench` and :mod:`nmt.docs` imports it.
 """

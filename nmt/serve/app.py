@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -22,17 +23,19 @@ from omegaconf import DictConfig
 from nmt.config import ConfigError
 from nmt.data.tokenizer import EOS_ID
 from nmt.serve import libre
+from nmt.serve.access import OPEN_PATHS, check_origins, cors_middleware, key_middleware
 from nmt.serve.backend import Backend
 from nmt.serve.batcher import Batcher
+from nmt.serve.keys import KeyRing, Refusal, request_key
 from nmt.serve.native import BadRequest, Limits, attention_view, load_json, parse_request
 from nmt.serve.openapi import openapi_document
+from nmt.serve.page import page_headers, render_page
 
 JSON_TYPES = ("application/json",)
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
-# The key ring's check of a LibreTranslate request's ``api_key``: None lets it through, a
-# message refuses it with 403 {"error": message}.
-ApiKeyCheck = Callable[[str | None], str | None]
+# LibreTranslate's paths: its /translate takes the key in the body, its /languages needs none
+LIBRE_PATHS = ("/translate", "/languages")
 
 
 def require_aiohttp() -> Any:
@@ -56,13 +59,15 @@ def make_app(
     cfg: DictConfig,
     state: dict[str, Any] | None = None,
     executor: ThreadPoolExecutor | None = None,
-    api_key_check: ApiKeyCheck | None = None,
 ) -> Any:
     """The aiohttp application over ``backend``, decoding on ``executor`` (the thread that
-    loaded the backend). ``state`` (filled here) gives the caller the batcher and the counters
-    of requests in flight and rejected."""
+    loaded the backend), with the keys of ``api_keys_file`` and CORS for ``cors_origins``.
+    ``state`` (filled here) gives the caller the batcher and the counters of requests in flight
+    and rejected."""
     web = require_aiohttp()
     limits = limits_of(cfg)
+    origins = check_origins(cfg.cors_origins)
+    ring = KeyRing.load(cfg.api_keys_file) if cfg.api_keys_file else None
     batcher = Batcher(backend, cfg.batch_wait_ms / 1000.0, cfg.max_batch_sentences, executor)
     state = {} if state is None else state
     state.update(in_flight=0, rejected=0, batcher=batcher)
@@ -216,11 +221,11 @@ def make_app(
 
     async def translate_libre(request: Any) -> Any:
         req = libre.parse_libre(await libre_fields(request), limits, backend.languages)
-        # API keys: the key ring decides here on the request's api_key (403 when refused)
-        if api_key_check is not None:
-            refusal = api_key_check(req.api_key)
+        # LibreTranslate's clients send their key in the body (our header is read too)
+        if ring is not None:
+            refusal = ring.check(req.api_key or request_key(request.headers))
             if refusal is not None:
-                return error(403, refusal)
+                return refused(refusal)
         plan = libre.plan(req, limits)
         sources = encode(plan.sentences, plan.where, "Invalid request: ")
         count = req.alternatives + 1 if req.format == "text" else 1  # none for html
@@ -242,13 +247,44 @@ def make_app(
     async def openapi(request: Any) -> Any:
         return web.json_response(document)
 
+    def refused(refusal: Refusal) -> Any:
+        state["rejected"] += 1
+        headers = {}
+        if refusal.retry_after is not None:
+            headers["Retry-After"] = str(refusal.retry_after)
+        return web.json_response({"error": refusal.message}, status=refusal.status, headers=headers)
+
+    html, policy = render_page(
+        {
+            "model": Path(backend.model).name,
+            "step": backend.step,
+            "engine": backend.engine,
+            "src_lang": backend.languages[0],
+            "tgt_lang": backend.languages[1],
+            "beam": backend.defaults.beam,
+            "max_beam": limits.max_beam,
+            "keys": ring is not None,
+        }
+    )
+
+    async def page(request: Any) -> Any:
+        return web.Response(
+            text=html, content_type="text/html", charset="utf-8", headers=page_headers(policy)
+        )
+
     async def on_startup(app: Any) -> None:
         batcher.start()
 
     async def on_cleanup(app: Any) -> None:
         await batcher.stop()
 
-    app = web.Application(client_max_size=limits.max_body_bytes)
+    middlewares = []
+    if origins:
+        middlewares.append(cors_middleware(web, origins))
+    if ring is not None:
+        middlewares.append(key_middleware(web, ring, OPEN_PATHS | set(LIBRE_PATHS)))
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
+    app.router.add_get("/", page)
     app.router.add_get("/health", health)
     app.router.add_post("/v1/translate", counted(translate_v1))
     app.router.add_post("/translate", counted(translate_libre))

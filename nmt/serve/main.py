@@ -16,8 +16,10 @@ from omegaconf import DictConfig
 
 from nmt.cli import config_dir, exit_on_error, setup_logging
 from nmt.config import ConfigError, register_configs
+from nmt.serve.access import check_exposure, check_origins
 from nmt.serve.app import make_app, require_aiohttp
 from nmt.serve.backend import Backend, start_backend
+from nmt.serve.keys import KeyRing
 from nmt.store.package import model_argument
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,10 @@ async def serve(
 
 def run(cfg: DictConfig) -> None:
     require_aiohttp()
+    check_exposure(cfg)
+    check_origins(cfg.cors_origins)
+    if cfg.api_keys_file:
+        KeyRing.load(cfg.api_keys_file)  # a bad file is named before the model loads
     for key in ("max_sentences", "max_chars", "max_body_bytes", "max_beam", "max_batch_sentences"):
         if cfg[key] < 1:
             raise ConfigError(f"{key}={cfg[key]} must be >= 1")

@@ -38,6 +38,7 @@ from nmt.data.datasets import EvalSet, encode_texts
 from nmt.data.tokenizer import BOS_ID, EOS_ID, TokenizerPair
 from nmt.decode.options import DecodeOptions
 from nmt.models.base import Seq2Seq
+from nmt.viz.heatmap import inline_heatmap
 from nmt.viz.visualize import SentenceAttention, attend
 
 log = logging.getLogger(__name__)
@@ -173,8 +174,9 @@ def _script_json(doc: dict[str, Any]) -> str:
 
 
 def render_html(doc: dict[str, Any]) -> str:
-    """The page: the template with the document inlined."""
+    """The page: the template with the heatmap's script and style and the document inlined."""
     template = resources.files("nmt.viz").joinpath(TEMPLATE).read_text(encoding="utf-8")
+    template = inline_heatmap(template, TEMPLATE)
     if template.count(DATA_MARKER) != 1:
         raise RuntimeError(f"{TEMPLATE}: expected one data marker {DATA_MARKER}")
     return template.replace(DATA_MARKER, _script_json(doc))
