@@ -5,7 +5,10 @@ of the cores."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -91,3 +94,28 @@ def test_the_tests_of_a_costly_session_fixture_share_a_worker() -> None:
     groups = worker_groups(items, 2)
     assert groups["tests/test_a.py::one"] == groups["tests/test_b.py::three"] == "trained_runs"
     assert groups["tests/test_a.py::two"] == "tests/test_a.py"
+
+
+@pytest.mark.slow(seconds=6)
+def test_the_installed_pytest_and_xdist_keep_a_group_on_one_worker(tmp_path: Path) -> None:
+    """``make test``'s groups reach the scheduler only if pytest keeps the group that xdist's
+    workers write into each test's node id (pytest 9.2 does not)."""
+    (tmp_path / "test_grouped.py").write_text(
+        "import os\n"
+        "import pytest\n\n\n"
+        "@pytest.mark.xdist_group('together')\n"
+        "@pytest.mark.parametrize('i', range(8))\n"
+        "def test_one(i):\n"
+        "    with open(f'ran-{i}', 'w') as f:\n"
+        "        f.write(os.environ['PYTEST_XDIST_WORKER'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup",
+         "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": ""},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    workers = {p.read_text() for p in tmp_path.glob("ran-*")}
+    assert len(list(tmp_path.glob("ran-*"))) == 8
+    assert len(workers) == 1, f"the group ran on {sorted(workers)}"
