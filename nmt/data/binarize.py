@@ -53,7 +53,7 @@ from nmt.data.cache import (
     _tokenizer_hashes,
     open_prepared,
 )
-from nmt.data.corpus import clean_pairs, iter_parallel_blocks
+from nmt.data.corpus import clean_pairs
 from nmt.data.splits import Split, TrainSplit, filter_by_length, no_data_error, resolve_train
 from nmt.data.tokenizer import Tokenizer, TokenizerPair, train_tokenizers
 from nmt.environment import Multi30kSource
@@ -103,7 +103,7 @@ class Reservoir:
 def _read(split: Split, stage: str, progress: Progress) -> Iterator[tuple[list[str], list[str]]]:
     """The line pairs of a corpus, a block at a time, under a bar of the bytes read."""
     with progress.bar(f"{stage} {split.name}", _input_bytes([split]), in_bytes=True) as advance:
-        yield from iter_parallel_blocks(split.src_path, split.tgt_path, advance=advance)
+        yield from split.blocks(advance)
 
 
 def _sample(corpora: Sequence[TrainSplit], size: int, cfg: Any, progress: Progress) -> Reservoir:
@@ -251,7 +251,7 @@ def _token_dtype(vocab_size: int) -> np.dtype:
 
 def _input_bytes(corpora: Sequence[Split]) -> int:
     """The size on disk of the corpora's files."""
-    return sum(p.stat().st_size for c in corpora for p in (c.src_path, c.tgt_path))
+    return sum(p.stat().st_size for c in corpora for p in c.files)
 
 
 def _worker_count(cfg: Any, corpora: Sequence[Split]) -> int:
