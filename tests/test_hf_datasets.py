@@ -150,9 +150,12 @@ def test_reading_is_in_blocks_and_counts_every_byte(
     monkeypatch.setattr(hfdata, "JSONL_BLOCK_BYTES", 1 << 16)
     path = WRITERS[layout](tmp_path, pairs * 20)  # 16,060 rows
     (split,) = resolve_splits(data_cfg(str(path), tmp_path), [str(path)])
-    counted = []
-    blocks = list(split.blocks(counted.append))
-    assert sum(counted) == sum(f.stat().st_size for f in split.files)
+    counted: list[int] = []
+    seen = []  # the bytes counted when each block arrives
+    blocks = [(b, seen.append(sum(counted)))[0] for b in split.blocks(counted.append)]
+    total = sum(f.stat().st_size for f in split.files)
+    assert sum(counted) == total
+    assert 0 < seen[0] < seen[len(seen) // 2] < total  # counted as the reading goes
     assert sum(len(s) for s, _ in blocks) == len(pairs) * 20
     assert len(blocks) > 4 and max(len(s) for s, _ in blocks) <= 2_000
     assert all(len(s) == len(t) for s, t in blocks)
@@ -190,11 +193,12 @@ def test_the_cache_is_prepared_again_when_the_dataset_changes(
     pairs: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = tmp_path / "root"
-    for layout in ("parquet", "save_to_disk"):
+    for layout in ("parquet", "jsonl", "save_to_disk"):
         path = WRITERS[layout](tmp_path / layout, pairs)
         first = prepare_data(data_cfg(str(path), root)).cache_dir
         assert prepare_data(data_cfg(str(path), root)).cache_dir == first
-        changed = [*pairs[:-1], ("Ein anderer Satz.", "Another sentence.")]
+        src, tgt = pairs[-1]
+        changed = [*pairs[:-1], (src, tgt.swapcase())]  # JSON Lines: the same size
         if layout == "save_to_disk":
             shutil.rmtree(path)
         WRITERS[layout](tmp_path / layout, changed)
@@ -215,21 +219,21 @@ def parquet_with(path: Path, table: pa.Table) -> Path:
 
 
 BAD = {
-    "parquet: no column": (
+    "parquet_no_column": (
         lambda d: write_parquet(d / "c.parquet", [("a", "b")], column="pairs"),
         r"c\.parquet: no column 'translation' \(columns: id, pairs\)",
     ),
-    "parquet: no language": (
+    "parquet_no_language": (
         lambda d: parquet_with(
             d / "l.parquet", pa.Table.from_pylist([{"translation": {"de": "a", "fr": "b"}}])
         ),
         r"l\.parquet: column 'translation' has languages de, fr, not 'en'",
     ),
-    "parquet: not a mapping": (
+    "parquet_not_a_mapping": (
         lambda d: parquet_with(d / "m.parquet", pa.Table.from_pylist([{"translation": "a"}])),
         r"m\.parquet: column 'translation' holds string, not a mapping",
     ),
-    "parquet: null value": (
+    "parquet_null_value": (
         lambda d: parquet_with(
             d / "n.parquet",
             pa.Table.from_pylist(
@@ -239,42 +243,42 @@ BAD = {
         ),
         r"n\.parquet: row 4: translation\.en is null, not a string",
     ),
-    "parquet: null row": (
+    "parquet_null_row": (
         lambda d: parquet_with(
             d / "r.parquet",
             pa.Table.from_pylist([{"translation": {"de": "a", "en": "b"}}, {"translation": None}]),
         ),
         r"r\.parquet: row 2: translation is null, not a mapping",
     ),
-    "jsonl: no column": (
+    "jsonl_no_column": (
         lambda d: _jsonl(d / "c.jsonl", [{"text": "a"}]),
         r"c\.jsonl:1: no column 'translation' \(columns: text\)",
     ),
-    "jsonl: no language": (
+    "jsonl_no_language": (
         lambda d: _jsonl(
             d / "l.jsonl", [{"translation": {"de": "a", "en": "b"}}, {"translation": {"de": "a"}}]
         ),  # fmt: skip
         r"l\.jsonl:2: column 'translation' has languages de, not 'en'",
     ),
-    "jsonl: not an object": (
+    "jsonl_not_an_object": (
         lambda d: _jsonl(d / "o.jsonl", [{"translation": {"de": "a", "en": "b"}}, ["a", "b"]]),
         r"o\.jsonl:2: the row is an array, not an object",
     ),
-    "jsonl: not a string": (
+    "jsonl_not_a_string": (
         lambda d: _jsonl(
             d / "s.jsonl",
             [{"translation": {"de": "a", "en": "b"}}] * 2 + [{"translation": {"de": 7, "en": "b"}}],
         ),  # fmt: skip
         r"s\.jsonl:3: translation\.de is a number, not a string",
     ),
-    "jsonl: not JSON": (
+    "jsonl_not_json": (
         lambda d: (
             (d / "j.jsonl").write_text('{"translation": {"de": "a", "en": "b"}}\n{"tr\n')
             and d / "j.jsonl"
         ),
         r"j\.jsonl:2: not valid JSON",
     ),
-    "save_to_disk: no language": (
+    "save_to_disk_no_language": (
         lambda d: (
             datasets.Dataset.from_list([{"translation": {"de": "a", "cs": "b"}}]).save_to_disk(
                 str(d / "saved")
@@ -283,7 +287,7 @@ BAD = {
         ),
         r"saved/data-00000-of-00001\.arrow: column 'translation' has languages (de, cs|cs, de)",
     ),
-    "save_to_disk: several splits": (
+    "save_to_disk_several_splits": (
         lambda d: (
             datasets.DatasetDict(
                 train=datasets.Dataset.from_list(rows([("a", "b")])),
@@ -294,7 +298,7 @@ BAD = {
         r"dd: a dataset of several splits \(train, validation\); name the folder of one, "
         r"e\.g\. .*dd/train",
     ),
-    "missing file": (lambda d: d / "gone.parquet", r"gone\.parquet: no such dataset file"),
+    "missing_file": (lambda d: d / "gone.parquet", r"gone\.parquet: no such dataset file"),
 }
 
 
