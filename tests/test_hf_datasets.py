@@ -81,14 +81,17 @@ def write_saved(path: Path, pairs: list[tuple[str, str]]) -> Path:
     return path
 
 
+def write_hub(folder: Path, pairs: list[tuple[str, str]]) -> Path:
+    """The Hub's layout: each split's Parquet files in one folder; the pattern of train's."""
+    write_parquet(folder / "train-00000-of-00002.parquet", pairs[:500])
+    write_parquet(folder / "train-00001-of-00002.parquet", pairs[500:])
+    write_parquet(folder / "validation-00000-of-00001.parquet", pairs[:5])  # not read
+    return folder / "train-*.parquet"
+
+
 WRITERS = {
     "parquet": lambda d, p: write_parquet(d / "train.parquet", p),
-    "parquet folder": lambda d, p: (
-        (
-            write_parquet(d / "hub" / "train-00000-of-00002.parquet", p[:500]),
-            write_parquet(d / "hub" / "train-00001-of-00002.parquet", p[500:]),
-        )[0].parent
-    ),
+    "parquet pattern": lambda d, p: write_hub(d / "hub", p),
     "jsonl": lambda d, p: write_jsonl(d / "train.jsonl", p),
     "jsonl.gz": lambda d, p: write_jsonl(d / "train.jsonl.gz", p),
     "save_to_disk": lambda d, p: write_saved(d / "saved", p),
@@ -297,6 +300,15 @@ BAD = {
         ),
         r"dd: a dataset of several splits \(train, validation\); name the folder of one, "
         r"e\.g\. .*dd/train",
+    ),
+    "parquet_folder": (
+        lambda d: write_parquet(d / "hub" / "test-00000-of-00001.parquet", [("a", "b")]).parent,
+        r"hub: a folder of Parquet files; name one split's files with a pattern, "
+        r"e\.g\. .*hub/test-\*\.parquet",
+    ),
+    "parquet_pattern_matching_nothing": (
+        lambda d: d / "train-*.parquet",
+        r"train-\*\.parquet: the pattern matches no file",
     ),
     "missing_file": (lambda d: d / "gone.parquet", r"gone\.parquet: no such dataset file"),
 }

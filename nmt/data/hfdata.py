@@ -2,8 +2,8 @@
 
 Three layouts are read, chosen by the path alone (nothing in the data chooses code):
 
-* a Parquet file (``*.parquet``), or a folder of them (read in name order), as the Hub
-  serves its datasets;
+* a Parquet file (``*.parquet``), or several named by a pattern in the file name
+  (``de-en/train-*.parquet``, read in name order), as the Hub serves its datasets;
 * a JSON Lines file (``*.jsonl``, or gzip-compressed ``*.jsonl.gz``), one JSON object a line;
 * a folder written by ``datasets``' ``save_to_disk`` (it holds ``state.json``): the Arrow
   stream files it lists. A folder of a ``DatasetDict`` holds one such folder per split.
@@ -63,12 +63,18 @@ class Dataset:
 
 def is_dataset(path: str | Path) -> bool:
     """Whether ``path`` names a dataset rather than the prefix of a pair of text files: an
-    existing ``.parquet`` / ``.jsonl`` / ``.jsonl.gz`` file, a folder that ``save_to_disk``
-    wrote, or a folder of Parquet files."""
+    existing ``.parquet`` / ``.jsonl`` / ``.jsonl.gz`` file, a pattern of Parquet files, or a
+    folder that ``save_to_disk`` wrote (or one of Parquet files, which is refused)."""
     p = Path(path)
     if p.is_dir():
         return any((p / m).is_file() for m in _MARKERS) or any(p.glob("*.parquet"))
+    if _is_pattern(p):
+        return True
     return p.is_file() and _file_format(p) is not None
+
+
+def _is_pattern(path: Path) -> bool:
+    return _file_format(path) == PARQUET and ("*" in path.name or "?" in path.name)
 
 
 def has_dataset_suffix(path: str | Path) -> bool:
@@ -92,6 +98,10 @@ def open_dataset(path: str | Path, src_lang: str, tgt_lang: str, column: str) ->
     p = Path(path)
     if p.is_dir():
         fmt, files = _folder_files(p)
+    elif _is_pattern(p):
+        fmt, files = PARQUET, tuple(sorted(f for f in p.parent.glob(p.name) if f.is_file()))
+        if not files:
+            raise DataError(f"{p}: the pattern matches no file")
     else:
         fmt, files = _file_format(p), (p,)
         if fmt is None or not p.is_file():
@@ -128,10 +138,13 @@ def _folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
                 raise DataError(f"{state}: lists {name}, which is missing from {folder}")
             files.append(folder / name)
         return ARROW, tuple(files)
-    parquet = tuple(sorted(folder.glob("*.parquet")))
-    if parquet:
-        return PARQUET, parquet
-    raise DataError(f"{folder}: holds neither state.json (save_to_disk) nor .parquet files")
+    parquet = sorted(folder.glob("*.parquet"))
+    if parquet:  # the Hub keeps every split's files in one folder: they are named, not guessed
+        raise DataError(
+            f"{folder}: a folder of Parquet files; name one split's files with a pattern, "
+            f"e.g. {folder / (parquet[0].name.split('-')[0] + '-*.parquet')}"
+        )
+    raise DataError(f"{folder}: holds no state.json (save_to_disk)")
 
 
 def _json_file(path: Path) -> dict:
