@@ -21,9 +21,9 @@ from typing import Any
 from nmt.cli import QUIET, Progress
 from nmt.config import train_corpora
 from nmt.data.batching import TokenDataset
-from nmt.data.binarize import ensure_prepared, log_shares
+from nmt.data.binarize import ensure_prepared
 from nmt.data.corpus import read_parallel, strip_lines
-from nmt.data.splits import Split, read_split, resolve_splits
+from nmt.data.splits import Split, log_shares, read_split, resolve_splits
 from nmt.data.tokenizer import TokenizerPair
 from nmt.environment import Multi30kSource
 

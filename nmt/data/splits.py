@@ -5,6 +5,7 @@ their weights, reading any of them, and the length filter.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,8 @@ from nmt.data.hfdata import (
     open_dataset,
 )
 from nmt.environment import Multi30kSource
+
+log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- corpora
 
@@ -147,3 +150,19 @@ def filter_by_length(
     bad_ratio = ~too_long & (ratio > max_len_ratio)
     keep = np.flatnonzero(~(too_long | bad_ratio))
     return keep, {"dropped_too_long": int(too_long.sum()), "dropped_ratio": int(bad_ratio.sum())}
+
+
+def weighted_counts(sizes: Sequence[int], weights: Sequence[float]) -> list[int]:
+    """Pairs drawn from each corpus per epoch: ``round(weight * pairs)``, at least 1."""
+    return [max(1, round(w * n)) for n, w in zip(sizes, weights, strict=True)]
+
+
+def log_shares(names: Sequence[str], sizes: Sequence[int], weights: Sequence[float]) -> None:
+    """One line per corpus: pairs, weight, pairs per epoch and share of the epoch."""
+    counts = weighted_counts(sizes, weights)
+    total = sum(counts)
+    for name, n, w, m in zip(names, sizes, weights, counts, strict=True):
+        log.info(
+            "corpus %s: %d pairs x weight %g = %d per epoch (%.1f%% of the epoch)",
+            name, n, w, m, 100 * m / total,
+        )  # fmt: skip
