@@ -36,6 +36,7 @@ JSONL = "jsonl"
 ARROW = "arrow"  # a save_to_disk folder
 BLOCK_ROWS = 10_000  # rows read at a time from a Parquet file
 JSONL_BLOCK_BYTES = BLOCK_BYTES  # bytes read at a time from a JSON Lines file
+BUFFER_BYTES = 1 << 20  # a Parquet column chunk is read in pieces of this size
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 _MARKERS = ("state.json", "dataset_info.json", "dataset_dict.json")  # written by save_to_disk
 _BREAKS = str.maketrans({"\n": " ", "\r": " ", "\0": " "})
@@ -242,7 +243,7 @@ def _parquet_blocks(ds: Dataset, file: Path, advance: Advance) -> Iterator[tuple
     size = file.stat().st_size
     sent = 0
     try:
-        pf = pa.parquet.ParquetFile(file)
+        pf = pa.parquet.ParquetFile(file, pre_buffer=False, buffer_size=BUFFER_BYTES)
         _check_schema(ds, file, pf.schema_arrow)
         total = max(pf.metadata.num_rows, 1)
         row = 1
@@ -263,7 +264,7 @@ def _arrow_blocks(ds: Dataset, file: Path, advance: Advance) -> Iterator[tuple[l
     pa = _pyarrow(file)
     sent = 0
     try:
-        with pa.memory_map(str(file)) as source:
+        with pa.OSFile(str(file)) as source:  # read, not mapped: one batch in memory at a time
             reader = pa.ipc.open_stream(source)
             _check_schema(ds, file, reader.schema)
             index = reader.schema.get_field_index(ds.column)
