@@ -10,6 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import datasets  # the dev extra installs it, to write save_to_disk folders
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -23,8 +24,6 @@ from nmt.data.splits import resolve_splits
 from nmt.train.command import train
 
 from .helpers import compose_config, tiny_run_overrides, write_subset
-
-datasets = pytest.importorskip("datasets")  # the dev extra installs it: only to write datasets
 
 # pairs that cleaning drops or that only a dataset can hold (a line break inside a sentence)
 ODD_PAIRS = [
@@ -69,7 +68,8 @@ def write_parquet(path: Path, pairs: list[tuple[str, str]], **row: object) -> Pa
 
 def write_jsonl(path: Path, pairs: list[tuple[str, str]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows(pairs))
+    lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in rows(pairs)]
+    text = "".join(lines[:1] + [" \n"] + lines[1:])  # a blank line is no row
     data = text.encode()
     path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
     return path
