@@ -108,9 +108,10 @@ class DataConfig:
     official URL, or a copy from ``NMT_MULTI30K_MIRROR``) and reads the split names below from
     it. ``corpus: parallel`` reads the user's own files: ``train``, ``valid`` and each ``test``
     entry are path prefixes, completed by ``.<src_lang>`` / ``.<tgt_lang>`` (optionally
-    followed by ``.gz``), or Hugging Face datasets: a ``.parquet`` file or a folder of them, a
-    ``.jsonl`` / ``.jsonl.gz`` file, or a folder written by ``save_to_disk`` (one split's),
-    whose ``column`` maps each row's language codes to its sentences.
+    followed by ``.gz``), or Hugging Face datasets: a ``.parquet`` file or a pattern of them
+    (``train-*.parquet``), a ``.jsonl`` / ``.jsonl.gz`` file, or a folder written by
+    ``save_to_disk`` (one split's), whose ``column`` maps each row's language codes to its
+    sentences.
 
     ``train`` is one corpus (``/corpus/train``) or a list of them
     (``[/corpus/news:0.5, /corpus/crawl]``). An entry may end in ``:<weight>``, a number > 0
