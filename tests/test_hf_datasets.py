@@ -182,11 +182,16 @@ def test_a_dataset_mixes_with_text_corpora_by_weight(
 
 
 def test_a_dataset_serves_as_validation_and_test_set(pairs: list, tmp_path: Path) -> None:
-    jsonl = write_jsonl(tmp_path / "dev.jsonl", pairs[:50])
+    jsonl = write_jsonl(tmp_path / "dev.jsonl.gz", pairs[:50])
     saved = write_saved(tmp_path / "test", pairs[50:80])
-    cfg = data_cfg(str(jsonl), tmp_path, test=[str(saved)])
-    (test,) = load_test_sets(cfg, prepare_data(cfg).tokenizers)
-    assert test.name == "test" and test.src_text == [s.strip() for s, _ in pairs[50:80]]
+    hub = write_hub(tmp_path / "hub", pairs)
+    cfg = data_cfg(str(jsonl), tmp_path, test=[str(saved), str(hub)])
+    data = prepare_data(cfg)
+    assert data.valid.name == "dev" and len(data.valid) == 50
+    saved_set, hub_set = load_test_sets(cfg, data.tokenizers)
+    assert saved_set.src_text == [s.strip() for s, _ in pairs[50:80]]
+    assert len(hub_set) == len(pairs)
+    assert (saved_set.name, hub_set.name) == ("test", "train")  # names of output files
 
 
 # --------------------------------------------------------------------------- the cache
@@ -356,4 +361,4 @@ def test_a_tiny_run_trains_from_a_parquet_corpus(
     )
     result = train(compose_config("train", overrides), tmp_path / "run")
     assert result["state"]["step"] == 3
-    assert "train.parquet: read 200, dropped empty 1" in caplog.text
+    assert "train train: read 200, dropped empty 1" in caplog.text

@@ -78,6 +78,20 @@ def _is_pattern(path: Path) -> bool:
     return _file_format(path) == PARQUET and ("*" in path.name or "?" in path.name)
 
 
+def dataset_name(ds: Dataset) -> str:
+    """A short name for logs and output files: the file's name without its suffix, the part of
+    a pattern before its first wildcard (``train-*.parquet``: ``train``), or the folder's."""
+    name = ds.path.name
+    if ds.format == ARROW:
+        return name
+    wild = [name.index(c) for c in "*?" if c in name]
+    if wild:
+        stem = name[: min(wild)].rstrip("-_.")
+    else:
+        stem = next(name[: -len(s)] for s in (".parquet", *_JSONL_SUFFIXES) if name.endswith(s))
+    return stem or ds.path.parent.name or name
+
+
 def has_dataset_suffix(path: str | Path) -> bool:
     """Whether the name ends like a dataset file's (existing or not)."""
     return _file_format(Path(path)) is not None

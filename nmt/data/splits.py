@@ -23,6 +23,7 @@ from nmt.data.corpus import (
 )
 from nmt.data.hfdata import (
     Dataset,
+    dataset_name,
     has_dataset_suffix,
     is_dataset,
     iter_dataset_blocks,
@@ -92,7 +93,7 @@ def _split(prefix: str | Path, cfg: Any) -> Split:
     name = Path(str(prefix)).name
     if cfg.corpus == "parallel" and is_dataset(prefix):
         ds = open_dataset(prefix, cfg.src_lang, cfg.tgt_lang, cfg.column)
-        return Split(name, ds.path, ds.path, ds)
+        return Split(dataset_name(ds), ds.path, ds.path, ds)
     try:
         return Split(name, *resolve_pair(prefix, cfg.src_lang, cfg.tgt_lang))
     except DataError as err:
