@@ -4,8 +4,10 @@ preparation, cleaning, counts and cache as text files, their errors, and a train
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -16,8 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
 
+from nmt.cli import Progress
 from nmt.config import DataConfig, train_corpora
 from nmt.data import hfdata
+from nmt.data.binarize import ensure_prepared
 from nmt.data.corpus import DataError, read_parallel
 from nmt.data.datasets import load_test_sets, prepare_data
 from nmt.data.splits import resolve_splits
@@ -162,6 +166,23 @@ def test_reading_is_in_blocks_and_counts_every_byte(
     assert sum(len(s) for s, _ in blocks) == len(pairs) * 20
     assert len(blocks) > 4 and max(len(s) for s, _ in blocks) <= 2_000
     assert all(len(s) == len(t) for s, t in blocks)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_preparing_a_dataset_draws_bars_of_its_bytes(pairs: list, tmp_path: Path) -> None:
+    saved = write_saved(tmp_path / "saved", pairs)
+    out = Terminal()
+    ensure_prepared(data_cfg(str(saved), tmp_path / "root"), progress=Progress(stream=out))
+    ends = [part for part in out.getvalue().split("\r") if part.endswith("\n")]
+    size = sum(f.stat().st_size for f in saved.glob("*.arrow"))
+    for stage in ("sample", "encode"):
+        (line,) = [e for e in ends if e.startswith(f"{stage} saved:")]
+        drawn = re.search(r"\| (\S+)k/\1k \[", line)  # done/total in KiB, done == total
+        assert "100%|" in line and drawn and abs(float(drawn[1]) * 1024 - size) < 1024, line
 
 
 def test_a_dataset_mixes_with_text_corpora_by_weight(
