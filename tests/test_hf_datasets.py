@@ -4,6 +4,7 @@ preparation, cleaning, counts and cache as text files, their errors, and a train
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import logging
@@ -20,11 +21,11 @@ from omegaconf import OmegaConf
 
 from nmt.cli import Progress
 from nmt.config import DataConfig, train_corpora
-from nmt.data import hfdata
+from nmt.data import cache, hfdata
 from nmt.data.binarize import ensure_prepared
 from nmt.data.corpus import DataError, read_parallel
 from nmt.data.datasets import load_test_sets, prepare_data
-from nmt.data.splits import resolve_splits
+from nmt.data.splits import resolve_splits, resolve_train
 from nmt.train.command import train
 
 from .helpers import compose_config, tiny_run_overrides, write_subset
@@ -50,6 +51,9 @@ def pairs(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tupl
     for i, pair in enumerate(ODD_PAIRS):
         out.insert(100 + 250 * i, pair)
     return out
+
+
+SIDES = (("src", "de"), ("tgt", "en"))
 
 
 def write_text(prefix: Path, pairs: list[tuple[str, str]]) -> Path:
@@ -237,6 +241,21 @@ def test_the_cache_is_prepared_again_when_the_dataset_changes(
         flipped = prepare_data(data_cfg(str(path), root, src_lang="en", tgt_lang="de"))
         assert flipped.cache_dir != second.cache_dir  # the same files, read the other way
         assert flipped.valid.src_text == second.valid.ref_text
+
+
+def test_text_corpora_keep_the_key_of_their_existing_caches(text_data, tmp_path: Path) -> None:
+    prefix, _ = text_data
+    cfg = data_cfg(str(prefix), tmp_path)
+    prints = cache.InputFingerprints(tmp_path / "inputs.json")
+    spec = cache._spec(cfg, resolve_train(cfg), prints, cache._recipe(cfg))
+    files = {side: prints.get(Path(f"{prefix}.{lang}")) for side, lang in SIDES}
+    blob = {  # the key as a text corpus had it before datasets were read
+        "format": cache.FORMAT,
+        "inputs": [{side: f["sha256"] for side, f in files.items()}],
+        "sizes": [{side: f["size"] for side, f in files.items()}],
+        "options": spec.options,
+    }
+    assert spec.key == hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
 # --------------------------------------------------------------------------- bad input
