@@ -108,7 +108,10 @@ class DataConfig:
     official URL, or a copy from ``NMT_MULTI30K_MIRROR``) and reads the split names below from
     it. ``corpus: parallel`` reads the user's own files: ``train``, ``valid`` and each ``test``
     entry are path prefixes, completed by ``.<src_lang>`` / ``.<tgt_lang>`` (optionally
-    followed by ``.gz``).
+    followed by ``.gz``), or Hugging Face datasets: a ``.parquet`` file or a pattern of them
+    (``train-*.parquet``), a ``.jsonl`` / ``.jsonl.gz`` file, or a folder written by
+    ``save_to_disk`` (one split's), whose ``column`` maps each row's language codes to its
+    sentences.
 
     ``train`` is one corpus (``/corpus/train``) or a list of them
     (``[/corpus/news:0.5, /corpus/crawl]``). An entry may end in ``:<weight>``, a number > 0
@@ -131,9 +134,11 @@ class DataConfig:
     root: str = "data"  # downloads and caches live here
     # one corpus, or a list of them; each may end in :<weight> (see above)
     train: Any = "train"
-    valid: str = "val"  # the validation split (a name or a path prefix)
-    # the test split(s) nmt-eval scores (names or path prefixes)
+    valid: str = "val"  # the validation split (a name, a path prefix or a dataset)
+    # the test split(s) nmt-eval scores (names, path prefixes or datasets)
     test: list[str] = field(default_factory=lambda: ["test_2016_flickr"])
+    # a dataset corpus's column holding {language code: sentence} in each row
+    column: str = "translation"
     # cleaning (training split only; valid/test are only stripped)
     max_len: int = 100  # subword tokens per side
     max_len_ratio: float = 3.0  # longer side / shorter side, in subword tokens

@@ -103,7 +103,10 @@ class Reservoir:
 def _read(split: Split, stage: str, progress: Progress) -> Iterator[tuple[list[str], list[str]]]:
     """The line pairs of a corpus, a block at a time, under a bar of the bytes read."""
     with progress.bar(f"{stage} {split.name}", _input_bytes([split]), in_bytes=True) as advance:
-        yield from iter_parallel_blocks(split.src_path, split.tgt_path, advance=advance)
+        if split.dataset is None:
+            yield from iter_parallel_blocks(split.src_path, split.tgt_path, advance=advance)
+        else:
+            yield from split.blocks(advance)
 
 
 def _sample(corpora: Sequence[TrainSplit], size: int, cfg: Any, progress: Progress) -> Reservoir:
@@ -251,7 +254,7 @@ def _token_dtype(vocab_size: int) -> np.dtype:
 
 def _input_bytes(corpora: Sequence[Split]) -> int:
     """The size on disk of the corpora's files."""
-    return sum(p.stat().st_size for c in corpora for p in (c.src_path, c.tgt_path))
+    return sum(p.stat().st_size for c in corpora for p in c.files)
 
 
 def _worker_count(cfg: Any, corpora: Sequence[Split]) -> int:
@@ -581,19 +584,3 @@ def _opened(
         log_corpus(split.name, c["stats"])
     prints.save()
     return cache
-
-
-def weighted_counts(sizes: Sequence[int], weights: Sequence[float]) -> list[int]:
-    """Pairs drawn from each corpus per epoch: ``round(weight * pairs)``, at least 1."""
-    return [max(1, round(w * n)) for n, w in zip(sizes, weights, strict=True)]
-
-
-def log_shares(names: Sequence[str], sizes: Sequence[int], weights: Sequence[float]) -> None:
-    """One line per corpus: pairs, weight, pairs per epoch and share of the epoch."""
-    counts = weighted_counts(sizes, weights)
-    total = sum(counts)
-    for name, n, w, m in zip(names, sizes, weights, counts, strict=True):
-        log.info(
-            "corpus %s: %d pairs x weight %g = %d per epoch (%.1f%% of the epoch)",
-            name, n, w, m, 100 * m / total,
-        )  # fmt: skip

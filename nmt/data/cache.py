@@ -102,13 +102,23 @@ class InputFingerprints:
 class Spec:
     """Everything that determines a prepared directory's contents, and its key."""
 
-    inputs: list[dict]  # per corpus: name, src/tgt path, size, sha256
+    # per corpus: name, and src/tgt path, size, sha256 (text files) or the dataset's
+    # path, format, column, languages and data files' paths, sizes and sha256
+    inputs: list[dict]
     options: dict  # length filter and tokenizer (trained recipe or given models' sha256)
 
     @property
     def key(self) -> str:
-        contents = [{"src": i["src"]["sha256"], "tgt": i["tgt"]["sha256"]} for i in self.inputs]
-        sizes = [{"src": i["src"]["size"], "tgt": i["tgt"]["size"]} for i in self.inputs]
+        contents, sizes = [], []
+        for i in self.inputs:
+            if "dataset" in i:
+                ds = i["dataset"]
+                read = {k: ds[k] for k in ("format", "column", "langs")}
+                contents.append({"dataset": [f["sha256"] for f in ds["files"]], **read})
+                sizes.append({"dataset": [f["size"] for f in ds["files"]]})
+            else:
+                contents.append({"src": i["src"]["sha256"], "tgt": i["tgt"]["sha256"]})
+                sizes.append({"src": i["src"]["size"], "tgt": i["tgt"]["size"]})
         blob = {"format": FORMAT, "inputs": contents, "sizes": sizes, "options": self.options}
         return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
@@ -141,20 +151,27 @@ def _tokenizer_hashes(tokenizers: TokenizerPair) -> dict:
 
 
 def _spec(cfg: Any, corpora: Sequence[TrainSplit], prints: InputFingerprints, tok: dict) -> Spec:
-    inputs = [
-        {
-            "name": c.name,
-            "src": {"path": str(c.src_path), **prints.get(c.src_path)},
-            "tgt": {"path": str(c.tgt_path), **prints.get(c.tgt_path)},
-        }
-        for c in corpora
-    ]
+    inputs = [_input(c, prints) for c in corpora]
     options = {
         "max_len": int(cfg.max_len),
         "max_len_ratio": float(cfg.max_len_ratio),
         "tokenizer": tok,
     }
     return Spec(inputs, options)
+
+
+def _input(c: TrainSplit, prints: InputFingerprints) -> dict:
+    """A corpus's entry in the key's inputs."""
+    if c.dataset is None:
+        return {
+            "name": c.name,
+            "src": {"path": str(c.src_path), **prints.get(c.src_path)},
+            "tgt": {"path": str(c.tgt_path), **prints.get(c.tgt_path)},
+        }
+    ds = c.dataset
+    files = [{"path": str(f), **prints.get(f)} for f in ds.files]
+    dataset = {"path": str(ds.path), "format": ds.format, "column": ds.column}
+    return {"name": c.name, "dataset": {**dataset, "langs": list(ds.langs), "files": files}}
 
 
 # --------------------------------------------------------------------------- opened caches

@@ -21,9 +21,9 @@ from typing import Any
 from nmt.cli import QUIET, Progress
 from nmt.config import train_corpora
 from nmt.data.batching import TokenDataset
-from nmt.data.binarize import ensure_prepared, log_shares
+from nmt.data.binarize import ensure_prepared
 from nmt.data.corpus import read_parallel, strip_lines
-from nmt.data.splits import Split, resolve_splits
+from nmt.data.splits import Split, log_shares, read_split, resolve_splits
 from nmt.data.tokenizer import TokenizerPair
 from nmt.environment import Multi30kSource
 
@@ -95,7 +95,9 @@ def load_eval_set(
 
 
 def _eval_set(split: Split, tokenizers: TokenizerPair) -> EvalSet:
-    evalset = load_eval_set(split.name, split.src_path, split.tgt_path, tokenizers)
+    src, ref = read_split(split)
+    src, ref = strip_lines(src), strip_lines(ref)
+    evalset = EvalSet(split.name, src, ref, encode_texts(tokenizers, src, ref))
     log.info("%s: %d sentences", split.name, len(evalset))
     return evalset
 
@@ -142,8 +144,7 @@ def prepare_data(
             "joint": tokenizers.joint,
         },
         "files": {
-            s.name: [str(s.src_path), str(s.tgt_path)]
-            for s in (*cache.splits, valid_split, *test_splits)
+            s.name: [str(p) for p in s.files] for s in (*cache.splits, valid_split, *test_splits)
         },
         "cache": str(cache.path),
     }
