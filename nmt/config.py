@@ -375,6 +375,8 @@ class ServeConfig(DecodeConfig):
     batch_wait_ms: float = 5.0  # how long a batch waits for more requests after its first
     max_batch_sentences: int = 256  # sentences of one shared decode
     shutdown_timeout: float = 60.0  # seconds given to requests in flight at SIGTERM
+    max_queued_sentences: int = 512  # sentences waiting for a decode; a request beyond: 503
+    request_timeout: float = 30.0  # seconds from a request's arrival to its answer; then 504
 
 
 # The model schemas by architecture name: a model config's ``arch`` selects one (and, through
