@@ -10,7 +10,7 @@ batcher's hooks (decodes, their sentences and time; requests that left the queue
 * ``nmt_sentences_total``: sentences decoded; ``nmt_batch_sentences``: sentences per decode
   (histogram); ``nmt_decode_seconds``: time of a decode (histogram);
 * ``nmt_queued_sentences``, ``nmt_queued_requests``, ``nmt_in_flight_requests``: now;
-* ``nmt_rejected_requests_total{reason}``: requests refused: ``overloaded`` (503, the queue is
+* ``nmt_rejected_requests_total{reason}``: translation requests (POST) refused: ``overloaded`` (503, the queue is
   full), ``deadline`` (504), ``invalid`` (400), ``too_large`` (413), ``failed`` (500);
 * ``nmt_cancelled_requests_total{reason}``: requests that left the queue undecoded:
   ``disconnected`` (the client went away) or ``deadline``.
@@ -134,7 +134,7 @@ class Metrics:
                 self.requests.labels(endpoint, status).inc()
                 self.latency.labels(endpoint).observe(time.perf_counter() - start)
                 reason = REASONS.get(int(status))
-                if reason is not None:
+                if reason is not None and request.method == "POST":  # not /ready's 503
                     self.rejected.labels(reason).inc()
 
         return count
