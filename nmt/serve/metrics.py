@@ -10,8 +10,9 @@ batcher's hooks (decodes, their sentences and time; requests that left the queue
 * ``nmt_sentences_total``: sentences decoded; ``nmt_batch_sentences``: sentences per decode
   (histogram); ``nmt_decode_seconds``: time of a decode (histogram);
 * ``nmt_queued_sentences``, ``nmt_queued_requests``, ``nmt_in_flight_requests``: now;
-* ``nmt_rejected_requests_total{reason}``: translation requests (POST) refused: ``overloaded`` (503, the queue is
-  full), ``deadline`` (504), ``invalid`` (400), ``too_large`` (413), ``failed`` (500);
+* ``nmt_rejected_requests_total{reason}``: translation requests (POST) refused:
+  ``overloaded`` (503, the queue is full), ``deadline`` (504), ``invalid`` (400),
+  ``too_large`` (413), ``failed`` (500);
 * ``nmt_cancelled_requests_total{reason}``: requests that left the queue undecoded:
   ``disconnected`` (the client went away) or ``deadline``.
 """
