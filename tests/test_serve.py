@@ -336,7 +336,8 @@ def post(port: int, body: dict) -> tuple[int, dict]:
 
 
 def test_sigterm_finishes_the_request_in_flight(package: Path) -> None:
-    proc, port = start_server(package, "engine=torch")
+    # a long request on a busy machine may take more than the default request_timeout
+    proc, port = start_server(package, "engine=torch", "request_timeout=600")
     try:
         long = " ".join(SENTENCES * 8)  # a barely trained model writes up to the length cap
         result: dict[str, Any] = {}

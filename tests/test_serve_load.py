@@ -351,3 +351,27 @@ def urllib_get(port: int, path: str) -> Any:
         return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=60)
     except urllib.error.HTTPError as e:
         return e
+
+
+def test_a_running_decode_drops_the_rest_of_a_request_whose_client_went_away(
+    package: Path,
+) -> None:
+    """32 sentences at beam 16 decode in calls of DECODE_ROWS // 16 = 16: the client goes away
+    during the first call, and the second is never made."""
+    held = HeldBackend(package)
+    app = make_app(held.backend, held.cfg)
+
+    async def scenario(client: TestClient) -> None:
+        gone = post(client, (SENTENCES * 11)[:32], beam=16)
+        await until(held.decoding, "the first call decodes")
+        gone.cancel()
+
+        async def cancelled() -> bool:
+            return (await (await client.get("/health")).json())["in_flight"] == 0
+
+        await until(cancelled, "the request was cancelled")
+        held.release.set()
+        assert (await client.post("/translate", json={"text": SENTENCES[:2]})).status == 200
+        assert held.calls == [16, 2]
+
+    run_app(app, scenario)

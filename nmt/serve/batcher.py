@@ -16,6 +16,12 @@ from nmt.serve.backend import Backend, decode_thread
 
 log = logging.getLogger(__name__)
 
+# sentences * beam of one call to the backend: a decode of more is split into calls of this
+# size, and a request whose client has gone by the next call is not decoded (a call cannot be
+# stopped). At 256, greedy decodes up to max_batch_sentences' default and beam-5 decodes of
+# single-sentence clients stay one call; CTranslate2 splits into calls of 160 rows anyway.
+DECODE_ROWS = 256
+
 
 class Overloaded(Exception):
     """The queue has no room for a request: answered 503, with ``retry_after`` seconds."""
@@ -228,34 +234,44 @@ class Batcher:
                 task.add_done_callback(self.decodes.discard)
 
     async def _decode(self, key: tuple[int, float, bool], members: list[Job]) -> None:
+        """The sentences of ``members`` in calls of at most ``DECODE_ROWS // beam``: before
+        each, the sentences of requests whose caller has gone are dropped; a request is answered
+        as soon as its last sentence is decoded."""
         beam, alpha, attention = key
-        sources = [s for job in members for s in job.sources]
         opts = replace(self.backend.defaults, beam=beam, length_penalty=alpha)
         loop = asyncio.get_running_loop()
-        start = loop.time()
+        rows = [(job, ids) for job in members for ids in job.sources]
+        size = max(1, DECODE_ROWS // beam)
+        done: dict[Job, list] = {job: [] for job in members}
+        left = len(rows)  # sentences still counted in self.decoding
         try:
-            outputs = await loop.run_in_executor(
-                self.executor, self.backend.decode, sources, opts, attention
-            )
+            for at in range(0, len(rows), size):
+                part = [(job, ids) for job, ids in rows[at : at + size] if not job.future.done()]
+                start = loop.time()
+                outputs = []
+                if part:
+                    outputs = await loop.run_in_executor(
+                        self.executor, self.backend.decode, [r[1] for r in part], opts, attention
+                    )
+                    self._count(len(part), loop.time() - start)
+                taken = min(size, len(rows) - at)
+                self.decoding -= taken
+                left -= taken
+                for (job, _), output in zip(part, outputs, strict=True):
+                    done[job].append(output)
+                    if len(done[job]) == len(job.sources) and not job.future.done():
+                        job.future.set_result(done[job])
         except Exception as e:  # the requests get a 500 with the reason; serving goes on
             log.exception("decoding failed")
             for job in members:
                 if not job.future.done():
                     job.future.set_exception(e)
-            return
         finally:
-            self.decoding -= len(sources)
+            self.decoding -= left
             self.slots.release()
-        seconds = loop.time() - start
-        self._count(len(sources), seconds)
-        start = 0
-        for job in members:
-            part = outputs[start : start + len(job.sources)]
-            start += len(job.sources)
-            if not job.future.done():
-                job.future.set_result(part)
 
     def _count(self, sentences: int, seconds: float) -> None:
+        """A call decoded ``sentences`` in ``seconds``."""
         self.batches += 1
         self.sentences += sentences
         if seconds > 0:
