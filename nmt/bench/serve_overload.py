@@ -9,10 +9,11 @@ On each engine's package, in one server process per measurement:
 * overload: requests sent at 4x that rate (open loop: on a clock, whatever the answers), each
   client giving up at the server's ``request_timeout``: the share answered 200 within the
   deadline, the statuses, and the latency of the 503s;
-* abandoned burst: ``--burst-clients`` clients each send 64 long sentences at beam 16 and give
-  up after ``--burst-patience`` s; from the moment the last has gone, a one-sentence request at
-  a time until one is answered at normal latency (twice the idle p50, at least 50 ms more than
-  it): the seconds until the server is back at full speed, and /health as the clients left;
+* abandoned burst: ``--burst-clients`` clients each send 64 long sentences (four test
+  sentences each) at beam 16 and give up after ``--burst-patience`` s; from the moment the
+  last has gone, a one-sentence request at a time until one is answered at normal latency
+  (twice the idle p50, at least 50 ms more than it): the seconds until the server is back at
+  full speed, and /health as the clients left;
 * A/B (``--ab-base DIR``, a checkout of the code before): the single-sentence load levels on
   this code and on that one, alternating A B A B, ``--ab-rounds`` times each, medians.
 """
@@ -56,7 +57,8 @@ class Server:
         if code is not None:
             env["PYTHONPATH"] = str(code)
         cmd = [
-            sys.executable, "-m", "nmt.serve", f"model={package}", f"engine={engine}", "port=0",
+            sys.executable, "-m", "nmt.serve", f"model={package.resolve()}", f"engine={engine}",
+            "port=0",
             f"threads={threads}", *extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
@@ -64,6 +66,11 @@ class Server:
             text=True,
         )  # fmt: skip
         line = self.proc.stdout.readline()
+        if "nmt-serve:" not in line:
+            self.proc.wait()
+            raise RuntimeError(
+                f"nmt-serve did not start ({' '.join(cmd)}): exit {self.proc.returncode}"
+            )
         self.port = int(line.rsplit(":", 1)[1])
         self.url = f"http://127.0.0.1:{self.port}/translate"
         self.health()  # answered: serving
@@ -172,7 +179,7 @@ async def burst(
 
     normal = await idle_latency(server.url, sentences[0])
     bound = max(2 * normal, normal + 0.05)
-    long = " ".join(sentences[:12])[:900]
+    long = " ".join(sentences[:4])  # four test sentences in one
     statuses: dict[str, int] = {}
 
     async def big(session: Any) -> None:
@@ -216,6 +223,7 @@ async def burst(
     return {
         "clients": clients,
         "sentences_per_request": 64,
+        "sentence_chars": len(long),
         "beam": 16,
         "patience_s": patience,
         "statuses": statuses,
