@@ -132,14 +132,36 @@ async def open_loop(
             status = f"error {type(e).__name__}"
         results.append((status, time.perf_counter() - start))
 
+    probes: dict[str, list[float]] = {"/health": [], "/ready": []}
+    probe_failures = 0
+    base = url.rsplit("/", 1)[0]
+
+    async def probe(session: Any, stop: asyncio.Event) -> None:
+        """/health and /ready in turn while the load runs (a new connection each)."""
+        nonlocal probe_failures
+        while not stop.is_set():
+            for path, times in probes.items():
+                start = time.perf_counter()
+                try:
+                    async with session.get(base + path) as r:
+                        await r.read()
+                    times.append(time.perf_counter() - start)
+                except (asyncio.TimeoutError, aiohttp.ClientError):
+                    probe_failures += 1
+            await asyncio.sleep(0.2)
+
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        stop = asyncio.Event()
+        prober = asyncio.ensure_future(probe(session, stop))
         tasks, start, i = [], time.perf_counter(), 0
         while time.perf_counter() - start < seconds:
             tasks.append(asyncio.ensure_future(one(session, i)))
             i += 1
             await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
         await asyncio.gather(*tasks)
+        stop.set()
+        await prober
     statuses: dict[str, int] = {}
     for status, _ in results:
         statuses[status] = statuses.get(status, 0) + 1
@@ -154,6 +176,12 @@ async def open_loop(
         "latency_200_p99_s": pick(ok, 0.99),
         "latency_503_p50_s": pick(busy, 0.5),
         "latency_503_p99_s": pick(busy, 0.99),
+        "probes_while_loaded": {
+            path: {"n": len(t), "p50_s": pick(t, 0.5), "p99_s": pick(t, 0.99), "max_s": max(t)}
+            for path, t in probes.items()
+            if t
+        },
+        "probes_failed": probe_failures,
     }
 
 
