@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nmt.bench.serve_load import load_level, say
+from nmt.environment import child_environment
 
 if TYPE_CHECKING:
     from nmt.bench.serve import ServeSettings
@@ -53,9 +53,7 @@ class Server:
         code: Path | None = None,
         extra: tuple[str, ...] = (),
     ) -> None:
-        env = dict(os.environ)
-        if code is not None:
-            env["PYTHONPATH"] = str(code)
+        env = child_environment(**({} if code is None else {"PYTHONPATH": str(code)}))
         cmd = [
             sys.executable, "-m", "nmt.serve", f"model={package.resolve()}", f"engine={engine}",
             "port=0",
