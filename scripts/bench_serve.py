@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst-patience", type=float, default=2.0, help="s before they give up")
     p.add_argument("--recovery-cap", type=float, default=120.0, help="s of probing, at most")
     p.add_argument("--ab-base", help="a checkout of the code before, for A/B figures")
+    p.add_argument(
+        "--overload-engines",
+        default="torch,ctranslate2",
+        choices=["torch,ctranslate2", "torch", "ctranslate2"],
+        help="the engines of the overload phases",
+    )
     p.add_argument("--ab-rounds", type=int, default=3, help="A B rounds (medians)")
     p.add_argument("--work", default="outputs/bench/serve-work", help="packages and caches")
     p.add_argument("--out", help="JSON (default outputs/bench/bench-serve-<timestamp>.json)")

@@ -103,6 +103,7 @@ class ServeSettings:
     recovery_cap: float = 120.0  # seconds of probing after the burst, at most
     ab_base: str | None = None  # a checkout of the code before, for A/B figures
     ab_rounds: int = 3  # A B rounds
+    overload_engines: str = "torch,ctranslate2"  # the engines of the overload phases
     work: str = "outputs/bench/serve-work"
     out: str | None = None
     quick: bool = False
@@ -380,6 +381,7 @@ def run(s: ServeSettings) -> dict[str, Any]:
             "torch": work / "transformer-torch",
             "ctranslate2": work / "transformer-ct2-int8-only",
         }
+        packages = {e: packages[e] for e in s.overload_engines.split(",")}
         lines = test_set(trained, s, s.sentences).src_text
         beam = trained.cfg.decode.beam or 1
         result["overload"] = run_overload(s, packages, lines, beam)
