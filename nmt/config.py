@@ -383,6 +383,8 @@ class ServeConfig(DecodeConfig):
     api_keys_file: str | None = None  # the keys a translation needs (python -m nmt.serve.keys)
     allow_open: bool = False  # true: listen on a non-loopback host without api_keys_file
     cors_origins: list[str] = field(default_factory=list)  # web origins allowed to call (CORS)
+    max_queued_sentences: int = 512  # sentences waiting for a decode; a request beyond: 503
+    request_timeout: float = 30.0  # seconds from a request's arrival to its answer; then 504
 
 
 # The model schemas by architecture name: a model config's ``arch`` selects one (and, through

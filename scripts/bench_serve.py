@@ -55,6 +55,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=400, help="requests per load level")
     p.add_argument("--level-seconds", type=float, default=30.0, help="time bound of a level")
     p.add_argument("--malformed", type=int, default=1000, help="malformed requests sent")
+    p.add_argument(
+        "--offline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="offline figures and the server's load levels (--no-offline: only --overload)",
+    )
+    p.add_argument("--overload", action="store_true", help="the overload phases, --transformer")
+    p.add_argument("--overload-seconds", type=float, default=20.0, help="of the overload phase")
+    p.add_argument(
+        "--patience", type=float, default=10.0, help="client timeout and request_timeout (s)"
+    )
+    p.add_argument("--burst-clients", type=int, default=100, help="of the abandoned burst")
+    p.add_argument("--burst-patience", type=float, default=2.0, help="s before they give up")
+    p.add_argument("--recovery-cap", type=float, default=120.0, help="s of probing, at most")
+    p.add_argument("--ab-base", help="a checkout of the code before, for A/B figures")
+    p.add_argument(
+        "--overload-engines",
+        default="torch,ctranslate2",
+        choices=["torch,ctranslate2", "torch", "ctranslate2"],
+        help="the engines of the overload phases",
+    )
+    p.add_argument("--ab-rounds", type=int, default=3, help="A B rounds (medians)")
     p.add_argument("--work", default="outputs/bench/serve-work", help="packages and caches")
     p.add_argument("--out", help="JSON (default outputs/bench/bench-serve-<timestamp>.json)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 40 sentences, few requests")

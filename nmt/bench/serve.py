@@ -33,6 +33,8 @@ In one run on this machine, for the checkpoints given (each exported to a packag
     python scripts/bench_serve.py --transformer RUN/checkpoints/best.pt \\
         --transformer-base BASE/checkpoints/last.pt --gru GRU/checkpoints/best.pt
     python scripts/bench_serve.py --quick ...     # a smoke run: few sentences and requests
+    python scripts/bench_serve.py --transformer CKPT --no-offline --overload \\
+        --ab-base ../checkout-before       # overload, abandoned burst, A/B: see serve_overload
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ import torch
 
 from nmt.bench.memory import load_average
 from nmt.bench.serve_load import bench_server, say
+from nmt.bench.serve_overload import run_overload
 from nmt.data.datasets import EvalSet, encode_texts, load_eval_set, load_test_sets
 from nmt.decode import ct2
 from nmt.decode.engines import TorchEngine, auto_choice, make_engine
@@ -91,6 +94,16 @@ class ServeSettings:
     requests: int = 400  # requests per load level
     level_seconds: float = 30.0
     malformed: int = 1000
+    offline: bool = True  # offline figures and the server's load levels (--no-offline: not)
+    overload: bool = False  # the overload phases (nmt.bench.serve_overload), --transformer
+    overload_seconds: float = 20.0  # length of the overload phase (half for each level)
+    patience: float = 10.0  # clients give up after this, and the server's request_timeout
+    burst_clients: int = 100  # clients of the abandoned burst
+    burst_patience: float = 2.0  # seconds before each gives up
+    recovery_cap: float = 120.0  # seconds of probing after the burst, at most
+    ab_base: str | None = None  # a checkout of the code before, for A/B figures
+    ab_rounds: int = 3  # A B rounds
+    overload_engines: str = "torch,ctranslate2"  # the engines of the overload phases
     work: str = "outputs/bench/serve-work"
     out: str | None = None
     quick: bool = False
@@ -109,6 +122,8 @@ class ServeSettings:
             self.requests, self.malformed = min(self.requests, 20), min(self.malformed, 30)
             self.rounds = 1
             self.level_seconds = min(self.level_seconds, 10.0)
+            self.overload_seconds = min(self.overload_seconds, 10.0)
+            self.recovery_cap = min(self.recovery_cap, 60.0)
 
 
 def machine() -> dict[str, Any]:
@@ -347,10 +362,30 @@ def run(s: ServeSettings) -> dict[str, Any]:
         ("transformer_base", s.transformer_base, s.fixed_length, s.base_sentences),
         ("gru", s.gru, s.fixed_length_gru or s.fixed_length_all or None, s.sentences),
     ]
+    if s.overload and s.transformer and not s.offline:  # only the packages the servers serve
+        say("transformer: exporting for the overload phases")
+        ckpt = s.transformer
+        if Path(ckpt).is_dir():  # a run directory: the checkpoint make eval would load
+            ckpt = str(checkpoint_path(ckpt))
+        export(ckpt, work, "transformer-torch", None)
+        only = work / "transformer-ct2-int8-only"
+        if only.exists():
+            shutil.rmtree(only)
+        export_package(Path(ckpt), only, fmt="ctranslate2", quantize="int8", ctranslate2_only=True)
     for label, ckpt, fixed, limit in models:
-        if ckpt:
+        if ckpt and s.offline:
             result["models"][label] = bench_model(label, ckpt, s, work, fixed, limit)
-    if s.serve and s.transformer:
+    if s.overload and s.transformer:
+        trained = load_package(work / "transformer-torch", CPU)
+        packages = {
+            "torch": work / "transformer-torch",
+            "ctranslate2": work / "transformer-ct2-int8-only",
+        }
+        packages = {e: packages[e] for e in s.overload_engines.split(",")}
+        lines = test_set(trained, s, s.sentences).src_text
+        beam = trained.cfg.decode.beam or 1
+        result["overload"] = run_overload(s, packages, lines, beam)
+    if s.serve and s.transformer and s.offline:
         trained = load_package(work / "transformer-torch", CPU)
         ds = test_set(trained, s, s.sentences)
         sentences = ds.src_text
@@ -408,6 +443,19 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         }
         if "parity" in model:
             out[label]["greedy identical"] = model["parity"]["greedy_identical_share"]
+    for engine, over in result.get("overload", {}).items():
+        o, b = over["overload_4x"], over["abandoned_burst"]
+        out[f"overload {engine}"] = {
+            "sustainable clients": over["sustainable"]["clients"],
+            "4x: answered 200 share": o["answered_200_share"],
+            "4x: 503 p99 s": o["latency_503_p99_s"],
+            "burst: s to normal latency": b["seconds_to_normal_latency"],
+        }
+        if "abandoned_burst_before" in over:
+            before = over["abandoned_burst_before"]["seconds_to_normal_latency"]
+            out[f"overload {engine}"]["burst before: s to normal latency"] = before
+        if "ab" in over:
+            out[f"overload {engine}"]["A/B medians"] = over["ab"]["medians"]
     for engine in ("torch", "ctranslate2"):
         server = result.get("server", {}).get(engine)
         if server:

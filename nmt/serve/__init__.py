@@ -15,6 +15,8 @@ Endpoints (JSON in and out):
   [...]}``, plus ``"n_best"`` (per sentence, ``[{"text", "score"}]`` best first) when ``n_best``
   > 1 and ``"attention"`` (per sentence, ``{"source", "target", "weights"}``: pieces and one row
   per output token, EOS included) when asked for;
+* ``GET /ready``: ``{"status": "ready"}``, or 503 with a ``reason`` while the queue is full or
+  the server is stopping; ``GET /metrics``: Prometheus' text format (:mod:`~nmt.serve.metrics`);
 * ``POST /translate`` and ``GET /languages``: LibreTranslate's API (:mod:`~nmt.serve.libre`);
 * ``GET /openapi.json``: the OpenAPI 3 document of them all (:mod:`~nmt.serve.openapi`).
 
@@ -29,6 +31,10 @@ body, ``max_beam``, the model's position table) and malformed input (every byte 
 hostile: not UTF-8, not JSON, too deep, huge or non-finite numbers, keys given twice, lone
 surrogates, wrong types, empty lists, unknown keys) get a 4xx answer with ``{"error":
 message}``; the server goes on serving.
+At most ``max_queued_sentences`` sentences wait for a decode: a request beyond gets 503 with
+``Retry-After`` at once; one not answered within ``request_timeout`` gets 504; a request whose
+client disconnects (or whose deadline passes) leaves the queue undecoded, and a decode of many
+sentences stops between its calls for the requests that left.
 SIGTERM or SIGINT stops it gracefully: it stops accepting connections, finishes the requests
 in flight (up to ``shutdown_timeout`` seconds) and exits 0.
 
@@ -45,7 +51,8 @@ process never imports PyTorch: the package's config, tokenizers and CTranslate2 
 torch-free code (:mod:`nmt.store.package`, :mod:`nmt.decode.ct2`).
 
 Modules: :mod:`~nmt.serve.backend` (the model and the threads that decode with it),
-:mod:`~nmt.serve.batcher` (concurrent requests into shared decodes), :mod:`~nmt.serve.native`
+:mod:`~nmt.serve.batcher` (concurrent requests into shared decodes, the bounded queue),
+:mod:`~nmt.serve.metrics` (``/metrics``), :mod:`~nmt.serve.native`
 (the reading of a JSON body and the checks of our own), :mod:`~nmt.serve.libre`
 (LibreTranslate's API) with :mod:`~nmt.serve.markup` (its html), :mod:`~nmt.serve.openapi`
 (the OpenAPI document), :mod:`~nmt.serve.keys` (API keys and their limits),

@@ -1,16 +1,21 @@
 """The aiohttp application: the endpoints over a backend and its batcher.
 
-* ``GET /health``: the engine, model, limits and counters;
+* ``GET /``: the page (:mod:`nmt.serve.page`);
+* ``GET /health``: the engine, model, limits and counters; ``GET /ready``: whether the queue
+  has room; ``GET /metrics``: Prometheus' text format (:mod:`nmt.serve.metrics`);
 * ``POST /v1/translate``: our own API (:mod:`nmt.serve.native`);
 * ``POST /translate``, ``GET /languages``: LibreTranslate's API (:mod:`nmt.serve.libre`);
 * ``GET /openapi.json``: the OpenAPI 3 document of them all (:mod:`nmt.serve.openapi`).
 
 Every request body is read as hostile (:func:`nmt.serve.native.load_json`): a malformed one
-gets a 4xx with ``{"error": message}`` and the server goes on serving.
+gets a 4xx with ``{"error": message}`` and the server goes on serving. A translation that finds
+the queue full gets 503 with ``Retry-After``, one not answered by its deadline 504.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,8 +30,9 @@ from nmt.data.tokenizer import EOS_ID
 from nmt.serve import libre
 from nmt.serve.access import OPEN_PATHS, check_origins, cors_middleware, key_middleware
 from nmt.serve.backend import Backend
-from nmt.serve.batcher import Batcher
+from nmt.serve.batcher import Batcher, Overloaded
 from nmt.serve.keys import KeyRing, Refusal, request_key
+from nmt.serve.metrics import Metrics
 from nmt.serve.native import BadRequest, Limits, attention_view, load_json, parse_request
 from nmt.serve.openapi import openapi_document
 from nmt.serve.page import page_headers, render_page
@@ -36,6 +42,15 @@ FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 # LibreTranslate's paths: its /translate takes the key in the body, its /languages needs none
 LIBRE_PATHS = ("/translate", "/languages")
+
+# a request of more sentences than this, or with attention or n-best lists, is tokenized and its
+# answer built on a thread of its own: 64 long sentences take ~10 ms to tokenize and attention
+# weights seconds to write, which on the event loop's thread would stall every other request
+INLINE_SENTENCES = 4
+
+
+class DecodeFailed(Exception):
+    """The engine failed on a request's sentences: a 500 with the reason."""
 
 
 def require_aiohttp() -> Any:
@@ -62,21 +77,32 @@ def make_app(
 ) -> Any:
     """The aiohttp application over ``backend``, decoding on ``executor`` (the thread that
     loaded the backend), with the keys of ``api_keys_file`` and CORS for ``cors_origins``.
-    ``state`` (filled here) gives the caller the batcher and the counters of requests in flight
-    and rejected."""
+    ``state`` (filled here) gives the caller the batcher, the metrics and the counters of
+    requests in flight and rejected; ``state["stopping"] = True`` makes /ready answer 503."""
     web = require_aiohttp()
     limits = limits_of(cfg)
     origins = check_origins(cfg.cors_origins)
     ring = KeyRing.load(cfg.api_keys_file) if cfg.api_keys_file else None
-    batcher = Batcher(backend, cfg.batch_wait_ms / 1000.0, cfg.max_batch_sentences, executor)
+    metrics = Metrics()
+    batcher = Batcher(
+        backend,
+        cfg.batch_wait_ms / 1000.0,
+        cfg.max_batch_sentences,
+        executor,
+        max_queued=cfg.max_queued_sentences,
+        hooks=metrics,
+    )
     state = {} if state is None else state
-    state.update(in_flight=0, rejected=0, batcher=batcher)
+    state.update(in_flight=0, rejected=0, batcher=batcher, metrics=metrics, stopping=False)
+    metrics.watch(batcher, state)
     src_tok, tgt_tok = backend.tokenizers.src, backend.tokenizers.tgt
     document = openapi_document(limits, backend)
+    # tokenizing big requests and writing big answers (INLINE_SENTENCES)
+    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-text")
 
-    def error(status: int, message: str) -> Any:
+    def error(status: int, message: str, headers: dict[str, str] | None = None) -> Any:
         state["rejected"] += 1
-        return web.json_response({"error": message}, status=status)
+        return web.json_response({"error": message}, status=status, headers=headers)
 
     async def health(request: Any) -> Any:
         return web.json_response(
@@ -95,11 +121,37 @@ def make_app(
                 "batches": batcher.batches,
                 "sentences": batcher.sentences,
                 "rejected": state["rejected"],
+                "cancelled": batcher.cancelled,
                 "in_flight": state["in_flight"],
-                "queued": batcher.queue.qsize(),
+                "queued": len(batcher.jobs),
+                "queued_sentences": batcher.waiting,
+                "max_queued_sentences": batcher.max_queued,
                 "pytorch_loaded": "torch" in sys.modules,
             }
         )
+
+    async def ready(request: Any) -> Any:
+        reason = None
+        if state["stopping"]:
+            reason = "the server is shutting down"
+        elif batcher.task is None or batcher.task.done():
+            reason = "the model is not serving"
+        elif batcher.room() <= 0:
+            reason = f"the queue is full: {batcher.waiting} sentences wait"
+        if reason is None:
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "not ready", "reason": reason}, status=503)
+
+    async def metrics_text(request: Any) -> Any:
+        body, content_type = metrics.text()
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
+        return response
+
+    async def off_loop(heavy: bool, fn: Callable, *args: Any) -> Any:
+        if not heavy:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(helper, fn, *args)
 
     def too_large() -> BadRequest:
         return BadRequest(413, f"the body is larger than {limits.max_body_bytes} bytes")
@@ -142,46 +194,74 @@ def make_app(
         """A translate endpoint: counted in flight, a :class:`BadRequest` as its 4xx answer."""
 
         async def endpoint(request: Any) -> Any:
+            deadline = asyncio.get_running_loop().time() + cfg.request_timeout
             state["in_flight"] += 1
             try:
-                return await handle(request)
+                return await handle(request, deadline)
             except BadRequest as e:
                 return error(e.status, str(e))
+            except Overloaded as e:
+                return error(503, str(e), {"Retry-After": str(e.retry_after)})
+            except TimeoutError:
+                late = f"not translated within request_timeout={cfg.request_timeout:g} s"
+                return error(504, late)
             finally:
                 state["in_flight"] -= 1
 
         return endpoint
 
-    async def decode(sources: list[list[int]], beam: int, alpha: float, attention: bool) -> list:
+    async def decode(
+        deadline: float, sources: list[list[int]], beam: int, alpha: float, attention: bool
+    ) -> list:
+        """The outputs, by the request's deadline; :class:`DecodeFailed` when the engine fails
+        (:class:`Overloaded` and ``TimeoutError`` reach :func:`counted`)."""
         opts = replace(backend.defaults, beam=beam, length_penalty=alpha)
-        return await batcher.submit(sources, opts, attention)
-
-    async def translate_v1(request: Any) -> Any:
-        no_query(request)
-        utf8_only(request)  # our API reads any Content-Type as JSON (curl -d sends a form's)
-        req = parse_request(await read_body(request), limits, backend.defaults)
-        where = [f"text[{i}]" for i in range(len(req["text"]))]
-        sources = encode(req["text"], where)
         try:
-            outputs = await decode(sources, req["beam"], req["length_penalty"], req["attention"])
-        except Exception as e:
-            return web.json_response({"error": f"decoding failed: {e}"}, status=500)
-        answer: dict[str, Any] = {
+            return await batcher.submit(sources, opts, attention, deadline)
+        except (Overloaded, TimeoutError):
+            raise
+        except Exception as e:  # counted in /metrics, not among the refused requests
+            raise DecodeFailed(str(e)) from e
+
+    def prepare_v1(raw: bytes) -> tuple[dict[str, Any], list[list[int]]]:
+        req = parse_request(raw, limits, backend.defaults)
+        batcher.check_room(len(req["text"]))  # refused before the work of tokenizing
+        where = [f"text[{i}]" for i in range(len(req["text"]))]
+        return req, encode(req["text"], where)
+
+    def answer_v1(req: dict[str, Any], sources: list[list[int]], outputs: list) -> bytes:
+        body: dict[str, Any] = {
             "translations": [tgt_tok.decode(o.tokens) for o in outputs],
             "scores": [float(o.score) for o in outputs],
         }
         n_best = req["n_best"]
         if n_best > 1:
-            answer["n_best"] = [
+            body["n_best"] = [
                 [{"text": tgt_tok.decode(t), "score": float(s)} for t, s in o.nbest[:n_best]]
                 for o in outputs
             ]
         if req["attention"]:
-            answer["attention"] = [
+            body["attention"] = [
                 attention_view(src_tok.pieces([*ids, EOS_ID]), tgt_tok.pieces(o.tokens), o)
                 for ids, o in zip(sources, outputs, strict=True)
             ]
-        return web.json_response(answer)
+        return json.dumps(body).encode()
+
+    async def translate_v1(request: Any, deadline: float) -> Any:
+        no_query(request)
+        utf8_only(request)  # our API reads any Content-Type as JSON (curl -d sends a form's)
+        raw = await read_body(request)
+        # a body of more than a few short sentences is parsed and tokenized off the loop
+        req, sources = await off_loop(len(raw) > 2048, prepare_v1, raw)
+        try:
+            outputs = await decode(
+                deadline, sources, req["beam"], req["length_penalty"], req["attention"]
+            )
+        except DecodeFailed as e:
+            return web.json_response({"error": f"decoding failed: {e}"}, status=500)
+        heavy = len(outputs) > INLINE_SENTENCES or req["attention"] or req["n_best"] > 1
+        body = await off_loop(heavy, answer_v1, req, sources, outputs)
+        return web.Response(body=body, content_type="application/json")
 
     async def libre_fields(request: Any) -> Any:
         """The fields of a LibreTranslate request: a JSON object, or a form (urlencoded or
@@ -219,7 +299,7 @@ def make_app(
             fields[key] = value
         return fields
 
-    async def translate_libre(request: Any) -> Any:
+    async def translate_libre(request: Any, deadline: float) -> Any:
         req = libre.parse_libre(await libre_fields(request), limits, backend.languages)
         # LibreTranslate's clients send their key in the body (our header is read too)
         if ring is not None:
@@ -227,14 +307,18 @@ def make_app(
             if refusal is not None:
                 return refused(refusal)
         plan = libre.plan(req, limits)
-        sources = encode(plan.sentences, plan.where, "Invalid request: ")
+        batcher.check_room(len(plan.sentences))  # refused before the work of tokenizing
+        heavy = len(plan.sentences) > INLINE_SENTENCES
+        sources = await off_loop(heavy, encode, plan.sentences, plan.where, "Invalid request: ")
         count = req.alternatives + 1 if req.format == "text" else 1  # none for html
         beam = max(backend.defaults.beam, count)
         hypotheses: list[list[str]] = []
         if sources:
             try:
-                outputs = await decode(sources, beam, backend.defaults.length_penalty, False)
-            except Exception as e:
+                outputs = await decode(
+                    deadline, sources, beam, backend.defaults.length_penalty, False
+                )
+            except DecodeFailed as e:
                 return web.json_response({"error": f"Cannot translate text: {e}"}, status=500)
             for o in outputs:
                 best = [tgt_tok.decode(o.tokens)]
@@ -277,8 +361,9 @@ def make_app(
 
     async def on_cleanup(app: Any) -> None:
         await batcher.stop()
+        helper.shutdown(wait=True)
 
-    middlewares = []
+    middlewares = [metrics.middleware(web)]
     if origins:
         middlewares.append(cors_middleware(web, origins))
     if ring is not None:
@@ -286,6 +371,8 @@ def make_app(
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
     app.router.add_get("/", page)
     app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics_text)
     app.router.add_post("/v1/translate", counted(translate_v1))
     app.router.add_post("/translate", counted(translate_libre))
     app.router.add_get("/languages", languages)

@@ -33,7 +33,14 @@ async def serve(
     web = require_aiohttp()
     state: dict[str, Any] = {}
     app = make_app(backend, cfg, state, executor)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout)
+    # handler_cancellation: a request whose client disconnects has its handler cancelled, so
+    # that it leaves the queue undecoded (aiohttp's default since 3.8.6 is to let it run on)
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        shutdown_timeout=cfg.shutdown_timeout,
+        handler_cancellation=True,
+    )
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()
@@ -48,6 +55,7 @@ async def serve(
         flush=True,
     )
     await stop.wait()
+    state["stopping"] = True  # /ready answers 503 from now on
     in_flight = state["in_flight"]
     log.info("shutting down: %d request(s) in flight", in_flight)
     print(f"nmt-serve: shutting down, {in_flight} request(s) in flight", flush=True)
@@ -60,17 +68,36 @@ async def serve(
     print(f"nmt-serve: stopped after {state['batcher'].requests} request(s)", flush=True)
 
 
-def run(cfg: DictConfig) -> None:
-    require_aiohttp()
-    check_exposure(cfg)
-    check_origins(cfg.cors_origins)
-    if cfg.api_keys_file:
-        KeyRing.load(cfg.api_keys_file)  # a bad file is named before the model loads
-    for key in ("max_sentences", "max_chars", "max_body_bytes", "max_beam", "max_batch_sentences"):
+def check_config(cfg: DictConfig) -> None:
+    """:class:`ConfigError` naming the first field out of its range."""
+    for key in (
+        "max_sentences",
+        "max_chars",
+        "max_body_bytes",
+        "max_beam",
+        "max_batch_sentences",
+        "max_queued_sentences",
+    ):
         if cfg[key] < 1:
             raise ConfigError(f"{key}={cfg[key]} must be >= 1")
     if cfg.batch_wait_ms < 0 or cfg.shutdown_timeout < 0:
         raise ConfigError("batch_wait_ms and shutdown_timeout must be >= 0")
+    if cfg.request_timeout <= 0:
+        raise ConfigError(f"request_timeout={cfg.request_timeout} must be > 0 (seconds)")
+    if cfg.max_queued_sentences < cfg.max_sentences:
+        raise ConfigError(
+            f"max_queued_sentences={cfg.max_queued_sentences} must be >= max_sentences="
+            f"{cfg.max_sentences}: a request of max_sentences would never fit in the queue"
+        )
+
+
+def run(cfg: DictConfig) -> None:
+    require_aiohttp()
+    check_config(cfg)
+    check_exposure(cfg)
+    check_origins(cfg.cors_origins)
+    if cfg.api_keys_file:
+        KeyRing.load(cfg.api_keys_file)  # a bad file is named before the model loads
     start = time.perf_counter()
     backend, executor = start_backend(cfg)
     log.info("loaded %s in %.2fs", backend.model, time.perf_counter() - start)

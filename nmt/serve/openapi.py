@@ -272,7 +272,17 @@ def openapi_document(limits: Limits, backend: Any) -> dict[str, Any]:
                             },
                             "Ready.",
                         ),
-                        "503": _json({"type": "object"}, "Not ready (loading, full or stopping)."),
+                        "503": _json(
+                            {
+                                "type": "object",
+                                "required": ["status", "reason"],
+                                "properties": {
+                                    "status": {"type": "string", "enum": ["not ready"]},
+                                    "reason": {"type": "string"},
+                                },
+                            },
+                            "Not ready: the queue is full, or the server loads or stops.",
+                        ),
                     },
                 }
             },
