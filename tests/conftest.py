@@ -112,6 +112,14 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def threads_restored() -> Iterator[None]:
+    """In-process training sets torch's thread count (trainer.threads): put it back after."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 # Two tiny models trained for a few seconds on `corpus`, validated (and their attention drawn)
 # twice: the runs that the attention explorer and TensorBoard tests read.
 TRAINED_STEPS = 60

@@ -82,6 +82,15 @@ def tiny_run_overrides(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
     ]
 
 
+def run_in_process(prefix: Path, work: Path, name: str, *extra: str) -> dict[str, Any]:
+    """A seconds-long training run on one thread in this process (into
+    ``work/outputs/runs/name``); returns train()'s result."""
+    from nmt.train.command import train
+
+    cfg = compose_config("train", tiny_run_overrides(prefix, work, "trainer.threads=1", *extra))
+    return train(cfg, work / "outputs" / "runs" / name)
+
+
 def save_screenshot(page: Any, folder: Path, name: str, full_page: bool = True) -> Path:
     """A browser page's screenshot into ``folder``, and also into $NMT_SCREENSHOTS_TO when it
     is set (to keep them)."""
