@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from nmt.data.corpus import MULTI30K_SPLITS, DataError, fetch_multi30k
-from nmt.environment import multi30k_source
+from nmt.environment import Multi30kSource, multi30k_source
 
 from .helpers import compose_config, corpus_overrides, write_subset
 
@@ -95,6 +95,15 @@ def multi30k() -> Path:
         return fetch_multi30k(DATA_ROOT, TEST_LANGS, MULTI30K_SPLITS, multi30k_source())
     except DataError as err:
         pytest.exit(f"Multi30k is needed by the tests and could not be fetched: {err}", 1)
+
+
+@pytest.fixture(scope="session")
+def multi30k_root(tmp_path_factory: pytest.TempPathFactory, multi30k: Path) -> Path:
+    """A fresh data root with de/en Multi30k (every split) copied in through the mirror
+    (``NMT_MULTI30K_MIRROR``), as a first `make train` fills its ``data.root``."""
+    path = tmp_path_factory.mktemp("root")
+    fetch_multi30k(path, TEST_LANGS, MULTI30K_SPLITS, Multi30kSource(mirror=multi30k))
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,12 @@ def write_subset(
     return prefix
 
 
+def write_file(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path``, gzipped when the name ends in .gz; returns the path."""
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    return path
+
+
 TINY_TRANSFORMER = [
     "model=transformer",
     "model.d_model=64",
