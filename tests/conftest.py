@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from nmt.data.corpus import MULTI30K_SPLITS, DataError, fetch_multi30k
+from nmt.data.corpus import MULTI30K_SPLITS, DataError, clean_pairs, fetch_multi30k, read_parallel
+from nmt.data.tokenizer import TokenizerPair, train_tokenizers
 from nmt.environment import Multi30kSource, multi30k_source
 
 from .helpers import compose_config, corpus_overrides, write_subset
@@ -44,8 +45,9 @@ def slow_seconds(item: pytest.Item) -> float:
     return float(marker.kwargs.get("seconds", 0)) if marker is not None else 0.0
 
 
-# session fixtures that take seconds to make: their tests run on one worker
-SHARED = ("trained_runs",)
+# session fixtures that take seconds to make: their tests run on one worker (real_corpus with
+# joint_tok, which test_prepare.py and test_prepare_cache.py share)
+SHARED = ("trained_runs", "real_corpus")
 
 
 def worker_groups(items: list[pytest.Item], workers: int) -> dict[str, str]:
@@ -110,6 +112,33 @@ def multi30k_root(tmp_path_factory: pytest.TempPathFactory, multi30k: Path) -> P
 def corpus(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """120 real Multi30k training pairs as plain files; returns their prefix."""
     return write_subset(multi30k, tmp_path_factory.mktemp("corpus"), "train", 120)
+
+
+# lines that the cleaning and the length filter drop (max_len 100, max_len_ratio 3)
+ODD_PAIRS = [
+    ("", "An empty source."),
+    ("Ein leeres Ziel.", "   \t"),
+    (" ".join(["Hund"] * 150), " ".join(["dog"] * 150)),
+    ("Ja.", "Yes, and then a great many more words than the short source could ever justify."),
+]
+
+
+@pytest.fixture(scope="session")
+def real_corpus(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3,000 real Multi30k training pairs plus a few that cleaning or filtering drops
+    (ODD_PAIRS) as plain files; returns their prefix."""
+    prefix = write_subset(multi30k, tmp_path_factory.mktemp("real"), "train", 3000)
+    for lang, k in (("de", 0), ("en", 1)):
+        with open(f"{prefix}.{lang}", "a", encoding="utf-8") as f:
+            f.write("".join(pair[k] + "\n" for pair in ODD_PAIRS))
+    return prefix
+
+
+@pytest.fixture(scope="session")
+def joint_tok(real_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> TokenizerPair:
+    """A joint 600-piece tokenizer trained on ``real_corpus``."""
+    src, tgt, _ = clean_pairs(*read_parallel(f"{real_corpus}.de", f"{real_corpus}.en"))
+    return train_tokenizers(src, tgt, tmp_path_factory.mktemp("spm"), joint=True, vocab_size=600)
 
 
 @pytest.fixture(scope="module")
