@@ -7,6 +7,7 @@ repository's ``data/multi30k``: already there (and verified), copied from
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from collections.abc import Iterator
@@ -100,11 +101,21 @@ def multi30k() -> Path:
 
 
 @pytest.fixture(scope="session")
-def multi30k_root(tmp_path_factory: pytest.TempPathFactory, multi30k: Path) -> Path:
-    """A fresh data root with de/en Multi30k (every split) copied in through the mirror
-    (``NMT_MULTI30K_MIRROR``), as a first `make train` fills its ``data.root``."""
-    path = tmp_path_factory.mktemp("root")
-    fetch_multi30k(path, TEST_LANGS, MULTI30K_SPLITS, Multi30kSource(mirror=multi30k))
+def multi30k_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                  multi30k: Path) -> Path:  # fmt: skip
+    """A data root with de/en Multi30k (every split) copied in through the mirror
+    (``NMT_MULTI30K_MIRROR``), as a first `make train` fills its ``data.root``.
+
+    One for the whole run, the workers of ``make test`` included (beside their own temporary
+    directories): the default data config prepared there (tests/test_data.py, the quality
+    run) is prepared once, by whichever test comes first, the others wait for it (the
+    preparation's own lock) and read it. Tests only read what is in it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if hasattr(request.config, "workerinput") else base
+    path = shared / "multi30k_root"
+    with open(shared / "multi30k_root.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fetch_multi30k(path, TEST_LANGS, MULTI30K_SPLITS, Multi30kSource(mirror=multi30k))
     return path
 
 
