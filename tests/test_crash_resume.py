@@ -176,7 +176,7 @@ def check_after_kill(run: FaultyRun) -> tuple[int, list[str]]:
     return int(load_checkpoint(resume)["state"]["step"]), leftovers
 
 
-@pytest.mark.slow(seconds=25)
+@pytest.mark.slow(seconds=22)
 def test_sigkill_at_random_moments_then_resume_equals_uninterrupted_run(
     corpus: Path, tmp_path: Path, threads_restored: None
 ) -> None:

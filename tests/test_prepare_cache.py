@@ -268,7 +268,7 @@ def wait_for(proc: subprocess.Popen, ready: Callable[[], bool], limit: float = 3
     return False
 
 
-@pytest.mark.slow(seconds=15)
+@pytest.mark.slow(seconds=19)
 def test_preparation_killed_at_random_moments_never_leaves_a_used_cache(
     multi30k: Path, tmp_path: Path
 ) -> None:

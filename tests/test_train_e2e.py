@@ -53,7 +53,7 @@ def tiny_corpus(multi30k, tmp_path_factory):
 
 
 # single-core seconds, which order the suite (tests/conftest.py)
-SECONDS = {"gru_bahdanau": 65, "transformer": 35}
+SECONDS = {"gru_bahdanau": 62, "transformer": 34}
 
 
 @pytest.mark.parametrize(
