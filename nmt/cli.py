@@ -171,5 +171,19 @@ class Progress:
         ):
             yield drawn.update
 
+    @contextlib.contextmanager
+    def steps(
+        self, label: str, total: int, status: str, stream: TextIO | None = None
+    ) -> Iterator[Any]:
+        """A bar labelled ``label`` over ``total`` steps of work that reports its own position,
+        drawn on ``stream`` (default: this one's) when :attr:`drawn`, starting with ``status``
+        after its figures: the tqdm bar itself, whose ``n``, ``total`` and status
+        (``set_postfix_str``) the caller sets, and whose ``write`` puts a line above it."""
+        out = stream if stream is not None else self.stream
+        with tqdm(
+            total=total, desc=label, file=out, dynamic_ncols=True, unit=" steps", postfix=status
+        ) as drawn:
+            yield drawn
+
 
 QUIET = Progress(enabled=False)  # draws nothing: the default of library functions

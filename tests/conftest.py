@@ -7,6 +7,7 @@ repository's ``data/multi30k``: already there (and verified), copied from
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from collections.abc import Iterator
@@ -16,8 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from nmt.data.corpus import MULTI30K_SPLITS, DataError, fetch_multi30k
-from nmt.environment import multi30k_source
+from nmt.data.corpus import MULTI30K_SPLITS, DataError, clean_pairs, fetch_multi30k, read_parallel
+from nmt.data.tokenizer import TokenizerPair, train_tokenizers
+from nmt.environment import Multi30kSource, multi30k_source
 
 from .helpers import compose_config, corpus_overrides, write_subset
 
@@ -44,8 +46,9 @@ def slow_seconds(item: pytest.Item) -> float:
     return float(marker.kwargs.get("seconds", 0)) if marker is not None else 0.0
 
 
-# session fixtures that take seconds to make: their tests run on one worker
-SHARED = ("trained_runs", "serve_package")
+# session fixtures that take seconds to make: their tests run on one worker (real_corpus with
+# joint_tok, which test_prepare.py and test_prepare_cache.py share; the package nmt-serve serves)
+SHARED = ("trained_runs", "serve_package", "real_corpus")
 
 
 def worker_groups(items: list[pytest.Item], workers: int) -> dict[str, str]:
@@ -99,9 +102,55 @@ def multi30k() -> Path:
 
 
 @pytest.fixture(scope="session")
+def multi30k_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                  multi30k: Path) -> Path:  # fmt: skip
+    """A data root with de/en Multi30k (every split) copied in through the mirror
+    (``NMT_MULTI30K_MIRROR``), as a first `make train` fills its ``data.root``.
+
+    One for the whole run, the workers of ``make test`` included (beside their own temporary
+    directories): the default data config prepared there (tests/test_data.py, the quality
+    run) is prepared once, by whichever test comes first, the others wait for it (the
+    preparation's own lock) and read it. Tests only read what is in it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if hasattr(request.config, "workerinput") else base
+    path = shared / "multi30k_root"
+    with open(shared / "multi30k_root.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fetch_multi30k(path, TEST_LANGS, MULTI30K_SPLITS, Multi30kSource(mirror=multi30k))
+    return path
+
+
+@pytest.fixture(scope="session")
 def corpus(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """120 real Multi30k training pairs as plain files; returns their prefix."""
     return write_subset(multi30k, tmp_path_factory.mktemp("corpus"), "train", 120)
+
+
+# lines that the cleaning and the length filter drop (max_len 100, max_len_ratio 3)
+ODD_PAIRS = [
+    ("", "An empty source."),
+    ("Ein leeres Ziel.", "   \t"),
+    (" ".join(["Hund"] * 150), " ".join(["dog"] * 150)),
+    ("Ja.", "Yes, and then a great many more words than the short source could ever justify."),
+]
+
+
+@pytest.fixture(scope="session")
+def real_corpus(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3,000 real Multi30k training pairs plus a few that cleaning or filtering drops
+    (ODD_PAIRS) as plain files; returns their prefix."""
+    prefix = write_subset(multi30k, tmp_path_factory.mktemp("real"), "train", 3000)
+    for lang, k in (("de", 0), ("en", 1)):
+        with open(f"{prefix}.{lang}", "a", encoding="utf-8") as f:
+            f.write("".join(pair[k] + "\n" for pair in ODD_PAIRS))
+    return prefix
+
+
+@pytest.fixture(scope="session")
+def joint_tok(real_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> TokenizerPair:
+    """A joint 600-piece tokenizer trained on ``real_corpus``."""
+    src, tgt, _ = clean_pairs(*read_parallel(f"{real_corpus}.de", f"{real_corpus}.en"))
+    return train_tokenizers(src, tgt, tmp_path_factory.mktemp("spm"), joint=True, vocab_size=600)
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +158,14 @@ def one_thread() -> Iterator[None]:
     """Tiny tensors: one thread is fastest, and does not fight other processes for cores."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def threads_restored() -> Iterator[None]:
+    """In-process training sets torch's thread count (trainer.threads): put it back after."""
+    threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from nmt.cli import CONFIG_DIR
 from nmt.config import register_configs
@@ -36,6 +36,43 @@ def write_subset(
             lines = f.read().split("\n")[start : start + n]
         (Path(f"{prefix}.{lang}")).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return prefix
+
+
+def write_file(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path``, gzipped when the name ends in .gz; returns the path."""
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    return path
+
+
+def data_cfg(train: object, root: Path, **overrides: object) -> Any:
+    """A `parallel` de->en data config (600 pieces, one worker) training on ``train`` (corpus
+    prefixes, weighted or not) and validating on its first corpus."""
+    from nmt.config import DataConfig, train_corpora
+
+    first = train_corpora(train)[0].prefix
+    cfg = DataConfig(
+        name="t", corpus="parallel", src_lang="de", tgt_lang="en", root=str(root),
+        train="x", valid=first, test=[], vocab_size=600, num_workers=1,
+    )  # fmt: skip
+    merged = OmegaConf.merge(OmegaConf.structured(cfg), overrides)
+    merged.train = train
+    return merged
+
+
+def in_memory(prefix: Path, tokenizers: Any, max_len: int = 100, ratio: float = 3.0):
+    """The training split of a de/en corpus as the in-memory pipeline made it: ids of the kept
+    pairs, and the cleaning and filtering stats."""
+    import numpy as np
+
+    from nmt.data.corpus import clean_pairs, read_parallel
+    from nmt.data.splits import filter_by_length
+
+    src, tgt, stats = clean_pairs(*read_parallel(f"{prefix}.de", f"{prefix}.en"))
+    src_ids, tgt_ids = tokenizers.src.encode_batch(src), tokenizers.tgt.encode_batch(tgt)
+    lens = [np.array([len(ids) for ids in side]) for side in (src_ids, tgt_ids)]
+    keep, drops = filter_by_length(*lens, max_len, ratio)
+    stats.update(drops, kept=len(keep))
+    return [src_ids[i] for i in keep], [tgt_ids[i] for i in keep], stats
 
 
 TINY_TRANSFORMER = [
@@ -80,6 +117,15 @@ def tiny_run_overrides(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
         *TINY_TRANSFORMER,
         *extra,
     ]
+
+
+def run_in_process(prefix: Path, work: Path, name: str, *extra: str) -> dict[str, Any]:
+    """A seconds-long training run on one thread in this process (into
+    ``work/outputs/runs/name``); returns train()'s result."""
+    from nmt.train.command import train
+
+    cfg = compose_config("train", tiny_run_overrides(prefix, work, "trainer.threads=1", *extra))
+    return train(cfg, work / "outputs" / "runs" / name)
 
 
 def save_screenshot(page: Any, folder: Path, name: str, full_page: bool = True) -> Path:

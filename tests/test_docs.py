@@ -5,6 +5,7 @@ strictly, offline."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import re
 import subprocess
@@ -131,14 +132,16 @@ def test_the_commands_page_lists_every_key_of_a_hydra_command(pages, command: st
 
 
 @pytest.mark.parametrize("command", sorted(ARGPARSE_COMMANDS))
-def test_the_commands_page_lists_every_option_of_an_argparse_command(pages, command: str) -> None:
-    module = ARGPARSE_COMMANDS[command]
-    code = f"import sys; from {module} import main; sys.argv = ['{command}', '--help']; main()"
-    shown = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO
-    )
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    options = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", shown.stdout)) - {"-h", "--help"}
+def test_the_commands_page_lists_every_option_of_an_argparse_command(
+    pages, command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main = importlib.import_module(ARGPARSE_COMMANDS[command]).main  # the command's entry point
+    monkeypatch.setattr(sys, "argv", [command, "--help"])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    shown = capsys.readouterr()
+    assert stopped.value.code == 0, shown.err[-2000:]
+    options = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", shown.out)) - {"-h", "--help"}
     assert options
     text = section(pages["commands"], command)
     assert sorted(o for o in options if f"`{o}`" not in text) == []

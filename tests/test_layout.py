@@ -114,10 +114,9 @@ def test_every_name_is_imported_from_the_module_that_defines_it(where: str) -> N
     assert wrong == []
 
 
-@pytest.mark.parametrize("where", ["nmt", "scripts"])
+@pytest.mark.parametrize("where", ["nmt", "scripts", "tests"])
 def test_no_module_is_longer_than_a_sitting(where: str) -> None:
-    """Modules of the package and scripts alike (tests/ is not held to it: some of its files
-    are longer)."""
+    """Modules of the package, scripts and test files alike."""
     paths = sorted((REPO / where).rglob("*.py"))
     assert paths
     lengths = {

@@ -25,7 +25,9 @@ from nmt.cli import QUIET, Progress
 from nmt.config import TransformerConfig
 from nmt.data.batching import TokenDataset
 from nmt.data.binarize import ensure_prepared
-from nmt.data.corpus import iter_line_blocks
+from nmt.data.corpus import DataError, iter_line_blocks, read_lines
+from nmt.data.spm_progress import LogReader, TrainerSteps
+from nmt.data.tokenizer import train_tokenizer
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import decode_dataset
 from nmt.models.registry import create_model
@@ -139,6 +141,94 @@ def test_preparing_draws_a_bar_for_each_pass_over_a_corpus(corpus: Path, tmp_pat
         assert "100%|" in line and re.search(r"\| (\S+k)/\1 \[", line), line
 
 
+# ------------------------------------------------------------- sentencepiece training
+
+DRAWN = re.compile(r"(\d+)/(\d+) \[[^,]*,[^,]*, (.*?)\] *$")  # done/total [times, rate, step]
+
+
+@pytest.mark.parametrize(
+    "model_type, first_sized", [("unigram", "EM round 1:"), ("bpe", "merging")]
+)
+def test_training_sentencepiece_draws_its_steps_to_an_end_known_early(
+    multi30k: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], model_type: str,
+    first_sized: str,
+) -> None:  # fmt: skip
+    lines = read_lines(multi30k / "train.de.gz")[:4000]
+    out = Terminal()
+    tok = train_tokenizer(lines, tmp_path, vocab_size=1500, model_type=model_type,
+                          progress=Progress(stream=out))  # fmt: skip
+    assert tok.vocab_size == 1500
+    draws = [DRAWN.search(d) for d in out.getvalue().split("\r") if d.strip()]
+    steps = [(int(m[1]), int(m[2]), m[3]) for m in draws if m]
+    assert len(steps) == len([d for d in out.getvalue().split("\r") if d.strip()])
+    done, total, last = steps[-1]
+    assert done == total and last == "1,500 pieces" and "100%|" in out.getvalue()
+    assert [n for n, _, _ in steps] == sorted(n for n, _, _ in steps) and len(steps) > 5
+    # from the first step that knows the sizes (the first EM round, the alphabet), the total
+    # is the number of steps the trainer then took
+    known = next(i for i, s in enumerate(steps) if s[2].startswith(first_sized))
+    assert {t for _, t, _ in steps[known:]} == {total}
+    assert steps[-2][0] == total or model_type == "bpe"  # BPE's last hundred merges go unlogged
+    err = capfd.readouterr().err
+    assert "trainer_interface" not in err and "Loaded all" not in err  # the log went to the bar
+
+
+def test_off_a_terminal_sentencepiece_draws_nothing_and_logs_no_steps(
+    multi30k: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    lines = read_lines(multi30k / "train.en.gz")[:2000]
+    out = io.StringIO()
+    train_tokenizer(lines, tmp_path, vocab_size=600, progress=Progress(stream=out))
+    assert out.getvalue() == ""
+    assert "Loaded all" not in capfd.readouterr().err
+
+
+def test_a_failed_training_gives_standard_error_back(tmp_path: Path) -> None:
+    before = os.fstat(2)
+    with pytest.raises(DataError, match="vocab_size=5000"):
+        train_tokenizer(["ein Hund", "zwei Katzen"] * 50, tmp_path, vocab_size=5000,
+                        progress=Progress(stream=Terminal()))  # fmt: skip
+    assert os.path.samestat(os.fstat(2), before)
+
+
+def test_the_trainers_warnings_go_above_the_bar_and_its_information_into_it() -> None:
+    class Bar:
+        total, n, postfix = 4, 0, ""
+
+        def __init__(self) -> None:
+            self.written: list[str] = []
+
+        def write(self, text: str) -> None:
+            self.written.append(text)
+
+        def set_postfix_str(self, text: str) -> None:
+            self.postfix = text
+
+    bar, steps = Bar(), TrainerSteps("unigram", 8000)
+    reader = LogReader(steps, bar)
+    for line in [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1796.5 8884 sentencepiece_trainer.cc:149] Starts training with :",
+        "trainer_spec {", "  vocab_size: 8000", "}",
+        "I0000 00:00:1796.6 8884 trainer_interface.cc:446] Loaded all 58000 sentences",
+        "W0000 00:00:1796.7 8884 trainer_interface.cc:123] an odd line was skipped",
+        "  and its second line",
+        "I0000 00:00:1796.8 8884 unigram_model_trainer.cc:514] Initialized 81998 seed pieces",
+        "I0000 00:00:1796.9 8884 unigram_model_trainer.cc:903] EM sub_iter=0 size=24901 obj=10",
+        "I0000 00:00:1797.0 8884 unigram_model_trainer.cc:903] EM sub_iter=1 size=21001 obj=8",
+        "trainer_interface.cc(409) LOG(ERROR) an older sentencepiece's error",
+    ]:  # fmt: skip
+        reader.line(line + "\n")
+    assert bar.written == [
+        "W0000 00:00:1796.7 8884 trainer_interface.cc:123] an odd line was skipped",
+        "  and its second line",
+        "trainer_interface.cc(409) LOG(ERROR) an older sentencepiece's error",
+    ]
+    # loaded, (normalized,) seeds, EM round 1; three more rounds: 21001 -> 15750 -> 11812 -> 8859
+    assert (bar.n, bar.total) == (4, 7)
+    assert bar.postfix == "EM round 1: 21,001 pieces, 8,000 wanted"
+
+
 # ------------------------------------------------------------- the commands, end to end
 
 BAR = re.compile(r"\r|%\|")  # what a drawn bar writes
@@ -226,5 +316,7 @@ def test_nmt_prepare_draws_its_passes_on_a_terminal_only(
     assert not BAR.search(out) and Path(out.strip()).is_dir()
     if terminal:
         assert f"sample {corpus.name}: 100%|" in err and f"encode {corpus.name}: 100%|" in err
+        assert "sentencepiece: 100%|" in err and "600 pieces]" in err
     else:
         assert not BAR.search(err) and "prepared" in err
+    assert "trainer_interface" not in err  # sentencepiece's own log stays out of sight

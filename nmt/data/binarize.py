@@ -359,6 +359,7 @@ def _new_tokenizers(
         vocab_size=int(cfg.vocab_size),
         model_type=str(cfg.spm_model_type),
         character_coverage=float(cfg.character_coverage),
+        progress=progress,
     )
     timings["spm_seconds"] = time.perf_counter() - tic
     return tokenizers

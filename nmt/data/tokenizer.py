@@ -20,7 +20,9 @@ from pathlib import Path
 import sentencepiece as spm
 
 from nmt.atomic import atomic_write_bytes
+from nmt.cli import QUIET, Progress
 from nmt.data.corpus import DataError
+from nmt.data.spm_progress import followed
 
 log = logging.getLogger(__name__)
 
@@ -178,12 +180,15 @@ def train_tokenizer(
     input_sentence_size: int = 2_000_000,
     num_threads: int = 2,
     seed: int = 0,
+    progress: Progress = QUIET,
+    label: str = "sentencepiece",
 ) -> Tokenizer:
     """Train SentencePiece on ``texts``, or reuse the model cached for the same inputs.
 
     The model lives in ``cache_dir/<sha256 of texts and options>/spm.model``, written
     atomically. Above ``input_sentence_size`` sentences the trainer uses a random sample.
-    A vocabulary too large (or too small) for the text raises :class:`DataError`.
+    A vocabulary too large (or too small) for the text raises :class:`DataError`. A training
+    draws its steps with ``progress``, as a bar labelled ``label``.
     """
     if not texts:
         raise DataError("cannot train a tokenizer: no training sentences")
@@ -195,7 +200,7 @@ def train_tokenizer(
     if cached is not None:
         log.info("reusing cached sentencepiece model %s (vocab %d)", path, cached.vocab_size)
         return cached
-    tokenizer = _train(texts, options, num_threads)
+    tokenizer = _train(texts, options, num_threads, progress, label)
     tokenizer.save(path)
     log.info("saved sentencepiece model to %s", path)
     return tokenizer
@@ -211,21 +216,24 @@ def _load_cached(path: Path) -> Tokenizer | None:
         return None
 
 
-def _train(texts: Sequence[str], options: dict, num_threads: int) -> Tokenizer:
-    """Run the SentencePiece trainer in memory."""
+def _train(
+    texts: Sequence[str], options: dict, num_threads: int, progress: Progress, label: str
+) -> Tokenizer:
+    """Run the SentencePiece trainer in memory (its steps drawn with ``progress``)."""
     opts = dict(options)
     seed = opts.pop("random_seed")
     spm.set_random_generator_seed(seed)
     buf = io.BytesIO()
     start = time.perf_counter()
     try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts),
-            model_writer=buf,
-            num_threads=num_threads,
-            minloglevel=1,
-            **opts,
-        )
+        with followed(progress, label, opts["model_type"], opts["vocab_size"]) as logging_args:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(texts),
+                model_writer=buf,
+                num_threads=num_threads,
+                **logging_args,
+                **opts,
+            )
     except RuntimeError as err:
         raise DataError(
             f"sentencepiece training failed on {len(texts)} sentences with "
@@ -250,10 +258,11 @@ def train_tokenizers(
     joint: bool,
     **options,
 ) -> TokenizerPair:
-    """One joint tokenizer on source + target text, or one tokenizer per side."""
+    """One joint tokenizer on source + target text, or one tokenizer per side (their bars
+    labelled ``sentencepiece src`` and ``sentencepiece tgt``)."""
     if joint:
         tok = train_tokenizer(list(src_texts) + list(tgt_texts), cache_dir, **options)
         return TokenizerPair(src=tok, tgt=tok, joint=True)
-    src = train_tokenizer(src_texts, cache_dir, **options)
-    tgt = train_tokenizer(tgt_texts, cache_dir, **options)
+    src = train_tokenizer(src_texts, cache_dir, label="sentencepiece src", **options)
+    tgt = train_tokenizer(tgt_texts, cache_dir, label="sentencepiece tgt", **options)
     return TokenizerPair(src=src, tgt=tgt, joint=False)
