@@ -8,7 +8,6 @@ import http.server
 import logging
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -334,9 +333,7 @@ def test_decoding_a_huge_line_among_thousands_stays_within_budget(
 
     monkeypatch.setattr(search_mod, "make_batch", recording_make_batch)
     monkeypatch.setattr(model, "encode", recording_encode)
-    start = time.perf_counter()
     hyps = decode_dataset(model, data, opts, torch.device("cpu"))
-    seconds = time.perf_counter() - start
 
     assert len(hyps) == len(src)
     assert sorted(np.concatenate(batches).tolist()) == list(range(len(src)))  # each once
@@ -348,4 +345,3 @@ def test_decoding_a_huge_line_among_thousands_stays_within_budget(
     assert max(b * s for b, s in encoded) <= opts.max_tokens
     assert max(s for _, s in encoded) <= 128  # the long line is cut to the model's positions
     assert max(len(h.tokens) for h in hyps) <= 127
-    assert seconds < 30
