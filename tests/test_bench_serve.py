@@ -193,3 +193,40 @@ def test_int8_model_quantizes_without_a_deprecated_api() -> None:
     assert isinstance(int8["proj"], Int8Linear) and isinstance(int8["cells"][0], Int8GRUCell)
     assert type(int8["score"]) is torch.nn.Linear and type(int8["embed"]) is torch.nn.Embedding
     assert type(model["proj"]) is torch.nn.Linear and type(model["cells"][0]) is torch.nn.GRUCell
+
+
+def test_bench_serve_overload_quick_run(runs: dict[str, Path], tmp_path: Path) -> None:
+    """--overload on both engines: the sustainable load, 4x it, the abandoned burst (on this code
+    and, through --ab-base, on a checkout: here this one) and the A/B levels, in the JSON."""
+    out = tmp_path / "overload.json"
+    cmd = [
+        sys.executable, "scripts/bench_serve.py", "--threads", "1", "--no-offline", "--overload",
+        "--transformer", str(runs["transformer"]), "--sentences", "12",
+        "--overload-seconds", "1", "--patience", "5", "--burst-clients", "3",
+        "--burst-patience", "1", "--recovery-cap", "3", "--ab-base", str(REPO),
+        "--ab-rounds", "1", "--levels", "1", "--requests", "4", "--level-seconds", "5",
+        "--work", str(tmp_path / "work"), "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert "models" not in result or not result["models"]  # --no-offline
+    known = {"200", "503", "504", "gave up"}
+    for engine in ("torch", "ctranslate2"):
+        over = result["overload"][engine]
+        assert [lv["clients"] for lv in over["sustainable"]["levels"]] == [1, 2, 4, 8, 16]
+        assert over["sustainable"]["requests_per_s"] > 0
+        loaded = over["overload_4x"]
+        assert sum(loaded["statuses"].values()) == loaded["sent"] > 0
+        assert set(loaded["statuses"]) <= known
+        assert loaded["probes_failed"] == 0 and set(loaded["probes_while_loaded"]) == {
+            "/health",
+            "/ready",
+        }
+        for burst in (over["abandoned_burst"], over["abandoned_burst_before"]):
+            assert sum(burst["statuses"].values()) == 3 and set(burst["statuses"]) <= known
+            assert burst["probes"] >= 1
+        assert over["abandoned_burst"]["health_after_clients_left"]["queued"] == 0
+        for side in ("A", "B"):
+            assert over["ab"]["medians"][side]["1_clients"]["sentences_per_s"] > 0
