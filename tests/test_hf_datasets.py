@@ -17,10 +17,8 @@ import datasets  # the dev extra installs it, to write save_to_disk folders
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from omegaconf import OmegaConf
 
 from nmt.cli import Progress
-from nmt.config import DataConfig, train_corpora
 from nmt.data import cache, hfdata
 from nmt.data.binarize import ensure_prepared
 from nmt.data.corpus import DataError, read_parallel
@@ -28,7 +26,7 @@ from nmt.data.datasets import load_test_sets, prepare_data
 from nmt.data.splits import resolve_splits, resolve_train
 from nmt.train.command import train
 
-from .helpers import compose_config, tiny_run_overrides, write_subset
+from .helpers import compose_config, data_cfg, tiny_run_overrides, write_subset
 
 # pairs that cleaning drops or that only a dataset can hold (a line break inside a sentence)
 ODD_PAIRS = [
@@ -104,18 +102,6 @@ WRITERS = {
     "jsonl.gz": lambda d, p: write_jsonl(d / "train.jsonl.gz", p),
     "save_to_disk": lambda d, p: write_saved(d / "saved", p),
 }
-
-
-def data_cfg(train: object, root: Path, **overrides: object) -> object:
-    """A `parallel` de->en data config training on ``train`` and validating on its first."""
-    first = train_corpora(train)[0].prefix
-    cfg = DataConfig(
-        name="t", corpus="parallel", src_lang="de", tgt_lang="en", root=str(root),
-        train="x", valid=first, test=[], vocab_size=600, num_workers=1,
-    )  # fmt: skip
-    merged = OmegaConf.merge(OmegaConf.structured(cfg), overrides)
-    merged.train = train
-    return merged
 
 
 def digests(cache_dir: Path) -> dict[str, str]:

@@ -103,6 +103,21 @@ class Server:
             self.proc.wait()
 
 
+async def post_status(session: Any, url: str, body: dict) -> str:
+    """The status of one request as a string, or how the client failed ("gave up" when its
+    timeout passed)."""
+    import aiohttp
+
+    try:
+        async with session.post(url, json=body) as r:
+            await r.read()
+            return str(r.status)
+    except asyncio.TimeoutError:
+        return "gave up"
+    except aiohttp.ClientError as e:
+        return f"error {type(e).__name__}"
+
+
 def pick(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -134,14 +149,7 @@ async def open_loop(
     async def one(session: Any, i: int) -> None:
         text = [sentences[(i + j) % len(sentences)] for j in range(OVERLOAD_SENTENCES)]
         start = time.perf_counter()
-        try:
-            async with session.post(url, json={"text": text, "beam": beam}) as r:
-                await r.read()
-                status = str(r.status)
-        except asyncio.TimeoutError:
-            status = "gave up"
-        except aiohttp.ClientError as e:
-            status = f"error {type(e).__name__}"
+        status = await post_status(session, url, {"text": text, "beam": beam})
         results.append((status, time.perf_counter() - start))
 
     probes: dict[str, list[float]] = {"/health": [], "/ready": []}
@@ -223,14 +231,7 @@ async def burst(
     statuses: dict[str, int] = {}
 
     async def big(session: Any) -> None:
-        try:
-            async with session.post(server.url, json={"text": [long] * 64, "beam": 16}) as r:
-                await r.read()
-                status = str(r.status)
-        except asyncio.TimeoutError:
-            status = "gave up"
-        except aiohttp.ClientError as e:
-            status = f"error {type(e).__name__}"
+        status = await post_status(session, server.url, {"text": [long] * 64, "beam": 16})
         statuses[status] = statuses.get(status, 0) + 1
 
     timeout = aiohttp.ClientTimeout(total=patience)
