@@ -384,7 +384,10 @@ def run(s: ServeSettings) -> dict[str, Any]:
         packages = {e: packages[e] for e in s.overload_engines.split(",")}
         lines = test_set(trained, s, s.sentences).src_text
         beam = trained.cfg.decode.beam or 1
-        result["overload"] = run_overload(s, packages, lines, beam)
+        ckpt = s.transformer
+        if Path(ckpt).is_dir():  # a run directory: the checkpoint make eval would load
+            ckpt = str(checkpoint_path(ckpt))
+        result["overload"] = run_overload(s, packages, lines, beam, Path(ckpt))
     if s.serve and s.transformer and s.offline:
         trained = load_package(work / "transformer-torch", CPU)
         ds = test_set(trained, s, s.sentences)

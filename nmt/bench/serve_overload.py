@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import statistics
 import subprocess
@@ -40,6 +41,34 @@ if TYPE_CHECKING:
 
 OVERLOAD_SENTENCES = 8  # per request of the sustainable and overload phases
 OVERLOAD_LEVELS = (1, 2, 4, 8, 16)
+
+
+# the A side's package, exported by the A side's code: a package records its training config
+# whole, and code from before a new config field refuses a config that has it
+EXPORT_WITH_CODE = """
+import sys
+from pathlib import Path
+from nmt.ship.export import export_package
+ckpt, out, engine = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+if engine == "torch":
+    export_package(ckpt, out, fmt="torch")
+else:
+    export_package(ckpt, out, fmt="ctranslate2", quantize="int8", ctranslate2_only=True)
+"""
+
+
+def package_by(code: Path, ckpt: Path, engine: str, work: Path) -> Path:
+    """The package for ``engine`` that the checkout ``code`` exports from ``ckpt``."""
+    out = work / f"before-{engine}"
+    if out.exists():
+        shutil.rmtree(out)
+    done = subprocess.run(
+        [sys.executable, "-c", EXPORT_WITH_CODE, str(ckpt.resolve()), str(out.resolve()), engine],
+        cwd=code, env=child_environment(PYTHONPATH=str(code)), capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the code in {code} could not export {ckpt}: {done.stderr[-2000:]}")
+    return out
 
 
 class Server:
@@ -281,7 +310,9 @@ async def burst(
     }
 
 
-def overload_engine(package: Path, engine: str, sentences: list[str], beam: int, s: Any) -> dict:
+def overload_engine(
+    package: Path, engine: str, sentences: list[str], beam: int, s: Any, before: Path | None
+) -> dict:
     say(f"overload, engine {engine}")
     deadline = (f"request_timeout={s.patience}",)  # the server's deadline is the clients'
     with Server(package, engine, s.threads, s.cwd, extra=deadline) as server:
@@ -298,21 +329,24 @@ def overload_engine(package: Path, engine: str, sentences: list[str], beam: int,
         result["abandoned_burst"] = asyncio.run(
             burst(server, sentences, s.burst_clients, s.burst_patience, s.recovery_cap)
         )
-    if s.ab_base:
-        with Server(package, engine, s.threads, s.cwd, Path(s.ab_base)) as server:
+    if before is not None:
+        with Server(before, engine, s.threads, s.cwd, Path(s.ab_base)) as server:
             result["abandoned_burst_before"] = asyncio.run(
                 burst(server, sentences, s.burst_clients, s.burst_patience, s.recovery_cap)
             )
     return result
 
 
-def ab_levels(package: Path, engine: str, sentences: list[str], beam: int, s: Any) -> dict:
-    """Single-sentence load levels on this code (B) and on ``s.ab_base`` (A), alternating."""
+def ab_levels(
+    package: Path, engine: str, sentences: list[str], beam: int, s: Any, before: Path
+) -> dict:
+    """Single-sentence load levels on this code (B) and on ``s.ab_base`` (A), alternating, each
+    on the package its own code exported (``before`` for A)."""
     runs: dict[str, list[list[dict]]] = {"A": [], "B": []}
     for r in range(s.ab_rounds):
-        for side, code in (("A", Path(s.ab_base)), ("B", None)):
+        for side, code, served in (("A", Path(s.ab_base), before), ("B", None, package)):
             say(f"A/B {engine}: round {r + 1}, {side}")
-            with Server(package, engine, s.threads, s.cwd, code) as server:
+            with Server(served, engine, s.threads, s.cwd, code) as server:
                 runs[side].append(
                     [
                         asyncio.run(
@@ -333,10 +367,15 @@ def ab_levels(package: Path, engine: str, sentences: list[str], beam: int, s: An
     return {"A": str(s.ab_base), "B": "this code", "beam": beam, "runs": runs, "medians": medians}
 
 
-def run_overload(s: ServeSettings, packages: dict[str, Path], sentences: list[str], beam: int):
+def run_overload(
+    s: ServeSettings, packages: dict[str, Path], sentences: list[str], beam: int, ckpt: Path
+):
     out: dict[str, Any] = {}
     for engine, package in packages.items():
-        out[engine] = overload_engine(package, engine, sentences, beam, s)
+        before = None
         if s.ab_base:
-            out[engine]["ab"] = ab_levels(package, engine, sentences, beam, s)
+            before = package_by(Path(s.ab_base), ckpt, engine, package.parent)
+        out[engine] = overload_engine(package, engine, sentences, beam, s, before)
+        if before is not None:
+            out[engine]["ab"] = ab_levels(package, engine, sentences, beam, s, before)
     return out
