@@ -40,6 +40,14 @@ def runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
     return out
 
 
+def run_bench(cmd: list[str], out: Path) -> dict:
+    """Run a bench command on one thread; its JSON."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 def test_bench_serve_quick_run(runs: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     cmd = [
@@ -50,10 +58,7 @@ def test_bench_serve_quick_run(runs: dict[str, Path], tmp_path: Path) -> None:
         "--malformed", "18",
         "--work", str(tmp_path / "work"), "--out", str(out),
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = run_bench(cmd, out)
     transformer = result["models"]["transformer"]
     assert set(transformer["runs"]) == {
         f"{engine}.beam{beam}"
@@ -208,10 +213,7 @@ def test_bench_serve_overload_quick_run(runs: dict[str, Path], tmp_path: Path) -
         "--ab-rounds", "1", "--levels", "1", "--requests", "4", "--level-seconds", "5",
         "--work", str(tmp_path / "work"), "--out", str(out),
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = run_bench(cmd, out)
     assert "models" not in result or not result["models"]  # --no-offline
     known = {"200", "503", "504", "gave up"}
     for engine in ("torch", "ctranslate2"):

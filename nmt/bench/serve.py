@@ -362,20 +362,24 @@ def run(s: ServeSettings) -> dict[str, Any]:
         ("transformer_base", s.transformer_base, s.fixed_length, s.base_sentences),
         ("gru", s.gru, s.fixed_length_gru or s.fixed_length_all or None, s.sentences),
     ]
-    if s.overload and s.transformer and not s.offline:  # only the packages the servers serve
+    overload_ckpt = None
+    if s.overload and s.transformer:
+        overload_ckpt = Path(s.transformer)
+        if overload_ckpt.is_dir():  # a run directory: the checkpoint make eval would load
+            overload_ckpt = checkpoint_path(overload_ckpt)
+    if overload_ckpt is not None and not s.offline:  # only the packages the servers serve
         say("transformer: exporting for the overload phases")
-        ckpt = s.transformer
-        if Path(ckpt).is_dir():  # a run directory: the checkpoint make eval would load
-            ckpt = str(checkpoint_path(ckpt))
-        export(ckpt, work, "transformer-torch", None)
+        export(str(overload_ckpt), work, "transformer-torch", None)
         only = work / "transformer-ct2-int8-only"
         if only.exists():
             shutil.rmtree(only)
-        export_package(Path(ckpt), only, fmt="ctranslate2", quantize="int8", ctranslate2_only=True)
+        export_package(
+            overload_ckpt, only, fmt="ctranslate2", quantize="int8", ctranslate2_only=True
+        )
     for label, ckpt, fixed, limit in models:
         if ckpt and s.offline:
             result["models"][label] = bench_model(label, ckpt, s, work, fixed, limit)
-    if s.overload and s.transformer:
+    if overload_ckpt is not None:
         trained = load_package(work / "transformer-torch", CPU)
         packages = {
             "torch": work / "transformer-torch",
@@ -384,10 +388,7 @@ def run(s: ServeSettings) -> dict[str, Any]:
         packages = {e: packages[e] for e in s.overload_engines.split(",")}
         lines = test_set(trained, s, s.sentences).src_text
         beam = trained.cfg.decode.beam or 1
-        ckpt = s.transformer
-        if Path(ckpt).is_dir():  # a run directory: the checkpoint make eval would load
-            ckpt = str(checkpoint_path(ckpt))
-        result["overload"] = run_overload(s, packages, lines, beam, Path(ckpt))
+        result["overload"] = run_overload(s, packages, lines, beam, overload_ckpt)
     if s.serve and s.transformer and s.offline:
         trained = load_package(work / "transformer-torch", CPU)
         ds = test_set(trained, s, s.sentences)

@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from nmt.config import ConfigError
-from nmt.serve.keys import KeyRing, request_key
+from nmt.serve.keys import KeyRing, Refusal, request_key
 
 # what needs no key: the page, the server's state and the description of the API
 OPEN_PATHS = frozenset({"/", "/health", "/ready", "/metrics", "/openapi.json"})
@@ -73,12 +73,18 @@ def key_middleware(web: Any, ring: KeyRing, open_paths: Iterable[str] = OPEN_PAT
         refusal = ring.check(request_key(request.headers))
         if refusal is None:
             return await handler(request)
-        headers = {}
-        if refusal.retry_after is not None:
-            headers["Retry-After"] = str(refusal.retry_after)
-        return web.json_response({"error": refusal.message}, status=refusal.status, headers=headers)
+        return refusal_response(web, refusal)
 
     return require_key
+
+
+def refusal_response(web: Any, refusal: Refusal) -> Any:
+    """The answer to a request the key ring refused: ``{"error"}`` with its status and, past a
+    key's limit, ``Retry-After``."""
+    headers = {}
+    if refusal.retry_after is not None:
+        headers["Retry-After"] = str(refusal.retry_after)
+    return web.json_response({"error": refusal.message}, status=refusal.status, headers=headers)
 
 
 def cors_middleware(web: Any, origins: Iterable[str]) -> Any:

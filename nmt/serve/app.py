@@ -28,7 +28,13 @@ from omegaconf import DictConfig
 from nmt.config import ConfigError
 from nmt.data.tokenizer import EOS_ID
 from nmt.serve import libre
-from nmt.serve.access import OPEN_PATHS, check_origins, cors_middleware, key_middleware
+from nmt.serve.access import (
+    OPEN_PATHS,
+    check_origins,
+    cors_middleware,
+    key_middleware,
+    refusal_response,
+)
 from nmt.serve.backend import Backend
 from nmt.serve.batcher import Batcher, Overloaded
 from nmt.serve.keys import KeyRing, Refusal, request_key
@@ -333,10 +339,7 @@ def make_app(
 
     def refused(refusal: Refusal) -> Any:
         state["rejected"] += 1
-        headers = {}
-        if refusal.retry_after is not None:
-            headers["Retry-After"] = str(refusal.retry_after)
-        return web.json_response({"error": refusal.message}, status=refusal.status, headers=headers)
+        return refusal_response(web, refusal)
 
     html, policy = render_page(
         {
