@@ -226,6 +226,9 @@ class TrainerConfig:
     # <run>/attention/validation.html (nmt.viz.explorer)
     attention_html: bool = False
     keep_last: int = 5  # step checkpoints kept (for averaging), besides last.pt and best.pt
+    # also checkpoint when this many minutes passed since the last checkpoint (rank 0's clock,
+    # every rank follows it); 0 = off: only validations and a stop write one
+    save_every_minutes: float = 0.0
     average_last: int = 0  # > 0: at the end, average the last N step checkpoints (averaged.pt)
     resume: str | None = None  # run dir, checkpoint file, or "auto"
     # fine-tuning: a checkpoint file or run dir whose weights and tokenizers start a new run
@@ -520,7 +523,7 @@ def _check_trainer(t: DictConfig) -> None:
     for key in ("accumulate", "log_every", "val_every", "keep_last"):
         _positive(f"trainer.{key}", t[key])
     for key in ("max_steps", "max_epochs", "max_time", "cpu_max_time", "patience",
-                "clip_grad_norm", "average_last"):  # fmt: skip
+                "clip_grad_norm", "average_last", "save_every_minutes"):  # fmt: skip
         _positive(f"trainer.{key}", t[key], allow_zero=True)
     if not 0 <= t.label_smoothing < 1:
         raise ConfigError(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")

@@ -20,7 +20,11 @@ MULTI30K_OFFICIAL_URL = "https://github.com/multi30k/dataset/raw/master/data/tas
 # torchrun's rank variables, and submitit's marker of a SLURM task
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"
-LAUNCHER = (*TORCHRUN, SUBMITIT_EXECUTOR)
+# what torchrun's elastic agent sets besides the ranks: how often it restarted the workers and
+# the id of its rendezvous (the same across restarts)
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+RUN_ID = "TORCHELASTIC_RUN_ID"
+LAUNCHER = (*TORCHRUN, SUBMITIT_EXECUTOR, RESTART_COUNT, RUN_ID)
 ONEDNN_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 ONEDNN_CACHE_ENTRIES = "16"
 SACREBLEU_SEED = "SACREBLEU_SEED"
@@ -35,6 +39,9 @@ VARIABLES: dict[str, str] = {
     "`<base>/<split>.<lang>.gz` (default: the official repository)",
     ", ".join(TORCHRUN): "read (set by torchrun): "
     "`nmt-train` joins a process group when `WORLD_SIZE` > 1",
+    f"{RESTART_COUNT}, {RUN_ID}": "read (set by torchrun): a restarted worker group "
+    "(`--max-restarts`) continues the run directory of its first start, from its newest "
+    "checkpoint that verifies",
     SUBMITIT_EXECUTOR: "read (set by submitit): a SLURM task of several gets its rank "
     "variables from SLURM (`hydra/launcher=slurm`)",
     ", ".join(ONEDNN_CACHES): f"set to {ONEDNN_CACHE_ENTRIES} when nmt is imported, "

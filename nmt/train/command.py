@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -25,6 +26,7 @@ from omegaconf import DictConfig
 from nmt.cli import config_dir, exit_on_error, setup_logging
 from nmt.config import register_configs, to_container
 from nmt.data.batching import padding_share
+from nmt.train.elastic import drop_record, requeue_status
 from nmt.train.loop import Functions, Trainer
 from nmt.train.runlog import write_summary
 from nmt.train.setup import build_trainer, setup
@@ -82,7 +84,11 @@ def finish(trainer: Trainer, reason: str) -> dict[str, Any]:
     )  # fmt: skip
     if run.dist.is_main:
         write_summary(run.run_dir)
+        if trainer.preempted is None:
+            drop_record(run.restart)
     result = {"state": asdict(s), "stop_reason": reason, "run_dir": str(run.run_dir)}
+    if trainer.preempted is not None:
+        result["preempted"] = trainer.preempted
     if averaged is not None:
         result["averaged"] = averaged
     return result
@@ -113,7 +119,22 @@ def _main(cfg: DictConfig) -> float:
             result = train(cfg, run_dir)
     finally:
         _drop_if_unused(run_dir)
+    if "preempted" in result:
+        exit_for_requeue(*result["preempted"])
     return result["state"]["best_bleu"]
+
+
+def exit_for_requeue(signal_name: str, previous: Any) -> NoReturn:
+    """After the checkpoint of a preemption signal: hand the signal to the handler it had
+    before (submitit's, in a submitit job: on rank 0 it resubmits the job and exits), then
+    exit with 128 + its number, which torchrun (with restarts left) and schedulers that retry
+    a job a signal ended take as a reason to start it again."""
+    status = requeue_status(signal_name)
+    log.warning("exiting with status %d (%s) for a restart; the run continues from its last "
+                "checkpoint", status, signal_name)  # fmt: skip
+    if callable(previous):
+        previous(int(signal.Signals[signal_name]), None)
+    raise SystemExit(status)
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from nmt.runtime.precision import (
 from nmt.store import checkpoint as ckpt
 from nmt.store.average import average_checkpoints
 from nmt.store.gate import CheckpointError
+from nmt.train.elastic import Restart
 from nmt.train.progress import Limits, Position, ProgressBar
 from nmt.train.runlog import RunLog
 from nmt.train.step import MAX_BAD_STEPS, LossFn, StepResult, TrainState, loss_sum, train_step
@@ -98,30 +99,48 @@ class Checkpointer:
 
 
 class StopSignal:
-    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits.
+    """SIGINT, SIGTERM and SIGUSR1 (and ``extra``: submitit's signal in a submitit job) set a
+    flag; the loop finishes its update, saves and exits.
 
-    A second signal stops at once (KeyboardInterrupt); the last checkpoint stays intact.
+    A second SIGINT stops at once (KeyboardInterrupt); the last checkpoint stays intact. A
+    preemption signal that comes again is only logged: the checkpoint is on its way.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, extra: signal.Signals | None = None) -> None:
         self.received: str | None = None
-        self._old: dict[int, Any] = {}
+        self.signals = [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1]
+        if extra is not None and extra not in self.signals:
+            self.signals.append(extra)
+        self.previous: dict[str, Any] = {}  # by name: the handler each signal had before
 
     def __enter__(self) -> StopSignal:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in self.signals:
             with contextlib.suppress(ValueError):  # signals only work in the main thread
-                self._old[sig] = signal.signal(sig, self._handle)
+                self.previous[sig.name] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
         if self.received is not None:
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
+            if name == "SIGINT" and self.received == "SIGINT":
+                raise KeyboardInterrupt
+            log.warning("%s received: the checkpoint of %s is on its way", name, self.received)
+            return
+        self.received = name
         log.warning("%s received: finishing this step, then saving a checkpoint", self.received)
 
+    def code(self, name: str | None) -> int:
+        """A signal's number in the ranks' agreement (2, 3, ...; 0 for none)."""
+        names = [sig.name for sig in self.signals]
+        return 2 + names.index(name) if name in names else 0
+
+    def name(self, code: int) -> str:
+        return self.signals[code - 2].name
+
     def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
+        for sig in self.signals:
+            if sig.name in self.previous:
+                signal.signal(sig, self.previous[sig.name])
 
 
 @dataclass
@@ -161,6 +180,7 @@ class Functions:
     loss: LossFn = loss_sum
     validation: ValidationFn = validation_scores
     clock: Callable[[], float] = time.perf_counter  # times the updates (trainer.max_time)
+    wall: Callable[[], float] = time.monotonic  # rank 0's clock of trainer.save_every_minutes
     probe: Callable[..., Measurement] = probe_model  # measures for trainer.precision=auto
 
 
@@ -179,6 +199,7 @@ class Setup:
     resumed: dict[str, Any] | None = None  # its payload
     init_info: dict[str, Any] = field(default_factory=dict)  # fine-tuning: file, step, sha256
     data_time: float = 0.0  # when the data was ready (Unix seconds)
+    restart: Restart = field(default_factory=Restart)  # torchrun's restarts; submitit's signal
 
 
 @dataclass
@@ -208,6 +229,8 @@ class Trainer:
     run_log: RunLog  # metrics.jsonl (writes nothing on other ranks)
     explorer: TrainingExplorer | None = None  # trainer.attention_html (main rank only)
     functions: Functions = field(default_factory=Functions)
+    last_save: float = 0.0  # functions.wall() at the last checkpoint (or the start)
+    preempted: tuple[str, Any] | None = None  # the signal that stopped it, its earlier handler
 
     @property
     def t(self) -> DictConfig:
@@ -237,9 +260,11 @@ class Trainer:
             "rng": ckpt.rng_state(),
             "config": to_container(self.run.cfg),
             "tokenizers": self.run.data.tokenizers.state_dict(),
+            "world_size": self.run.dist.world_size,  # whose data order batch_in_epoch counts
         }
 
     def save(self, is_best: bool) -> None:
+        self.last_save = self.functions.wall()
         if self.run.dist.is_main:
             path = self.checkpointer.save(self.payload(), is_best)
             rel = run_path(path, self.run.run_dir)
@@ -340,22 +365,45 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
 
-    def stop_reason(self, signal_name: str | None) -> str:
-        """Why training should stop after the current update ("" to go on)."""
+    def stop_reason(self, stop: StopSignal | None) -> str:
+        """Why training should stop after the current update ("" to go on).
+
+        Every rank stops at the same update; a signal that reached any rank is every rank's
+        reason (the highest, where several came), so that all of them save and exit alike.
+        """
         s, t, limit = self.state, self.t, self.run.time_limit
         reason = ""
+        received = stop.received if stop is not None else None
         if t.max_steps and s.step >= t.max_steps:
             reason = f"reached trainer.max_steps={t.max_steps}"
         elif limit and s.train_time >= limit:
             reason = f"reached the time limit of {limit:.0f}s"
-        elif signal_name:
-            reason = f"stopped by {signal_name}"
-        if self.run.dist.enabled:  # every rank stops at the same update
-            flag = torch.tensor([1.0 if reason else 0.0], device=self.run.device)
+        elif received:
+            reason = f"stopped by {received}"
+        if self.run.dist.enabled and stop is not None:
+            code = stop.code(received) if received else (1 if reason else 0)
+            flag = torch.tensor([float(code)], device=self.run.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() and not reason:
+            agreed = int(flag.item())
+            if agreed >= 2:
+                stop.received = stop.name(agreed)
+                reason = f"stopped by {stop.received}"
+            elif agreed and not reason:
                 reason = "stopped by another rank"
         return reason
+
+    def save_due(self) -> bool:
+        """Whether ``trainer.save_every_minutes`` have passed since the last checkpoint, by rank
+        0's clock, broadcast so that every rank takes the same decision."""
+        minutes = self.t.save_every_minutes
+        if minutes <= 0:
+            return False
+        due = self.functions.wall() - self.last_save >= 60 * minutes
+        if self.run.dist.enabled:
+            flag = torch.tensor([1.0 if due else 0.0], device=self.run.device)
+            dist.broadcast(flag, src=0)
+            due = bool(flag.item())
+        return due
 
     def fit(self) -> str:
         """Train until a limit is reached; returns the reason for stopping."""
@@ -363,8 +411,9 @@ class Trainer:
         limits = Limits(t.max_steps, self.run.time_limit, t.max_epochs)
         pbar = ProgressBar(limits, enabled=t.progress and self.run.dist.is_main)
         self.model.train()
-        reason = self.stop_reason(None)  # a resumed run may already be at its limit
-        with StopSignal() as stop, logging_redirect_tqdm():
+        self.last_save = self.functions.wall()
+        with StopSignal(self.run.restart.stop_signal) as stop, logging_redirect_tqdm():
+            reason = self.stop_reason(stop)  # a resumed run may already be at its limit
             loop = _Loop(pbar, Window.new(self.run.device), stop)
             while not reason:
                 if t.max_epochs and s.epoch >= t.max_epochs:
@@ -373,6 +422,8 @@ class Trainer:
                 reason = self._epoch(loop)
             pbar.close()
             self._finish(stop.received)
+        if stop.received and stop.received != "SIGINT" and reason.startswith("stopped by"):
+            self.preempted = (stop.received, stop.previous.get(stop.received))
         return reason
 
     def _epoch(self, loop: _Loop) -> str:
@@ -383,7 +434,7 @@ class Trainer:
         reason = ""
         while not reason and s.batch_in_epoch + t.accumulate <= len(batches):
             group = batches[s.batch_in_epoch : s.batch_in_epoch + t.accumulate]
-            reason = self._update(group, loop) or self.stop_reason(loop.stop.received)
+            reason = self._update(group, loop) or self.stop_reason(loop.stop)
         if s.batch_in_epoch + t.accumulate > len(batches):
             s.epoch += 1
             s.batch_in_epoch = 0
@@ -420,6 +471,10 @@ class Trainer:
         if s.step % t.val_every == 0:
             stop = self.validate()
             loop.pbar.note(BLEU=f"{s.history[-1]['bleu']:.2f}")
+        elif self.save_due():
+            log.info("step %d: %g minutes since the last checkpoint (trainer.save_every_minutes)",
+                     s.step, t.save_every_minutes)  # fmt: skip
+            self.save(is_best=False)
         loop.pbar.show(self.position(loop.batches_per_epoch))
         if stop:
             return f"early stopping: no BLEU gain in {t.patience} validations"

@@ -39,6 +39,14 @@ from nmt.runtime.precision import (
 from nmt.store import checkpoint as ckpt
 from nmt.store.loading import build_model
 from nmt.store.paths import checkpoint_run_dir, update_latest_link
+from nmt.train.elastic import (
+    continue_restarted,
+    decided_by_rank0,
+    rescaled_position,
+    submitit_signal,
+    torchrun_restart,
+    write_record,
+)
 from nmt.train.loop import Checkpointer, Functions, Setup, Trainer
 from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.runlog import RunLog
@@ -136,6 +144,11 @@ def build_trainer(run: Setup, functions: Functions) -> Trainer:
     schedule, state and random state restored."""
     cfg, t, main = run.cfg, run.cfg.trainer, run.dist.is_main
     state = TrainState(**run.resumed["state"]) if run.resumed else TrainState()
+    if run.resumed:
+        saved_world = run.resumed.get("world_size")
+        state.batch_in_epoch = rescaled_position(
+            state.batch_in_epoch, saved_world, run.dist.world_size
+        )
     if run.init_info:
         state.init_from = run.init_info
     optimizer = build_optimizer(run.model, cfg.optim, fused=run.device.type == "cuda")
@@ -304,11 +317,21 @@ def setup(cfg: DictConfig, run_dir: Path, functions: Functions) -> Setup:
     """
     check_train_config(cfg)
     cfg = copy.deepcopy(cfg)
-    dist_info = init_distributed(cfg.trainer.device, launcher_variables())
-    origin = find_origin(cfg)
+    launcher = launcher_variables()
+    dist_info = init_distributed(cfg.trainer.device, launcher)
+    restart = torchrun_restart(Path(cfg.outputs), launcher, dist_info)
+    restart.stop_signal = submitit_signal(launcher)
+    restarted = continue_restarted(cfg.trainer, restart, run_dir, launcher)
+    origin = find_origin(cfg, partial(decided_by_rank0, dist_info))
     if origin.resume_file is not None:  # continue in place (outside a run: in this new one)
         run_dir = checkpoint_run_dir(origin.resume_file) or run_dir
+    elif restart.run_dir is not None:  # a restart before the first checkpoint
+        run_dir = restart.run_dir
+    if dist_info.is_main:
+        write_record(restart, run_dir)
     open_run_dir(run_dir, Path(cfg.outputs), dist_info, origin.warnings)
+    if restarted:
+        log.info("%s", restarted)
     log_origin(origin)
     device = training_device(cfg.trainer, dist_info)
     seed_everything(cfg.trainer.seed)
@@ -325,5 +348,5 @@ def setup(cfg: DictConfig, run_dir: Path, functions: Functions) -> Setup:
              f"{model.num_parameters():,}", device)  # fmt: skip
     return Setup(
         cfg, run_dir, dist_info, device, data, model, time_limit(cfg, device),
-        origin.resume_file, origin.resumed, origin.init_info, data_time,
+        origin.resume_file, origin.resumed, origin.init_info, data_time, restart,
     )  # fmt: skip

@@ -7,6 +7,7 @@ written.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,12 +188,19 @@ class Origin:
     replaced: list[str] = field(default_factory=list)  # fine-tuning: data options replaced
 
 
-def find_origin(cfg: DictConfig) -> Origin:
+def find_origin(cfg: DictConfig, agree: Callable[[Callable[[], Any]], Any] | None = None) -> Origin:
     """The checkpoint named by ``trainer.resume`` or ``trainer.init_from``, if any; for
-    fine-tuning, ``cfg`` takes the checkpoint's tokenizer options and names its file."""
+    fine-tuning, ``cfg`` takes the checkpoint's tokenizer options and names its file.
+
+    ``agree`` runs the search for the checkpoint to resume (under DDP: on rank 0, whose choice
+    every rank then loads; :func:`nmt.train.elastic.decided_by_rank0`).
+    """
     t = cfg.trainer
+    agree = agree or (lambda decide: decide())
     with held_warnings() as early:  # e.g. a damaged last.pt: the run's log gets them too
-        resume_file = find_resume_checkpoint(t.resume, Path(cfg.outputs)) if t.resume else None
+        resume_file = None
+        if t.resume:
+            resume_file = agree(lambda: find_resume_checkpoint(t.resume, Path(cfg.outputs)))
         resumed = load_checked_checkpoint(resume_file) if resume_file else None
         init_file = find_init_checkpoint(t.init_from) if t.init_from else None
         source = load_checked_checkpoint(init_file) if init_file else None
