@@ -10,6 +10,7 @@ RUN ?= outputs/latest
 CKPT ?=
 NPROC ?= 1
 NNODES ?= 1
+RESTARTS ?= 0
 TORCHRUN_ARGS ?=
 PORT ?= 6006
 N ?= 5
@@ -18,14 +19,14 @@ N ?= 5
 .PHONY: help install prepare train eval translate tensorboard test test-fast lint format clean
 .PHONY: attention demo-pooling
 .PHONY: average tune-decode
-.PHONY: bench bench-data bench-soak
+.PHONY: bench bench-data bench-soak bench-recovery
 .PHONY: export serve bench-serve check-hf
 .PHONY: docs docs-serve
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 	  awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
-	@echo "  Variables: ARGS (Hydra overrides), RUN, CKPT, NPROC, TORCH (torch build for install)"
+	@echo "  Variables: ARGS (Hydra overrides), RUN, CKPT, NPROC, NNODES, RESTARTS, TORCH (torch build for install)"
 
 install: $(VENV)/.installed ## Create .venv and install nmt with its dependencies (TORCH="torch==X" picks the build)
 
@@ -38,11 +39,14 @@ $(VENV)/.installed: pyproject.toml
 prepare: install ## Prepare the training data once (nmt-train does it when needed): ARGS="data=... [--verify]"
 	$(BIN)/nmt-prepare $(ARGS)
 
-train: install ## Prepare data and train (default: Transformer on Multi30k de->en); NPROC=N for DDP
-ifeq ($(NPROC)$(NNODES),11)
+# torchrun with a store of its own for each worker group, so that a restarted group never reads
+# the addresses of the one before (nmt.environment: TORCH_DISABLE_SHARE_RDZV_TCP_STORE)
+train: install ## Prepare data and train (default: Transformer on Multi30k de->en); NPROC=N for DDP, RESTARTS=N restarts after a failure
+ifeq ($(NPROC)$(NNODES)$(RESTARTS),110)
 	$(BIN)/nmt-train $(ARGS)
 else
-	$(BIN)/torchrun --nproc-per-node=$(NPROC) --nnodes=$(NNODES) $(TORCHRUN_ARGS) -m nmt.train $(ARGS)
+	TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 $(BIN)/torchrun --nproc-per-node=$(NPROC) --nnodes=$(NNODES) \
+	  --max-restarts=$(RESTARTS) $(TORCHRUN_ARGS) -m nmt.train $(ARGS)
 endif
 
 eval: install ## Score a run's checkpoint on its test set(s): RUN=<run dir> CKPT=<file> ARGS="beam=5"
@@ -82,6 +86,9 @@ bench-data: install ## Scale benchmark of the data path at 29k-2.9M pairs: prepa
 
 bench-soak: install ## Resident memory over a 30-minute cpu_quick run, sampled every 5 s (JSON into outputs/bench/; ARGS="--minutes 10 --early 2")
 	$(BIN)/python scripts/bench_soak.py $(ARGS)
+
+bench-recovery: install ## A rank SIGKILLed under torchrun --max-restarts: seconds to resume and updates lost (JSON into outputs/bench/; ARGS="--kill-at 100 --set trainer.save_every_minutes=1")
+	$(BIN)/python scripts/bench_recovery.py $(ARGS)
 
 bench-serve: install ## Export, engines and server figures (JSON into outputs/bench/): ARGS="--transformer CKPT --transformer-base CKPT --gru CKPT"
 	$(BIN)/python scripts/bench_serve.py $(ARGS)

@@ -24,7 +24,11 @@ SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"
 # the id of its rendezvous (the same across restarts)
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 RUN_ID = "TORCHELASTIC_RUN_ID"
-LAUNCHER = (*TORCHRUN, SUBMITIT_EXECUTOR, RESTART_COUNT, RUN_ID)
+MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+# torchrun's switch that gives each worker group a store of its own (pytorch#135712)
+SEPARATE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+LAUNCHER = (*TORCHRUN, SUBMITIT_EXECUTOR, RESTART_COUNT, RUN_ID, MAX_RESTARTS, AGENT_STORE)
 ONEDNN_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 ONEDNN_CACHE_ENTRIES = "16"
 SACREBLEU_SEED = "SACREBLEU_SEED"
@@ -42,6 +46,11 @@ VARIABLES: dict[str, str] = {
     f"{RESTART_COUNT}, {RUN_ID}": "read (set by torchrun): a restarted worker group "
     "(`--max-restarts`) continues the run directory of its first start, from its newest "
     "checkpoint that verifies",
+    f"{MAX_RESTARTS}, {AGENT_STORE}": "read (set by torchrun): a worker warns when torchrun "
+    f"may restart it but shares its rendezvous store with the workers (see {SEPARATE_STORE})",
+    SEPARATE_STORE: "set to 1 by `make train` for torchrun: each restarted worker group gets a "
+    "store of its own; with the store torchrun shares by default, a restarted group can read "
+    "the previous group's addresses and fail to connect (pytorch#135712)",
     SUBMITIT_EXECUTOR: "read (set by submitit): a SLURM task of several gets its rank "
     "variables from SLURM (`hydra/launcher=slurm`)",
     ", ".join(ONEDNN_CACHES): f"set to {ONEDNN_CACHE_ENTRIES} when nmt is imported, "

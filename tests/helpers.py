@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
@@ -137,3 +138,30 @@ def save_screenshot(page: Any, folder: Path, name: str, full_page: bool = True) 
     if target:
         shutil.copy(path, Path(target) / name)
     return path
+
+
+def assert_identical(a: Any, b: Any, where: str = "payload") -> None:
+    """Bit-for-bit equality of nested checkpoint contents."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for key in a:
+            assert_identical(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def training_outcome(payload: dict[str, Any]) -> dict[str, Any]:
+    """What must match between runs: all of a checkpoint except wall-clock timings."""
+    state = {k: v for k, v in payload["state"].items() if k != "train_time"}
+    state["history"] = [
+        {k: v for k, v in h.items() if k != "seconds"} for h in payload["state"]["history"]
+    ]
+    keys = ("model", "optimizer", "scheduler", "scaler", "rng", "tokenizers")
+    return {"state": state, **{k: payload[k] for k in keys}}

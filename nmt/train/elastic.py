@@ -34,7 +34,14 @@ import torch.distributed as dist
 
 from nmt.atomic import atomic_write_bytes
 from nmt.cli import UserError
-from nmt.environment import RESTART_COUNT, RUN_ID, SUBMITIT_EXECUTOR
+from nmt.environment import (
+    AGENT_STORE,
+    MAX_RESTARTS,
+    RESTART_COUNT,
+    RUN_ID,
+    SEPARATE_STORE,
+    SUBMITIT_EXECUTOR,
+)
 from nmt.runtime.distributed import DistInfo
 from nmt.store import checkpoint as ckpt
 
@@ -110,6 +117,12 @@ def torchrun_restart(outputs: Path, launcher: Mapping[str, str], dist_info: Dist
     """
     if RUN_ID not in launcher:
         return Restart()
+    restarts = int(launcher.get(MAX_RESTARTS, "0") or 0)
+    if dist_info.is_main and restarts > 0 and launcher.get(AGENT_STORE) == "True":
+        log.warning("torchrun may restart the workers (--max-restarts=%d) but shares its "
+                    "rendezvous store with them: a restarted group can read the previous "
+                    "group's addresses and fail to connect (pytorch#135712); start torchrun "
+                    "with %s=1 (make train does)", restarts, SEPARATE_STORE)  # fmt: skip
     count = int(launcher.get(RESTART_COUNT, "0") or 0)
     if dist_info.enabled:
         t = torch.tensor([count], dtype=torch.int64)

@@ -220,10 +220,24 @@ def find_origin(cfg: DictConfig, agree: Callable[[Callable[[], Any]], Any] | Non
     return origin
 
 
+def _step_file_of(last: Path) -> Path | None:
+    """The step file ``last.pt`` is a link to (the same file), if any."""
+    for path in reversed(ckpt.step_checkpoints(last.parent)):
+        try:
+            if path.samefile(last):
+                return path
+        except OSError:
+            continue
+    return None
+
+
 def log_origin(origin: Origin) -> None:
     """The run log's lines on where a resumed or fine-tuning run comes from."""
     if origin.resumed is not None:
-        log.info("resuming from %s at step %d", origin.resume_file, origin.resumed["state"]["step"])
+        path, step = origin.resume_file, origin.resumed["state"]["step"]
+        twin = _step_file_of(path) if path is not None and path.name == "last.pt" else None
+        shown = f"{path} ({twin.name})" if twin is not None else str(path)
+        log.info("resuming from %s at step %d", shown, step)
         started = origin.resumed["state"].get("init_from")
         if started:
             log.info("this run was fine-tuned from %s (step %s)", started["checkpoint"],

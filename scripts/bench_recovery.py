@@ -1,0 +1,64 @@
+"""Recovery from a rank's death under torchrun: ``make bench-recovery`` (nmt.bench.recovery).
+
+python scripts/bench_recovery.py                                   # or: make bench-recovery
+python scripts/bench_recovery.py --kill-at 150 --set trainer.save_every_minutes=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from nmt.bench import recovery
+from nmt.bench.report import SetupError, write_json
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=f"{__doc__}\n{recovery.__doc__}",
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    parser.add_argument("--kill-at", type=int, default=100, help="update before the kill")
+    parser.add_argument(
+        "--max-steps", type=int, default=0, help="updates of the run (default: kill-at + 100)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="a config override (repeatable), after experiment=cpu_quick",
+    )
+    parser.add_argument("--run-dir", type=Path, help="the run's directory (default: a temp)")
+    parser.add_argument("--out", help="the JSON file (default: outputs/bench/...)")
+    args = parser.parse_args(argv)
+    if args.kill_at < 1:
+        parser.error(f"--kill-at {args.kill_at}: must be >= 1")
+    with tempfile.TemporaryDirectory(prefix="nmt-recovery-") as tmp:
+        settings = recovery.RecoverySettings(
+            run_dir=args.run_dir or Path(tmp) / "run",
+            kill_at=args.kill_at,
+            overrides=["experiment=cpu_quick", *args.set],
+            max_steps=args.max_steps,
+            cwd=REPO,
+        )
+        try:
+            result = recovery.run(settings)
+        except SetupError as e:
+            print(f"bench-recovery: {e}", file=sys.stderr)
+            return 2
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    out = Path(args.out or REPO / "outputs" / "bench" / f"bench-recovery-{stamp}.json")
+    result["command"] = "python scripts/bench_recovery.py " + " ".join(argv or sys.argv[1:])
+    write_json(out, result)
+    print(recovery.report(result))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""Training that survives its machines, with real torchrun processes (gloo on CPU): a rank
+SIGKILLed at a seeded update is restarted by torchrun and the run ends bit-identical to an
+uninterrupted one; two torchrun agents (c10d rendezvous, the documented multi-node command)
+equal one agent with two processes; a preemption signal checkpoints, exits for a restart and
+the restart loses no update; a changed world size continues exactly or is refused."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nmt.bench.memory import descendants, kill_tree
+from nmt.bench.recovery import (
+    RecoverySettings,
+    kill_rank_at,
+    run,
+    torchrun_command,
+    torchrun_environment,
+    wait_for,
+    worker_ranks,
+)
+from nmt.store.checkpoint import load_checkpoint
+from nmt.train.runlog import of_kind, read_events
+
+from .helpers import DETERMINISTIC, REPO, assert_identical, tiny_run_overrides, training_outcome
+from .test_distributed import free_port
+
+SEED = 20261202  # chooses the updates at which ranks are killed or signalled
+STEPS = 12  # 4 batches per rank per epoch with 2 ranks: 3 epochs
+RUN = (
+    f"trainer.max_steps={STEPS}",
+    "trainer.val_every=4",
+    "trainer.log_every=1",
+    "trainer.val_sentences=4",
+    "trainer.patience=0",
+    "trainer.keep_last=100",
+    *DETERMINISTIC,
+)
+ENV = torchrun_environment(OMP_NUM_THREADS="1")  # as make train starts torchrun
+DOCS = REPO / "docs" / "how-to" / "multi-gpu.md"
+
+
+def overrides(corpus: Path, work: Path, *extra: str) -> list[str]:
+    return tiny_run_overrides(corpus, work, *RUN, *extra)
+
+
+def torchrun(args: list[str], log: Path, timeout: float = 300) -> int:
+    """Run a torchrun command to its end, its output into ``log``; its exit status."""
+    with open(log, "a") as out:
+        proc = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            return proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+
+
+def final(run_dir: Path) -> dict[str, Any]:
+    return training_outcome(load_checkpoint(run_dir / "checkpoints" / "last.pt"))
+
+
+@pytest.fixture(scope="module")
+def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """An uninterrupted 2-process run (one agent); returns its work folder and run dir."""
+    work = tmp_path_factory.mktemp("elastic")
+    run_dir = work / "reference"
+    cmd = torchrun_command(2, 0, *overrides(corpus, work), f"hydra.run.dir={run_dir}")
+    log = work / "reference.log"
+    assert torchrun(cmd, log) == 0, log.read_text()[-3000:]
+    return work, run_dir
+
+
+@pytest.mark.slow(seconds=45)
+def test_a_rank_killed_at_a_seeded_update_restarts_and_ends_as_if_never_killed(
+    corpus: Path, reference: tuple[Path, Path], tmp_path: Path
+) -> None:
+    work, ref_dir = reference
+    kill_at = random.Random(SEED).randint(5, STEPS - 2)
+    # no hydra.run.dir: the restarted workers make a new timestamped one unless the job's own
+    # run directory is handed to them; the clock checkpoints every few updates, rank 0 decides
+    args = [*overrides(corpus, tmp_path), "trainer.save_every_minutes=0.02"]
+    cmd = torchrun_command(2, 2, *args)
+    runs = tmp_path / "outputs" / "runs"
+    log = tmp_path / "console.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            run_dir = wait_for(lambda: next(iter(runs.glob("*/metrics.jsonl")), None), proc,
+                               "the run directory", 120).parent  # fmt: skip
+            kill = kill_rank_at(proc, run_dir, kill_at, 1, 120)
+            assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+    # one run directory: others hold at most the .hydra folder of a worker killed early
+    assert [p for p in runs.iterdir() if {q.name for q in p.iterdir()} - {".hydra"}] == [run_dir]
+    events = read_events(run_dir)
+    starts = of_kind(events, "start")
+    assert len(starts) == 2, kill
+    text = (run_dir / "train.log").read_text()
+    assert f"torchrun restart 1: continuing {run_dir}" in text
+    resumed = re.findall(r"resuming from (.+) at step (\d+)", text)
+    assert resumed and int(resumed[-1][1]) == starts[1]["step"] <= kill["step_logged"]
+    assert of_kind(events, "end")[-1]["step"] == STEPS
+    assert_identical(final(run_dir), final(ref_dir))
+    assert not (tmp_path / "outputs" / ".restarts").exists() or not any(
+        (tmp_path / "outputs" / ".restarts").iterdir()
+    )  # the finished job's record is gone
+
+
+def documented_multinode_command() -> tuple[dict[str, str], list[str]]:
+    """The torchrun command of the docs' multi-node section (HOST:29400 left to fill in): the
+    variables it sets and its words from ``torchrun`` on."""
+    lines = [ln.strip() for ln in DOCS.read_text().splitlines()]
+    found = [ln for ln in lines if " torchrun " in f" {ln} " and "--nnodes=2" in ln]
+    assert len(found) == 1, found
+    words = found[0].split()
+    at = words.index("torchrun")
+    return dict(w.split("=", 1) for w in words[:at]), words[at:]
+
+
+@pytest.mark.slow(seconds=25)
+def test_two_agents_with_c10d_rendezvous_equal_one_agent_with_two_processes(
+    corpus: Path, reference: tuple[Path, Path], tmp_path: Path
+) -> None:
+    variables, words = documented_multinode_command()
+    assert words[-2:] == ["-m", "nmt.train"] and "--nproc-per-node=1" in words
+    env = {**ENV, **variables}
+    endpoint = f"127.0.0.1:{free_port()}"
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    cmd += [w.replace("HOST:29400", endpoint) for w in words[1:]]
+    run_dir = tmp_path / "run"
+    cmd += [*overrides(corpus, tmp_path), f"hydra.run.dir={run_dir}"]
+    logs = [open(tmp_path / f"agent{i}.log", "w") for i in range(2)]  # noqa: SIM115
+    agents = [
+        subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        for log in logs
+    ]
+    try:
+        statuses = [a.wait(timeout=300) for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                kill_tree(a.pid)
+        for f in logs:
+            f.close()
+    text = "".join((tmp_path / f"agent{i}.log").read_text()[-2000:] for i in range(2))
+    assert statuses == [0, 0], text
+    start = of_kind(read_events(run_dir), "start")[0]
+    assert start["world_size"] == 2
+    assert_identical(final(run_dir), final(reference[1]))
+
+
+@pytest.mark.slow(seconds=45)
+def test_a_preemption_signal_checkpoints_exits_for_a_restart_and_loses_no_update(
+    corpus: Path, reference: tuple[Path, Path], tmp_path: Path
+) -> None:
+    at = random.Random(SEED + 1).choice([k for k in range(5, STEPS - 1) if k % 4])
+    run_dir = tmp_path / "run"
+    cmd = torchrun_command(2, 1, *overrides(corpus, tmp_path), f"hydra.run.dir={run_dir}")
+    log = tmp_path / "console.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: worker_ranks(proc.pid).get(1), proc, "rank 1", 120)
+            wait_for(
+                lambda: any(e["step"] >= at for e in of_kind(_events(run_dir), "train")),
+                proc, f"update {at}", 120,
+            )  # fmt: skip
+            os.kill(worker_ranks(proc.pid)[1], signal.SIGUSR1)  # one rank: all of them stop
+            assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+    console = log.read_text()
+    status = 128 + signal.SIGUSR1
+    assert console.count(f"exiting with status {status} (SIGUSR1)") == 2, console[-4000:]
+    events = read_events(run_dir)
+    saved = [e["step"] for e in of_kind(events, "checkpoint")]
+    starts = of_kind(events, "start")
+    assert len(starts) == 2
+    stopped = starts[1]["step"]
+    assert stopped >= at and stopped % 4 and stopped in saved  # a checkpoint of its own
+    text = (run_dir / "train.log").read_text()
+    resumed = re.findall(r"resuming from (.+) at step (\d+)", text)
+    assert len(resumed) == 1 and f"step_{stopped:08d}.pt" in resumed[0][0], resumed
+    assert of_kind(events, "end")[-1]["step"] == STEPS
+    assert_identical(final(run_dir), final(reference[1]))
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    return read_events(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+
+
+@pytest.mark.slow(seconds=15)
+def test_a_world_size_that_cannot_continue_the_data_order_is_refused(
+    corpus: Path, tmp_path: Path
+) -> None:
+    from .helpers import run_in_process
+
+    one = run_in_process(corpus, tmp_path, "one", *RUN[1:], "trainer.max_steps=3")
+    assert one["state"]["batch_in_epoch"] == 3
+    log = tmp_path / "console.log"
+    cmd = torchrun_command(
+        2, 0, *overrides(corpus, tmp_path), f"trainer.resume={one['run_dir']}",
+        f"hydra.run.dir={tmp_path / 'h'}",
+    )  # fmt: skip
+    status = torchrun(cmd, log)
+    text = log.read_text()
+    assert status != 0
+    assert "written by 1 processes after 3 batches of its epoch" in text, text[-3000:]
+    assert "--nproc-per-node" in text
+
+
+def test_a_changed_world_size_continues_the_epoch_where_it_divides() -> None:
+    from nmt.cli import UserError
+    from nmt.train.elastic import rescaled_position
+
+    assert rescaled_position(3, 2, 1) == 6  # 6 global batches done: one process goes on at 6
+    assert rescaled_position(3, 2, 3) == 2
+    assert rescaled_position(3, 2, 2) == 3
+    assert rescaled_position(0, 4, 3) == 0  # the start of an epoch suits any world size
+    assert rescaled_position(5, None, 2) == 5  # a checkpoint from before the world size
+    with pytest.raises(UserError, match="divides 3"):
+        rescaled_position(3, 1, 2)
+
+
+@pytest.mark.slow(seconds=30)
+def test_bench_recovery_measures_a_restart(corpus: Path, tmp_path: Path) -> None:
+    s = RecoverySettings(
+        tmp_path / "run", kill_at=6, overrides=tiny_run_overrides(corpus, tmp_path, *RUN[1:]),
+        max_steps=10, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    result = run(s)
+    assert result["starts"] == 2 and result["final_step"] == 10
+    assert result["resumed_step"] == 4  # the validation checkpoint before the kill
+    assert result["updates_lost"] == result["step_logged"] - 4 >= 2
+    assert 0 < result["death_to_start_s"] < result["death_to_first_log_s"]
+
+
+def submitit_task(driver: int) -> int | None:
+    """The process of submitit's local executor that runs the training job."""
+    for pid in descendants(driver):
+        try:
+            if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.slow(seconds=40)
+def test_submitit_requeues_a_signalled_job_which_continues_from_its_checkpoint(
+    corpus: Path, tmp_path: Path, threads_restored: None
+) -> None:
+    from .helpers import run_in_process
+
+    ref = run_in_process(corpus, tmp_path, "reference", *RUN)
+    at = random.Random(SEED + 2).choice([k for k in range(5, STEPS - 1) if k % 4])
+    sweep = tmp_path / "sweep"
+    cmd = [
+        sys.executable, "-m", "nmt.train", "-m", "hydra/launcher=submitit_local",
+        f"hydra.sweep.dir={sweep}", "hydra.launcher.timeout_min=10",
+        *tiny_run_overrides(corpus, tmp_path, "trainer.threads=1", *RUN),
+    ]  # fmt: skip
+    run_dir = sweep / "0"
+    log = tmp_path / "console.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_for(
+                lambda: any(e["step"] >= at for e in of_kind(_events(run_dir), "train")),
+                proc, f"update {at}", 180,
+            )  # fmt: skip
+            # submitit's signal (SIGUSR2), as SLURM sends it before the time limit
+            os.kill(wait_for(lambda: submitit_task(proc.pid), proc, "the task", 30), signal.SIGUSR2)
+            assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+    task_logs = "".join(p.read_text() for p in sweep.rglob("*_log.*"))
+    assert "Requeued job" in task_logs, task_logs[-4000:]
+    events = read_events(run_dir)
+    starts = of_kind(events, "start")
+    assert len(starts) == 2, task_logs[-4000:]
+    stopped = starts[1]["step"]
+    assert stopped >= at and stopped in [e["step"] for e in of_kind(events, "checkpoint")]
+    assert "requeued submitit job: continuing" in (run_dir / "train.log").read_text()
+    assert of_kind(events, "end")[-1]["step"] == STEPS
+    assert_identical(final(run_dir), final(Path(ref["run_dir"])))
