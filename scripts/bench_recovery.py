@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="a config override (repeatable), after experiment=cpu_quick",
     )
+    parser.add_argument(
+        "--to-end",
+        action="store_true",
+        help="let the run finish (default: stop it once the "
+        "restarted group logged its first window)",
+    )
     parser.add_argument("--run-dir", type=Path, help="the run's directory (default: a temp)")
     parser.add_argument("--out", help="the JSON file (default: outputs/bench/...)")
     args = parser.parse_args(argv)
@@ -45,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides=["experiment=cpu_quick", *args.set],
             max_steps=args.max_steps,
             cwd=REPO,
+            to_end=args.to_end,
         )
         try:
             result = recovery.run(settings)

@@ -237,7 +237,7 @@ def test_a_changed_world_size_continues_the_epoch_where_it_divides() -> None:
 def test_bench_recovery_measures_a_restart(corpus: Path, tmp_path: Path) -> None:
     s = RecoverySettings(
         tmp_path / "run", kill_at=6, overrides=tiny_run_overrides(corpus, tmp_path, *RUN[1:]),
-        max_steps=10, cwd=REPO, timeout=300,
+        max_steps=10, cwd=REPO, timeout=300, to_end=True,
     )  # fmt: skip
     result = run(s)
     assert result["starts"] == 2 and result["final_step"] == 10
@@ -295,4 +295,65 @@ def test_submitit_requeues_a_signalled_job_which_continues_from_its_checkpoint(
     assert stopped >= at and stopped in [e["step"] for e in of_kind(events, "checkpoint")]
     assert "requeued submitit job: continuing" in (run_dir / "train.log").read_text()
     assert of_kind(events, "end")[-1]["step"] == STEPS
+    assert_identical(final(run_dir), final(Path(ref["run_dir"])))
+
+
+def test_a_restart_skips_a_damaged_newest_checkpoint_and_says_which(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog, threads_restored: None
+) -> None:
+    from nmt.train.command import train
+    from nmt.train.elastic import RECORDS, _record_key
+
+    from .helpers import compose_config, run_in_process
+
+    first = run_in_process(corpus, tmp_path, "first", *RUN)
+    run_dir = Path(first["run_dir"])
+    ckpts = run_dir / "checkpoints"
+    newest = ckpts / f"step_{STEPS:08d}.pt"
+    expected = training_outcome(load_checkpoint(newest))
+    data = newest.read_bytes()
+    newest.write_bytes(data[: len(data) // 2])  # last.pt is the same file: torn too
+    (ckpts / f".step_{STEPS + 1:08d}.pt.x1.tmp").write_bytes(data[:1000])  # a write cut short
+    # what torchrun's first start recorded, and the variables of its first restart
+    launcher = {"TORCHELASTIC_RUN_ID": "job-1"}
+    record = tmp_path / "outputs" / RECORDS / f"{_record_key(launcher)}.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(f'{{"run_dir": "{run_dir}"}}\n')
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    cfg = compose_config("train", tiny_run_overrides(corpus, tmp_path, "trainer.threads=1", *RUN))
+    with caplog.at_level("INFO"):
+        result = train(cfg, tmp_path / "outputs" / "runs" / "a-new-one")
+    assert result["run_dir"] == str(run_dir) and result["state"]["step"] == STEPS
+    text = caplog.text
+    assert f"torchrun restart 1: continuing {run_dir}" in text
+    assert re.search(r"cannot resume from \S*last\.pt.*falling back to \S*step_00000008\.pt", text)
+    assert re.search(r"resuming from \S*step_00000008\.pt at step 8", text)
+    assert not (tmp_path / "outputs" / "runs" / "a-new-one").exists()
+    assert not record.exists()  # the run ended by itself
+    assert_identical(final(run_dir), expected)
+
+
+def test_checkpoints_by_the_clock_follow_rank_0_and_change_nothing_else(
+    corpus: Path, tmp_path: Path, threads_restored: None
+) -> None:
+    import itertools
+
+    from nmt.train.command import train
+    from nmt.train.loop import Functions
+
+    from .helpers import compose_config, run_in_process
+
+    ref = run_in_process(corpus, tmp_path, "reference", *RUN)
+    ticks = itertools.count(step=20.0)  # every look at the clock: 20 s later
+    functions = Functions(wall=lambda: next(ticks))
+    extra = ("trainer.threads=1", *RUN, "trainer.save_every_minutes=1", "trainer.keep_last=2")
+    cfg = compose_config("train", tiny_run_overrides(corpus, tmp_path, *extra))
+    run_dir = tmp_path / "clock"
+    train(cfg, run_dir, functions)
+    saved = [e["step"] for e in of_kind(read_events(run_dir), "checkpoint")]
+    # a minute is three looks at the clock after a checkpoint: 3 updates after the last one,
+    # besides the validations' at 4, 8 and 12
+    assert saved == [3, 4, 7, 8, 11, 12]
+    assert len(list((run_dir / "checkpoints").glob("step_*.pt"))) == 2  # trainer.keep_last
     assert_identical(final(run_dir), final(Path(ref["run_dir"])))

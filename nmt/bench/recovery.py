@@ -42,6 +42,7 @@ class RecoverySettings:
     max_steps: int = 0  # 0: kill_at + 2 log windows
     cwd: Path | None = None  # where torchrun runs (the repository)
     timeout: float = 1800.0  # seconds for the whole run
+    to_end: bool = False  # let the run finish (else stop it once the restart logged its first)
 
 
 def torchrun_environment(**extra: str) -> dict[str, str]:
@@ -130,8 +131,15 @@ def recovery_figures(run_dir: Path, kill: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _restarted_and_logged(run_dir: Path) -> bool:
+    evs = events(run_dir)
+    starts = of_kind(evs, "start")
+    return len(starts) >= 2 and any(e["time"] > starts[-1]["time"] for e in of_kind(evs, "train"))
+
+
 def run(s: RecoverySettings) -> dict[str, Any]:
-    """Train under torchrun, kill rank 1 at ``s.kill_at``, let the group restart and finish."""
+    """Train under torchrun, kill rank 1 at ``s.kill_at``, let the group restart and log its
+    first window (and finish, with ``s.to_end``)."""
     max_steps = s.max_steps or s.kill_at + 100
     args = [*s.overrides, f"trainer.max_steps={max_steps}", f"hydra.run.dir={s.run_dir}"]
     cmd = torchrun_command(2, 1, *args)
@@ -143,10 +151,16 @@ def run(s: RecoverySettings) -> dict[str, Any]:
         proc = subprocess.Popen(cmd, cwd=s.cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             kill = kill_rank_at(proc, s.run_dir, s.kill_at, 1, s.timeout)
-            status = proc.wait(timeout=s.timeout)
+            if s.to_end:
+                status = proc.wait(timeout=s.timeout)
+            else:  # the figures are in once the restarted group logged its first window
+                wait_for(lambda: _restarted_and_logged(s.run_dir), proc, "a log line after the "
+                         "restart", s.timeout)  # fmt: skip
+                status = 0
         finally:
             if proc.poll() is None:
                 kill_tree(proc.pid)
+                proc.wait()
     if status != 0:
         tail = log.read_text()[-3000:]
         raise SetupError(f"torchrun exited with {status} after the kill:\n{tail}")
@@ -158,7 +172,7 @@ def run(s: RecoverySettings) -> dict[str, Any]:
         "kill_at": s.kill_at,
         **kill,
         **figures,
-        "final_step": end[-1]["step"] if end else None,
+        "final_step": end[-1]["step"] if end else None,  # None: stopped after the figures
         "wall_s": round(time.time() - began, 1),
         "machine": {
             "cpus": os.cpu_count(),
