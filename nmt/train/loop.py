@@ -264,9 +264,17 @@ class Trainer:
         }
 
     def save(self, is_best: bool) -> None:
+        """Rank 0 writes the checkpoint; every rank calls this (its random state goes in too)."""
         self.last_save = self.functions.wall()
+        ranks_rng = None
+        if self.run.dist.enabled:  # each rank's own: their dropout draws differ
+            ranks_rng = [None] * self.run.dist.world_size if self.run.dist.is_main else None
+            dist.gather_object(ckpt.rng_state(), ranks_rng, dst=0)
         if self.run.dist.is_main:
-            path = self.checkpointer.save(self.payload(), is_best)
+            payload = self.payload()
+            if ranks_rng is not None:
+                payload["ranks_rng"] = ranks_rng
+            path = self.checkpointer.save(payload, is_best)
             rel = run_path(path, self.run.run_dir)
             self.run_log.write("checkpoint", self.state.step, path=rel, best=is_best)
 

@@ -156,6 +156,9 @@ def build_trainer(run: Setup, functions: Functions) -> Trainer:
     scaler = build_scaler(str(t.precision), run.device)
     if run.resumed is not None:
         restore(run.resumed, run.model, optimizer, scheduler, scaler)
+        ranks_rng = run.resumed.get("ranks_rng")  # each rank's, as many as now: its own
+        if isinstance(ranks_rng, list) and len(ranks_rng) == run.dist.world_size:
+            ckpt.set_rng_state(ranks_rng[run.dist.rank])
     return Trainer(
         run, state, optimizer, scheduler, scaler,
         train_model=build_train_model(run.model, run.dist, run.device, t.compile),
