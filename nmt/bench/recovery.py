@@ -118,9 +118,15 @@ def recovery_figures(run_dir: Path, kill: dict[str, Any]) -> dict[str, Any]:
     if len(starts) < 2:
         raise SetupError(f"{run_dir}: the restarted group wrote no start event")
     restart = starts[-1]
-    after = [e for e in of_kind(evs, "train") if e["time"] > restart["time"]]
+    trains = of_kind(evs, "train")
+    after = [e for e in trains if e["time"] > restart["time"]]
     first = after[0] if after else None
+    before = [e for e in trains if e["time"] <= kill["killed_at"]][-2:]
+    pace = None  # seconds per update before the kill, between its last two log lines
+    if len(before) == 2 and before[1]["step"] > before[0]["step"]:
+        pace = (before[1]["time"] - before[0]["time"]) / (before[1]["step"] - before[0]["step"])
     return {
+        "seconds_per_update_before": round(pace, 3) if pace else None,
         "starts": len(starts),
         "resumed_from": restart.get("resumed_from"),
         "resumed_step": restart["step"],

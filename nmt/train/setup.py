@@ -326,10 +326,11 @@ def setup(cfg: DictConfig, run_dir: Path, functions: Functions) -> Setup:
     restart.stop_signal = submitit_signal(launcher)
     restarted = continue_restarted(cfg.trainer, restart, run_dir, launcher)
     origin = find_origin(cfg, partial(decided_by_rank0, dist_info))
-    if origin.resume_file is not None:  # continue in place (outside a run: in this new one)
+    # a resumed run continues in place (from a file outside a run: in this new one, or in the
+    # one a restarted job began); a job restarted before its first checkpoint, in its own
+    run_dir = restart.run_dir or run_dir
+    if origin.resume_file is not None:
         run_dir = checkpoint_run_dir(origin.resume_file) or run_dir
-    elif restart.run_dir is not None:  # a restart before the first checkpoint
-        run_dir = restart.run_dir
     if dist_info.is_main:
         write_record(restart, run_dir)
     open_run_dir(run_dir, Path(cfg.outputs), dist_info, origin.warnings)
