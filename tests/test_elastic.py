@@ -246,6 +246,7 @@ def test_bench_recovery_measures_a_restart(corpus: Path, tmp_path: Path) -> None
     assert result["resumed_step"] == 4  # the validation checkpoint before the kill
     assert result["updates_lost"] == result["step_logged"] - 4 >= 2
     assert 0 < result["death_to_start_s"] < result["death_to_first_log_s"]
+    assert result["seconds_per_update_before"] > 0
 
 
 def submitit_task(driver: int) -> int | None:

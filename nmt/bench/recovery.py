@@ -107,7 +107,14 @@ def kill_rank_at(
     seen = wait_for(logged, proc, f"update {step} in {run_dir}", timeout)
     pid = wait_for(lambda: worker_ranks(proc.pid).get(rank), proc, f"rank {rank}", timeout)
     os.kill(pid, signal.SIGKILL)
-    return {"killed_rank": rank, "step_logged": seen, "killed_at": time.time()}
+    killed_at = time.time()
+    # read now: a restart that resumes an earlier step drops the later events from the file
+    last = of_kind(events(run_dir), "train")[-2:]
+    pace = None  # seconds per update before the kill, between its last two log lines
+    if len(last) == 2 and last[1]["step"] > last[0]["step"]:
+        pace = round((last[1]["time"] - last[0]["time"]) / (last[1]["step"] - last[0]["step"]), 3)
+    return {"killed_rank": rank, "step_logged": seen, "killed_at": killed_at,
+            "seconds_per_update_before": pace}  # fmt: skip
 
 
 def recovery_figures(run_dir: Path, kill: dict[str, Any]) -> dict[str, Any]:
@@ -118,15 +125,9 @@ def recovery_figures(run_dir: Path, kill: dict[str, Any]) -> dict[str, Any]:
     if len(starts) < 2:
         raise SetupError(f"{run_dir}: the restarted group wrote no start event")
     restart = starts[-1]
-    trains = of_kind(evs, "train")
-    after = [e for e in trains if e["time"] > restart["time"]]
+    after = [e for e in of_kind(evs, "train") if e["time"] > restart["time"]]
     first = after[0] if after else None
-    before = [e for e in trains if e["time"] <= kill["killed_at"]][-2:]
-    pace = None  # seconds per update before the kill, between its last two log lines
-    if len(before) == 2 and before[1]["step"] > before[0]["step"]:
-        pace = (before[1]["time"] - before[0]["time"]) / (before[1]["step"] - before[0]["step"])
     return {
-        "seconds_per_update_before": round(pace, 3) if pace else None,
         "starts": len(starts),
         "resumed_from": restart.get("resumed_from"),
         "resumed_step": restart["step"],
