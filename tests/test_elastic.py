@@ -360,3 +360,30 @@ def test_checkpoints_by_the_clock_follow_rank_0_and_change_nothing_else(
     assert saved == [3, 4, 7, 8, 11, 12]
     assert len(list((run_dir / "checkpoints").glob("step_*.pt"))) == 2  # trainer.keep_last
     assert_identical(final(run_dir), final(Path(ref["run_dir"])))
+
+
+@pytest.mark.slow(seconds=30)
+def test_a_two_process_checkpoint_continues_its_epoch_exactly_in_one_process(
+    corpus: Path, tmp_path: Path, threads_restored: None
+) -> None:
+    import torch
+
+    from .helpers import DETERMINISTIC, run_in_process
+
+    plain = (*RUN[1:6], *DETERMINISTIC)  # no dropout: 2 ranks equal 1 process accumulating 2
+    ref = run_in_process(corpus, tmp_path, "ref", *plain, "trainer.accumulate=2",
+                         f"trainer.max_steps={STEPS}")  # fmt: skip
+    two = tmp_path / "two"
+    cmd = torchrun_command(2, 0, *tiny_run_overrides(corpus, tmp_path, *plain,
+                           "trainer.max_steps=6"), f"hydra.run.dir={two}")  # fmt: skip
+    log = tmp_path / "console.log"
+    assert torchrun(cmd, log) == 0, log.read_text()[-3000:]
+    saved = load_checkpoint(two / "checkpoints" / "last.pt")
+    assert (saved["world_size"], saved["state"]["batch_in_epoch"]) == (2, 2)  # mid-epoch
+    resumed = run_in_process(corpus, tmp_path, "unused", *plain, "trainer.accumulate=2",
+                             f"trainer.max_steps={STEPS}", f"trainer.resume={two}")  # fmt: skip
+    assert resumed["state"]["step"] == STEPS
+    got = load_checkpoint(two / "checkpoints" / "last.pt")["model"]
+    want = load_checkpoint(Path(ref["run_dir"]) / "checkpoints" / "last.pt")["model"]
+    for key, value in want.items():  # the same batches: equal up to the order of sums
+        torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-5, msg=key)
