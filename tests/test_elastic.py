@@ -387,3 +387,50 @@ def test_a_two_process_checkpoint_continues_its_epoch_exactly_in_one_process(
     want = load_checkpoint(Path(ref["run_dir"]) / "checkpoints" / "last.pt")["model"]
     for key, value in want.items():  # the same batches: equal up to the order of sums
         torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+# two ranks whose clocks disagree: rank 0's minute passes every 3 looks, rank 1's never
+CLOCKS = """
+import itertools, sys
+from pathlib import Path
+from nmt.train.command import train
+from nmt.train.loop import Functions
+from tests.helpers import compose_config
+ticks = itertools.count(step=20.0 if sys.argv[1] == "0" else 0.001)
+train(compose_config("train", sys.argv[3:]), Path(sys.argv[2]), Functions(wall=lambda: next(ticks)))
+"""
+
+
+@pytest.mark.slow(seconds=30)
+def test_ranks_whose_clocks_disagree_checkpoint_together_by_rank_0s(
+    corpus: Path, tmp_path: Path, threads_restored: None
+) -> None:
+    import torch
+
+    from .helpers import DETERMINISTIC, run_in_process
+
+    plain = (*RUN[:6], *DETERMINISTIC, "trainer.save_every_minutes=1")
+    ref = run_in_process(corpus, tmp_path, "ref", *plain, "trainer.accumulate=2")
+    run_dir = tmp_path / "two"
+    args = tiny_run_overrides(corpus, tmp_path, "trainer.threads=1", *plain)
+    port = str(free_port())
+    procs = []
+    for rank in ("0", "1"):
+        env = {**ENV, "RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
+        cmd = [sys.executable, "-c", CLOCKS, rank, str(run_dir), *args]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]  # without agreement: a hang
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_tree(p.pid)
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    saved = [e["step"] for e in of_kind(read_events(run_dir), "checkpoint")]
+    assert saved == [3, 4, 7, 8, 11, 12]  # as rank 0's clock says (see the test above)
+    got = load_checkpoint(run_dir / "checkpoints" / "last.pt")["model"]
+    want = load_checkpoint(Path(ref["run_dir"]) / "checkpoints" / "last.pt")["model"]
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-5, msg=key)
