@@ -379,12 +379,14 @@ class ServeConfig(DecodeConfig):
     max_beam: int = 16  # largest beam a request may ask for
     batch_wait_ms: float = 5.0  # how long a batch waits for more requests after its first
     max_batch_sentences: int = 256  # sentences of one shared decode
+    max_segments: int = 256  # lines or html text nodes of one LibreTranslate request (400 beyond)
     shutdown_timeout: float = 60.0  # seconds given to requests in flight at SIGTERM
     api_keys_file: str | None = None  # the keys a translation needs (python -m nmt.serve.keys)
     allow_open: bool = False  # true: listen on a non-loopback host without api_keys_file
     cors_origins: list[str] = field(default_factory=list)  # web origins allowed to call (CORS)
     max_queued_sentences: int = 512  # sentences waiting for a decode; a request beyond: 503
     request_timeout: float = 30.0  # seconds from a request's arrival to its answer; then 504
+    decode_nice: int = 5  # niceness added to the decoding threads, Linux (0: none)
 
 
 # The model schemas by architecture name: a model config's ``arch`` selects one (and, through

@@ -71,7 +71,7 @@ def require_aiohttp() -> Any:
 
 def limits_of(cfg: DictConfig) -> Limits:
     return Limits(
-        cfg.max_sentences, cfg.max_chars, cfg.max_body_bytes, cfg.max_beam, cfg.max_batch_sentences
+        cfg.max_sentences, cfg.max_chars, cfg.max_body_bytes, cfg.max_beam, cfg.max_segments
     )
 
 

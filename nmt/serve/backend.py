@@ -3,6 +3,10 @@ runs its decodes."""
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -18,6 +22,8 @@ from nmt.data.tokenizer import TokenizerPair
 from nmt.decode.options import DecodeOptions
 from nmt.environment import disable_mkl_fast_mm
 from nmt.store.package import CT2_DIR, is_package, read_package, verified_file
+
+log = logging.getLogger(__name__)
 
 DecodeFn = Callable[[list[list[int]], DecodeOptions, bool], list[Any]]
 
@@ -129,7 +135,7 @@ def torch_backend(cfg: DictConfig) -> Backend:
 def start_backend(cfg: DictConfig) -> tuple[Backend, ThreadPoolExecutor]:
     """The backend, loaded on the thread that will run its decodes (:func:`decode_thread`);
     a backend that runs several decodes at once gets as many threads."""
-    executor = decode_thread()
+    executor = decode_thread(nice=cfg.decode_nice)
     try:
         backend = executor.submit(load_backend, cfg).result()
     except BaseException:
@@ -137,7 +143,7 @@ def start_backend(cfg: DictConfig) -> tuple[Backend, ThreadPoolExecutor]:
         raise
     if backend.concurrency > 1:  # CTranslate2: no PyTorch in the process
         executor.shutdown(wait=True)
-        executor = decode_thread(backend.concurrency)
+        executor = decode_thread(backend.concurrency, cfg.decode_nice)
     return backend, executor
 
 
@@ -156,7 +162,7 @@ def load_backend(cfg: DictConfig) -> Backend:
     return torch_backend(cfg)
 
 
-def decode_thread(threads: int = 1) -> ThreadPoolExecutor:
+def decode_thread(threads: int = 1, nice: int = 0) -> ThreadPoolExecutor:
     """The one thread that loads the model and runs every decode (``threads`` for a backend
     that runs several decodes at once).
 
@@ -164,5 +170,30 @@ def decode_thread(threads: int = 1) -> ThreadPoolExecutor:
     has run one on a team of OpenMP threads, another thread's decodes keep only part of the
     cores busy. With the model loaded here, the server of a 2-core CPU went from 110 to 248
     sentences/s (cpu_quick, 32 clients, greedy; ``make bench-serve``).
+
+    On Linux each thread is ``nice`` steps less urgent than the event loop's thread, and so are
+    the threads it starts: PyTorch's OpenMP team and CTranslate2's workers, which are started by
+    the thread that loads the model. While the decodes keep every core busy, the scheduler then
+    runs the event loop as soon as a request arrives, so that /health, /ready and a 503 are
+    answered at once rather than after a slice of decoding.
     """
-    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="nmt-decode")
+    return ThreadPoolExecutor(
+        max_workers=threads,
+        thread_name_prefix="nmt-decode",
+        initializer=lower_priority,
+        initargs=(nice,),
+    )
+
+
+def lower_priority(nice: int) -> None:
+    """Make the calling thread (and the threads it will start) ``nice`` steps less urgent.
+
+    Linux only: there a thread's niceness is its own, set through its thread id; elsewhere the
+    call would reach the whole process (or another one), so nothing is done."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as e:  # a sandbox may forbid it: the server runs, less promptly under load
+        log.warning("could not lower the decoding thread's priority: %s", e)
