@@ -50,6 +50,11 @@ class Corpus(StrEnum):
     parallel = "parallel"  # the user's own files
 
 
+class TagPlacement(StrEnum):
+    source = "source"  # the target tag <2xx> is the source's first token
+    target = "target"  # the target tag is the first target token, forced when decoding
+
+
 class SpmModelType(StrEnum):
     unigram = "unigram"
     bpe = "bpe"
@@ -139,6 +144,15 @@ class DataConfig:
     test: list[str] = field(default_factory=lambda: ["test_2016_flickr"])
     # a dataset corpus's column holding {language code: sentence} in each row
     column: str = "translation"
+    # multilingual (one model for several directions, each written src-tgt: [de-en, en-fr]);
+    # empty: the one direction src_lang -> tgt_lang. See docs/how-to/multilingual.md
+    directions: list[str] = field(default_factory=list)
+    # where the target-language tag <2xx> goes: source (the source's first token) or target
+    # (the first target token, forced when decoding)
+    tag_placement: TagPlacement = TagPlacement.source
+    # multilingual: a direction's share of an epoch follows pairs ** (1 / T): 1 by size,
+    # 5 flatter, inf uniform
+    sampling_temperature: float = 1.0
     # cleaning (training split only; valid/test are only stripped)
     max_len: int = 100  # subword tokens per side
     max_len_ratio: float = 3.0  # longer side / shorter side, in subword tokens
@@ -463,6 +477,48 @@ def train_corpora(value: Any, key: str = "data.train") -> list[TrainCorpus]:
     return corpora
 
 
+@dataclass(frozen=True)
+class Direction:
+    """One translation direction of a multilingual run: source and target language codes."""
+
+    src: str
+    tgt: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.src}-{self.tgt}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_directions(value: Any, key: str = "data.directions") -> list[Direction]:
+    """The directions of ``data.directions`` (``[de-en, en-fr]``); raises ConfigError naming the
+    entry. An empty list is an empty result (a bilingual run)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple, ListConfig)):
+        raise ConfigError(f"{key}={value!r} must be a list of directions such as [de-en, en-fr]")
+    out: list[Direction] = []
+    for i, entry in enumerate(value):
+        where = f"{key}[{i}]"
+        parts = entry.split("-") if isinstance(entry, str) else []
+        if len(parts) != 2 or not all(p and p.isascii() and p.isalnum() for p in parts):
+            raise ConfigError(
+                f"{where}={entry!r} is not a direction: write <source>-<target> language "
+                "codes, such as de-en"
+            )
+        d = Direction(parts[0], parts[1])
+        if d.src == d.tgt:
+            raise ConfigError(f"{where}={entry!r} translates a language into itself")
+        if d in out:
+            raise ConfigError(f"{where}={entry!r} is named twice")
+        out.append(d)
+    return out
+
+
 def check_train_config(cfg: DictConfig) -> None:
     """Check values that the type system cannot; raise ConfigError naming the key."""
     _check_data(cfg.data)
@@ -476,12 +532,17 @@ def check_train_config(cfg: DictConfig) -> None:
 
 
 def _check_data(d: DictConfig) -> None:
-    if d.src_lang == d.tgt_lang:
+    directions = parse_directions(d.directions)
+    if directions:
+        _check_multilingual(d, directions)
+    elif d.src_lang == d.tgt_lang:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {d.src_lang!r}")
-    if d.corpus == "multi30k":
+    if d.corpus == "multi30k" and not directions:
         for key, lang in (("data.src_lang", d.src_lang), ("data.tgt_lang", d.tgt_lang)):
             _choice(key, lang, ("en", "de", "fr", "cs"))
     train_corpora(d.train)
+    if not (d.sampling_temperature > 0):  # nan fails too
+        raise ConfigError(f"data.sampling_temperature={d.sampling_temperature} must be > 0")
     _positive("data.spm_sample", d.spm_sample)
     _positive("data.num_workers", d.num_workers, allow_zero=True)
     _positive("data.max_len", d.max_len)
@@ -494,6 +555,18 @@ def _check_data(d: DictConfig) -> None:
         raise ConfigError(
             f"data.max_tokens={d.max_tokens} is smaller than one sentence of data.max_len="
             f"{d.max_len} tokens (+2 for BOS/EOS); raise data.max_tokens or lower data.max_len"
+        )
+
+
+def _check_multilingual(d: DictConfig, directions: list[Direction]) -> None:
+    if d.corpus == "multi30k":
+        for i, direction in enumerate(directions):
+            for lang in (direction.src, direction.tgt):
+                _choice(f"data.directions[{i}] ({direction})", lang, ("en", "de", "fr", "cs"))
+    if not d.joint_vocab:
+        raise ConfigError(
+            "data.directions: a multilingual model has one sentencepiece model over all its "
+            "languages; set data.joint_vocab=true"
         )
 
 
