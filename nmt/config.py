@@ -329,6 +329,12 @@ class EvalConfig(DecodeConfig):
     # test sets (0 = none; else at least 100), drawn with this seed (a positive integer)
     bootstrap: int = BOOTSTRAP_RESAMPLES
     bootstrap_seed: int = BOOTSTRAP_SEED
+    # a multilingual run: directions it never trained to score as well ([de-fr]), each also
+    # through the pivot language (two decodes) as its baseline
+    zero_shot: list[str] = field(default_factory=list)
+    pivot: str = "en"  # the language a zero-shot direction is pivoted through
+    # a multilingual run: the share of outputs not in the target language (py3langid)
+    off_target: bool = True
 
 
 @dataclass
