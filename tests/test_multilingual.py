@@ -21,9 +21,16 @@ from nmt.environment import multi30k_source
 from nmt.train.validation import validation_scores
 
 from .helpers import compose_config, write_subset
-from .test_search import BOS, EOS, SRC_V, real_model, random_sources
+from .test_search import BOS, EOS, SRC_V, random_sources, real_model
 
 LANGS = ("cs", "de", "en", "fr")
+
+
+def lines_of(prefix, lang: str) -> list[str]:
+    with open(f"{prefix}.{lang}", encoding="utf-8") as f:
+        return f.read().split("\n")
+
+
 SIX = "[de-en,fr-en,cs-en,en-de,en-fr,en-cs]"
 
 
@@ -65,8 +72,7 @@ def test_tag_placement(fourway, tmp_path, placement):
     data = prepare_data(cfg)
     tok = data.tokenizers.src
     tags = set(tok.tags.values())
-    lines = {lang: open(f"{fourway}.{lang}", encoding="utf-8").read().split("\n")
-             for lang in ("de", "en", "fr")}  # fmt: skip
+    lines = {lang: lines_of(fourway, lang) for lang in ("de", "en", "fr")}
     n = data.train_corpora[0].pairs
     for i, (src_lang, tgt_lang) in [(0, ("de", "en")), (n + 3, ("en", "fr"))]:
         src, tgt = data.train.src(i).tolist(), data.train.tgt(i).tolist()
@@ -93,8 +99,8 @@ def test_shared_sides_are_stored_once(fourway, tmp_path):
     assert sorted(f["lang"] for f in files) == sorted(LANGS)
     assert len(cache.arrays["text.lengths"]) == 4 * 120
     tok = cache.tokenizers.src
-    total = sum(len(tok.encode(line.strip())) for lang in LANGS
-                for line in open(f"{fourway}.{lang}", encoding="utf-8").read().split("\n")[:120])  # fmt: skip
+    lines = [line for lang in LANGS for line in lines_of(fourway, lang)[:120]]
+    total = sum(len(tok.encode(line.strip())) for line in lines)
     assert len(cache.arrays["text.tokens"]) == total
     assert len(cache.corpora) == 6
     en = next(f for f in files if f["lang"] == "en")
@@ -138,10 +144,10 @@ def test_sampling_shares_follow_the_temperature(fourway, tmp_path):
             )  # fmt: skip
             assert np.array_equal(again.epoch_examples(0), sampler.epoch_examples(0))
             assert not np.array_equal(sampler.epoch_examples(1), sampler.epoch_examples(0))
-    assert temperature_shares([120, 60, 20], 5.0) == pytest.approx(
-        [120**0.2 / s for s in [120**0.2 + 60**0.2 + 20**0.2]] + [
-            60**0.2 / (120**0.2 + 60**0.2 + 20**0.2), 20**0.2 / (120**0.2 + 60**0.2 + 20**0.2)]
-    )  # fmt: skip
+    z = 120**0.2 + 60**0.2 + 20**0.2
+    assert temperature_shares(sizes, 5.0) == pytest.approx([120**0.2 / z, 60**0.2 / z, 20**0.2 / z])
+    assert temperature_shares(sizes, 1.0) == pytest.approx([0.6, 0.3, 0.1])
+    assert temperature_shares(sizes, math.inf) == pytest.approx([1 / 3] * 3)
 
 
 @pytest.mark.parametrize("name", ["transformer", "gru"])
@@ -166,8 +172,8 @@ def test_forced_first_token(name):
 
 def test_validation_per_direction_and_mean_criterion(fourway, tmp_path):
     """Each direction is scored on its own sentences; bleu and chrf are the directions' mean."""
-    cfg = compose_config("train", ["model=transformer", "model.d_model=16", "model.heads=2",
-                                   "model.d_ff=32", "model.enc_layers=1", "model.dec_layers=1"])  # fmt: skip
+    sizes = ["model.d_model=16", "model.heads=2", "model.d_ff=32", "model.enc_layers=1"]
+    cfg = compose_config("train", ["model=transformer", *sizes, "model.dec_layers=1"])
     cfg.data = multi_cfg(fourway, tmp_path, "[de-en,en-fr,fr-en]")
     cfg.trainer.val_sentences = 10
     data = prepare_data(cfg.data)
@@ -199,7 +205,7 @@ def test_validation_per_direction_and_mean_criterion(fourway, tmp_path):
 def test_a_tag_in_the_corpus_is_refused(fourway, tmp_path):
     bad = tmp_path / "bad"
     for lang in ("de", "en"):
-        lines = open(f"{fourway}.{lang}", encoding="utf-8").read().split("\n")
+        lines = lines_of(fourway, lang)
         if lang == "en":
             lines[4] = "A man says <2de> loudly."
         (tmp_path / f"bad.{lang}").write_text("\n".join(lines), encoding="utf-8")
@@ -212,7 +218,7 @@ def test_missing_file_and_unequal_lengths_name_the_file(fourway, tmp_path):
         ensure_multi_prepared(multi_cfg(fourway, tmp_path, "[de-en,en-it]"))
     short = tmp_path / "short"
     for lang, n in (("de", 120), ("en", 119)):
-        lines = open(f"{fourway}.{lang}", encoding="utf-8").read().split("\n")[:n]
+        lines = lines_of(fourway, lang)[:n]
         (tmp_path / f"short.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"short\.de has 120 lines, .*short\.en has 119 lines"):
         ensure_multi_prepared(multi_cfg(short, tmp_path, "[de-en,en-de]"))
