@@ -10,12 +10,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nmt.config import ConfigError, DataConfig, check_train_config
+from nmt.config import ConfigError, DataConfig
+from nmt.config_checks import check_train_config
 from nmt.data.batching import TokenBatchSampler, make_batch
 from nmt.data.corpus import DataError, fetch_multi30k
 from nmt.data.datasets import prepare_data
-from nmt.data.multilingual import NO_TAG, temperature_shares
+from nmt.data.multilingual import temperature_shares
 from nmt.data.multiprep import ensure_multi_prepared
+from nmt.data.tagged import NO_TAG
 from nmt.decode.search import beam_search, greedy_search
 from nmt.environment import multi30k_source
 from nmt.train.validation import validation_scores

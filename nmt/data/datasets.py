@@ -25,15 +25,10 @@ from nmt.config import Direction, train_corpora
 from nmt.data.batching import TokenDataset
 from nmt.data.binarize import ensure_prepared
 from nmt.data.corpus import read_parallel, strip_lines
-from nmt.data.multilingual import (
-    directions_of,
-    indexed_dataset,
-    placement_of,
-    tagged_dataset,
-    temperature_factors,
-)
+from nmt.data.multilingual import directions_of, placement_of, temperature_factors
 from nmt.data.multiprep import DirectionSplit, ensure_multi_prepared, resolve_direction_splits
 from nmt.data.splits import Split, log_shares, read_split, resolve_splits, weighted_counts
+from nmt.data.tagged import indexed_dataset, tagged_dataset
 from nmt.data.tokenizer import TokenizerPair
 from nmt.environment import Multi30kSource
 

@@ -27,11 +27,11 @@ from nmt.data.multilingual import (
     directions_of,
     languages,
     placement_of,
-    tagged_dataset,
     target_languages,
     target_tag,
 )
 from nmt.data.multiprep import resolve_direction_splits
+from nmt.data.tagged import tagged_dataset
 from nmt.decode.engines import TorchEngine
 from nmt.decode.options import DecodeOptions
 from nmt.environment import multi30k_source
