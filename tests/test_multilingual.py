@@ -249,3 +249,21 @@ def test_preset_and_data_config_compose():
     assert cfg.data.tag_placement == "source" and cfg.trainer.max_time > 0
     inf = compose_config("train", ["data=multi30k_multilingual", "data.sampling_temperature=inf"])
     assert math.isinf(inf.data.sampling_temperature)
+
+
+def test_weighted_corpora_in_every_direction(fourway, tmp_path):
+    """Each weighted entry of data.train is read in every direction with its weight; the
+    temperature scales a direction's corpora together."""
+    m30k = fourway.parent.parent / "data" / "multi30k"
+    second = write_subset(m30k, tmp_path / "more", "train", 40, langs=("de", "en"), start=200)
+    for temperature, scale in ((1.0, 1.0), (math.inf, 1.0)):
+        cfg = multi_cfg(fourway, tmp_path, "[de-en,en-de]", sampling_temperature=temperature)
+        cfg.train = [str(fourway), f"{second}:2"]
+        data = prepare_data(cfg)
+        names = [c.name for c in data.train_corpora]
+        assert names == ["train0_120 de-en", "train0_120 en-de", "train200_40 de-en",
+                         "train200_40 en-de"]  # fmt: skip
+        assert [c.weight for c in data.train_corpora] == pytest.approx([scale, scale, 2, 2])
+        per_epoch = {d: v["per_epoch"] for d, v in data.stats["directions"].items()}
+        kept = [c.pairs for c in data.train_corpora]
+        assert per_epoch == {"de-en": kept[0] + 2 * kept[2], "en-de": kept[1] + 2 * kept[3]}
