@@ -130,6 +130,10 @@ class DataConfig:
     sentencepiece model(s), trained on ``spm_sample`` pairs drawn uniformly from the cleaned
     training pairs (all of them when there are fewer). ``num_workers`` processes encode
     (0: one per available core; 1: in this process).
+
+    ``directions`` makes a multilingual run (one model, a target-language tag per sentence):
+    each split is read in every direction, ``{src}`` / ``{tgt}`` in a prefix replaced by the
+    direction's languages; see :mod:`nmt.data.multilingual` and :mod:`nmt.data.multiprep`.
     """
 
     name: str = MISSING  # the data config's name (multi30k_de_en, parallel, ...)

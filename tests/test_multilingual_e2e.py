@@ -117,3 +117,8 @@ def test_untrained_target_language_is_refused(trained):
     assert len(errors) == 1
     assert "target language 'cs' was not trained" in errors[0]
     assert "translates into de, en, fr" in errors[0]
+    source = run_dir.parent / "one.txt"
+    source.write_text("Ein Hund läuft.\n", encoding="utf-8")
+    done = command("nmt.decode.translate", f"run={run_dir}", f"input={source}", "progress=false")
+    assert done.returncode == 2
+    assert "nmt-translate does not read language tags yet" in done.stderr
