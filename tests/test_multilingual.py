@@ -267,3 +267,11 @@ def test_weighted_corpora_in_every_direction(fourway, tmp_path):
         per_epoch = {d: v["per_epoch"] for d, v in data.stats["directions"].items()}
         kept = [c.pairs for c in data.train_corpora]
         assert per_epoch == {"de-en": kept[0] + 2 * kept[2], "en-de": kept[1] + 2 * kept[3]}
+
+
+def test_a_tokenizer_without_the_tags_is_refused(fourway, tmp_path):
+    """Fine-tuning hands its own tokenizer: one without a language's tag stops the run."""
+    first = ensure_multi_prepared(multi_cfg(fourway, tmp_path, "[de-en,en-de]"))
+    cfg = multi_cfg(fourway, tmp_path, "[de-en,en-fr]")
+    with pytest.raises(DataError, match=r"no language tag for fr \(it has de, en\)"):
+        prepare_data(cfg, first.tokenizers)

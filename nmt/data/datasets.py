@@ -24,8 +24,8 @@ from nmt.cli import QUIET, Progress
 from nmt.config import Direction, train_corpora
 from nmt.data.batching import TokenDataset
 from nmt.data.binarize import ensure_prepared
-from nmt.data.corpus import read_parallel, strip_lines
-from nmt.data.multilingual import directions_of, placement_of, temperature_factors
+from nmt.data.corpus import DataError, read_parallel, strip_lines
+from nmt.data.multilingual import directions_of, languages, placement_of, temperature_factors
 from nmt.data.multiprep import DirectionSplit, ensure_multi_prepared, resolve_direction_splits
 from nmt.data.splits import Split, log_shares, read_split, resolve_splits, weighted_counts
 from nmt.data.tagged import indexed_dataset, tagged_dataset
@@ -174,6 +174,12 @@ def prepare_multilingual(
     tokenizers = cache.tokenizers
     tok = tokenizers.src
     directions = directions_of(cfg)
+    missing = [lang for lang in languages(directions) if lang not in tok.tags]
+    if missing:  # a given tokenizer (fine-tuning) made for other languages, or none
+        raise DataError(
+            f"the tokenizer has no language tag for {', '.join(missing)} (it has "
+            f"{', '.join(sorted(tok.tags)) or 'none'}); a multilingual run needs one per language"
+        )
     tag_of = {d.name: tok.tags[d.tgt] for d in directions}
     placement = placement_of(cfg)
     text = cache.arrays
