@@ -20,6 +20,7 @@ from nmt.data.multiprep import ensure_multi_prepared
 from nmt.data.tagged import NO_TAG
 from nmt.decode.search import beam_search, greedy_search
 from nmt.environment import multi30k_source
+from nmt.evaluate.multilingual import LanguageIdentifier, off_target_rate
 from nmt.train.validation import validation_scores
 
 from .helpers import compose_config, write_subset
@@ -275,3 +276,15 @@ def test_a_tokenizer_without_the_tags_is_refused(fourway, tmp_path):
     cfg = multi_cfg(fourway, tmp_path, "[de-en,en-fr]")
     with pytest.raises(DataError, match=r"no language tag for fr \(it has de, en\)"):
         prepare_data(cfg, first.tokenizers)
+
+
+def test_off_target_rate_on_real_references(fourway):
+    """py3langid, among the model's languages: each language's own lines are on target, every
+    other language's are off target."""
+    identify = LanguageIdentifier(list(LANGS)).language
+    for lang in LANGS:
+        own = lines_of(fourway, lang)[:120]
+        assert off_target_rate(own, lang, identify) <= 0.02
+        other = LANGS[(LANGS.index(lang) + 1) % 4]
+        assert off_target_rate(own, other, identify) >= 0.98
+    assert off_target_rate(["", "  "], "en", identify) == 0.0
