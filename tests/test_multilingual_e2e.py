@@ -91,6 +91,7 @@ def test_train_and_eval_every_direction(threeway, trained, placement):
         assert any(f"/{d}/sent0" in tag for tag in images), images
     page = (run_dir / "attention" / "validation.html").read_text()
     assert all(f"[{d}]" in page for d in DIRECTIONS)
+    assert "de/en/fr" in page  # the languages, not data.src_lang / tgt_lang
 
     done = command("nmt.evaluate", f"run={run_dir}", "zero_shot=[de-fr]", "bootstrap=100",
                    "progress=false")  # fmt: skip

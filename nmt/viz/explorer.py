@@ -35,6 +35,7 @@ from torch import Tensor
 from nmt.atomic import atomic_write_bytes
 from nmt.data.batching import TokenDataset, make_batch
 from nmt.data.datasets import EvalSet, encode_texts
+from nmt.data.multilingual import directions_of
 from nmt.data.tokenizer import BOS_ID, EOS_ID, TokenizerPair
 from nmt.decode.options import DecodeOptions
 from nmt.models.base import Seq2Seq
@@ -145,13 +146,13 @@ def model_info(cfg: DictConfig, checkpoint: str | None = None) -> dict[str, Any]
         )
     else:
         name = f"GRU encoder-decoder with {m.attention} attention (hidden {m.hidden_dim})"
-    return {
-        "arch": str(m.arch),
-        "name": name,
-        "src_lang": str(cfg.data.src_lang),
-        "tgt_lang": str(cfg.data.tgt_lang),
-        "checkpoint": checkpoint,
-    }
+    src, tgt = str(cfg.data.src_lang), str(cfg.data.tgt_lang)
+    directions = directions_of(cfg.data)
+    if directions:  # a multilingual model: each sentence is marked with its direction
+        src = "/".join(sorted({d.src for d in directions}))
+        tgt = "/".join(sorted({d.tgt for d in directions}))
+    return {"arch": str(m.arch), "name": name, "src_lang": src, "tgt_lang": tgt,
+            "checkpoint": checkpoint}  # fmt: skip
 
 
 def document(
