@@ -18,6 +18,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from nmt.config import ConfigError
+from nmt.data.multilingual import refuse_multilingual
 from nmt.data.tokenizer import TokenizerPair
 from nmt.decode.options import DecodeOptions
 from nmt.environment import disable_mkl_fast_mm
@@ -107,6 +108,7 @@ def torch_backend(cfg: DictConfig) -> Backend:
         torch.set_num_threads(cfg.threads)
     device = pick_device(cfg.device)
     trained = load_model(cfg, device)
+    refuse_multilingual(trained.cfg.data, "nmt-serve")
     defaults = DecodeOptions.from_config(cfg, decode_defaults(trained))
     engine = make_engine(cfg.engine, trained, defaults, device)
 
