@@ -411,6 +411,7 @@ class ServeConfig(DecodeConfig):
     max_queued_sentences: int = 512  # sentences waiting for a decode; a request beyond: 503
     request_timeout: float = 30.0  # seconds from a request's arrival to its answer; then 504
     decode_nice: int = 5  # niceness added to the decoding threads, Linux (0: none)
+    allow_zero_shot: bool = False  # a multilingual model: serve pairs it was not trained on
 
 
 # The model schemas by architecture name: a model config's ``arch`` selects one (and, through

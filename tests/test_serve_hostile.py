@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from nmt.decode.options import DecodeOptions
 from nmt.serve.app import make_app
 from nmt.serve.backend import load_backend
+from nmt.serve.languages import Languages
 from nmt.serve.libre import parse_libre, plan
 from nmt.serve.markup import MarkupError, join_html, split_html, text_nodes
 from nmt.serve.native import BadRequest, Limits, load_json, parse_request
@@ -191,7 +192,7 @@ def test_the_parsers_raise_nothing_but_a_4xx(raw: bytes) -> None:
     defaults = DecodeOptions(beam=2)
     for parse in (
         lambda: parse_request(raw, LIMITS, defaults),
-        lambda: plan(parse_libre(load_json(raw), LIMITS, ("de", "en")), LIMITS),
+        lambda: plan(parse_libre(load_json(raw), LIMITS, Languages((("de", "en"),))), LIMITS),
     ):
         try:
             parse()

@@ -18,10 +18,10 @@ import numpy as np
 from omegaconf import DictConfig
 
 from nmt.config import ConfigError
-from nmt.data.multilingual import refuse_multilingual
 from nmt.data.tokenizer import TokenizerPair
 from nmt.decode.options import DecodeOptions
 from nmt.environment import disable_mkl_fast_mm
+from nmt.serve.languages import Languages
 from nmt.store.package import CT2_DIR, is_package, read_package, verified_file
 
 log = logging.getLogger(__name__)
@@ -42,14 +42,17 @@ class Backend:
     model: str
     step: int
     concurrency: int = 1  # decodes it runs at once, each on a thread of its own
-    languages: tuple[str, str] = ("src", "tgt")  # the training data's src_lang, tgt_lang
+    languages: Languages = Languages((("src", "tgt"),))  # its directions and their tags
     max_positions: int | None = None  # source pieces the model reads, EOS included (None: any)
 
 
-def languages_of(train_cfg: DictConfig) -> tuple[str, str]:
-    """The source and target language codes of a run's config (``data.src_lang``/``tgt_lang``)."""
+def languages_of(train_cfg: DictConfig, tokenizers: TokenizerPair, cfg: DictConfig) -> Languages:
+    """The directions of a run's config (``data.directions``, or ``data.src_lang``/``tgt_lang``)
+    with the tag ids of the tokenizer that reads them (``data.tag_placement``)."""
     data = train_cfg.get("data") or {}
-    return str(data.get("src_lang", "src")), str(data.get("tgt_lang", "tgt"))
+    placement = str(data.get("tag_placement", "source") or "source")
+    tokenizer = tokenizers.src if placement == "source" else tokenizers.tgt
+    return Languages.of(data, tokenizer.tags, bool(cfg.get("allow_zero_shot", False)))
 
 
 def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
@@ -70,6 +73,12 @@ def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
     for name in manifest.files:
         if name.startswith(f"{CT2_DIR}/"):
             verified_file(package, manifest, name)
+    languages = languages_of(train_cfg, tokenizers, cfg)
+    if languages.multilingual:
+        raise ConfigError(
+            f"engine=ctranslate2 does not place language tags yet, and {package} is multilingual "
+            f"({languages.names()}): serve it with engine=torch"
+        )
     max_positions = train_cfg.model.get("max_positions")
     engine = ct2.CTranslate2Engine(
         package / CT2_DIR,
@@ -90,7 +99,7 @@ def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
         str(package),
         manifest.step,
         engine.workers,
-        languages_of(train_cfg),
+        languages,
         max_positions,
     )
 
@@ -108,12 +117,18 @@ def torch_backend(cfg: DictConfig) -> Backend:
         torch.set_num_threads(cfg.threads)
     device = pick_device(cfg.device)
     trained = load_model(cfg, device)
-    refuse_multilingual(trained.cfg.data, "nmt-serve")
     defaults = DecodeOptions.from_config(cfg, decode_defaults(trained))
     engine = make_engine(cfg.engine, trained, defaults, device)
 
-    def decode(sources: list[list[int]], opts: DecodeOptions, keep_attention: bool) -> list[Any]:
+    def decode(
+        sources: list[list[int]],
+        opts: DecodeOptions,
+        keep_attention: bool,
+        forced: list[int] | None = None,
+    ) -> list[Any]:
         data = TokenDataset(sources, [[] for _ in sources])
+        if forced is not None:  # a multilingual model's target tag, as its first output token
+            data.forced = np.asarray(forced, dtype=np.int64)
         outputs = engine.hypotheses(data, opts, keep_attention=keep_attention)
         # the answers are built on the event loop's thread, which never touches a tensor
         return [_without_tensors(o) for o in outputs]
@@ -125,7 +140,7 @@ def torch_backend(cfg: DictConfig) -> Backend:
         defaults,
         str(trained.path),
         trained.step,
-        languages=languages_of(trained.cfg),
+        languages=languages_of(trained.cfg, trained.tokenizers, cfg),
         max_positions=(
             trained.model.max_positions  # None for a model without a position table
             if trained.model is not None
