@@ -5,7 +5,7 @@ Hydra's ConfigStore, so a misspelt key, a value of the wrong type or a choice ou
 fails when the config is composed, before any data is read. The defaults are declared here only:
 a YAML file under configs/ sets just the values that make it differ. Checks that span several
 values live in :func:`check_train_config`, which raises :class:`ConfigError` naming the
-offending key.
+offending key (they live in :mod:`nmt.config_checks`).
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ else:  # pragma: no cover - Python 3.10
 class Corpus(StrEnum):
     multi30k = "multi30k"  # Multi30k task 1, fetched and verified
     parallel = "parallel"  # the user's own files
+
+
+class TagPlacement(StrEnum):
+    source = "source"  # the target tag <2xx> is the source's first token
+    target = "target"  # the target tag is the first target token, forced when decoding
 
 
 class SpmModelType(StrEnum):
@@ -125,6 +130,10 @@ class DataConfig:
     sentencepiece model(s), trained on ``spm_sample`` pairs drawn uniformly from the cleaned
     training pairs (all of them when there are fewer). ``num_workers`` processes encode
     (0: one per available core; 1: in this process).
+
+    ``directions`` makes a multilingual run (one model, a target-language tag per sentence):
+    each split is read in every direction, ``{src}`` / ``{tgt}`` in a prefix replaced by the
+    direction's languages; see :mod:`nmt.data.multilingual` and :mod:`nmt.data.multiprep`.
     """
 
     name: str = MISSING  # the data config's name (multi30k_de_en, parallel, ...)
@@ -139,6 +148,15 @@ class DataConfig:
     test: list[str] = field(default_factory=lambda: ["test_2016_flickr"])
     # a dataset corpus's column holding {language code: sentence} in each row
     column: str = "translation"
+    # multilingual (one model for several directions, each written src-tgt: [de-en, en-fr]);
+    # empty: the one direction src_lang -> tgt_lang. See docs/how-to/multilingual.md
+    directions: list[str] = field(default_factory=list)
+    # where the target-language tag <2xx> goes: source (the source's first token) or target
+    # (the first target token, forced when decoding)
+    tag_placement: TagPlacement = TagPlacement.source
+    # multilingual: a direction's share of an epoch follows pairs ** (1 / T): 1 by size,
+    # 5 flatter, inf uniform
+    sampling_temperature: float = 1.0
     # cleaning (training split only; valid/test are only stripped)
     max_len: int = 100  # subword tokens per side
     max_len_ratio: float = 3.0  # longer side / shorter side, in subword tokens
@@ -318,6 +336,12 @@ class EvalConfig(DecodeConfig):
     # test sets (0 = none; else at least 100), drawn with this seed (a positive integer)
     bootstrap: int = BOOTSTRAP_RESAMPLES
     bootstrap_seed: int = BOOTSTRAP_SEED
+    # a multilingual run: directions it never trained to score as well ([de-fr]), each also
+    # through the pivot language (two decodes) as its baseline
+    zero_shot: list[str] = field(default_factory=list)
+    pivot: str = "en"  # the language a zero-shot direction is pivoted through
+    # a multilingual run: the share of outputs not in the target language (py3langid)
+    off_target: bool = True
 
 
 @dataclass
@@ -382,12 +406,15 @@ class ServeConfig(DecodeConfig):
     max_beam: int = 16  # largest beam a request may ask for
     batch_wait_ms: float = 5.0  # how long a batch waits for more requests after its first
     max_batch_sentences: int = 256  # sentences of one shared decode
+    max_segments: int = 256  # lines or html text nodes of one LibreTranslate request (400 beyond)
     shutdown_timeout: float = 60.0  # seconds given to requests in flight at SIGTERM
     api_keys_file: str | None = None  # the keys a translation needs (python -m nmt.serve.keys)
     allow_open: bool = False  # true: listen on a non-loopback host without api_keys_file
     cors_origins: list[str] = field(default_factory=list)  # web origins allowed to call (CORS)
     max_queued_sentences: int = 512  # sentences waiting for a decode; a request beyond: 503
     request_timeout: float = 30.0  # seconds from a request's arrival to its answer; then 504
+    decode_nice: int = 5  # niceness added to the decoding threads, Linux (0: none)
+    allow_zero_shot: bool = False  # a multilingual model: serve pairs it was not trained on
 
 
 # The model schemas by architecture name: a model config's ``arch`` selects one (and, through
@@ -466,83 +493,46 @@ def train_corpora(value: Any, key: str = "data.train") -> list[TrainCorpus]:
     return corpora
 
 
-def check_train_config(cfg: DictConfig) -> None:
-    """Check values that the type system cannot; raise ConfigError naming the key."""
-    _check_data(cfg.data)
-    _check_optim(cfg.optim, cfg.trainer)
-    _check_trainer(cfg.trainer)
-    dec = cfg.decode
-    check_decode(dec, "decode.")
-    if dec.checkpoint == "averaged" and cfg.trainer.average_last == 0:
-        raise ConfigError("decode.checkpoint=averaged needs trainer.average_last > 0")
-    check_model_config(cfg.model)
+@dataclass(frozen=True)
+class Direction:
+    """One translation direction of a multilingual run: source and target language codes."""
+
+    src: str
+    tgt: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.src}-{self.tgt}"
+
+    def __str__(self) -> str:
+        return self.name
 
 
-def _check_data(d: DictConfig) -> None:
-    if d.src_lang == d.tgt_lang:
-        raise ConfigError(f"data.src_lang and data.tgt_lang are both {d.src_lang!r}")
-    if d.corpus == "multi30k":
-        for key, lang in (("data.src_lang", d.src_lang), ("data.tgt_lang", d.tgt_lang)):
-            _choice(key, lang, ("en", "de", "fr", "cs"))
-    train_corpora(d.train)
-    _positive("data.spm_sample", d.spm_sample)
-    _positive("data.num_workers", d.num_workers, allow_zero=True)
-    _positive("data.max_len", d.max_len)
-    if d.max_len_ratio < 1:
-        raise ConfigError(f"data.max_len_ratio={d.max_len_ratio} must be >= 1")
-    _positive("data.vocab_size", d.vocab_size)
-    _positive("data.max_tokens", d.max_tokens)
-    # +2: room for the BOS/EOS added around the longest allowed sentence
-    if d.max_tokens < d.max_len + 2:
-        raise ConfigError(
-            f"data.max_tokens={d.max_tokens} is smaller than one sentence of data.max_len="
-            f"{d.max_len} tokens (+2 for BOS/EOS); raise data.max_tokens or lower data.max_len"
-        )
-
-
-def _check_optim(o: DictConfig, t: DictConfig) -> None:
-    _positive("optim.lr", o.lr)
-    _positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
-    _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
-    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
-        raise ConfigError(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
-    decays = o.schedule in ("cosine", "linear")
-    if decays and o.decay_over == "steps" and t.max_steps <= 0:
-        raise ConfigError(
-            f"optim.schedule={o.schedule} decays to trainer.max_steps: set it > 0, or decay "
-            "over a time budget with optim.decay_over=time and trainer.max_time"
-        )
-    if decays and o.decay_over == "time" and t.max_time <= 0 and t.cpu_max_time <= 0:
-        raise ConfigError(
-            "optim.decay_over=time decays to the training-time limit: set trainer.max_time > 0"
-        )
-
-
-def _check_trainer(t: DictConfig) -> None:
-    _choice("trainer.precision", str(t.precision), ("auto", "32", "bf16", "16"))
-    for key in ("accumulate", "log_every", "val_every", "keep_last"):
-        _positive(f"trainer.{key}", t[key])
-    for key in ("max_steps", "max_epochs", "max_time", "cpu_max_time", "patience",
-                "clip_grad_norm", "average_last", "save_every_minutes"):  # fmt: skip
-        _positive(f"trainer.{key}", t[key], allow_zero=True)
-    if not 0 <= t.label_smoothing < 1:
-        raise ConfigError(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
-    if t.init_from and t.resume:
-        raise ConfigError(
-            f"trainer.init_from={t.init_from!r} and trainer.resume={t.resume!r} exclude each "
-            "other: init_from starts a new run from a checkpoint's weights, resume continues a "
-            "run (a fine-tuning run included) where it stopped; set only one"
-        )
-    if t.attention_html and t.attention_sentences <= 0:
-        raise ConfigError(
-            "trainer.attention_html=true shows the first trainer.attention_sentences validation "
-            f"sentences, but trainer.attention_sentences={t.attention_sentences}: set it > 0"
-        )
-    if t.average_last > t.keep_last:
-        raise ConfigError(
-            f"trainer.average_last={t.average_last} needs trainer.keep_last>={t.average_last} "
-            "step checkpoints on disk"
-        )
+def parse_directions(value: Any, key: str = "data.directions") -> list[Direction]:
+    """The directions of ``data.directions`` (``[de-en, en-fr]``); raises ConfigError naming the
+    entry. An empty list is an empty result (a bilingual run)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple, ListConfig)):
+        raise ConfigError(f"{key}={value!r} must be a list of directions such as [de-en, en-fr]")
+    out: list[Direction] = []
+    for i, entry in enumerate(value):
+        where = f"{key}[{i}]"
+        parts = entry.split("-") if isinstance(entry, str) else []
+        if len(parts) != 2 or not all(p and p.isascii() and p.isalnum() for p in parts):
+            raise ConfigError(
+                f"{where}={entry!r} is not a direction: write <source>-<target> language "
+                "codes, such as de-en"
+            )
+        d = Direction(parts[0], parts[1])
+        if d.src == d.tgt:
+            raise ConfigError(f"{where}={entry!r} translates a language into itself")
+        if d in out:
+            raise ConfigError(f"{where}={entry!r} is named twice")
+        out.append(d)
+    return out
 
 
 def check_decode(d: Any, prefix: str = "") -> None:

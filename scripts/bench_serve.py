@@ -77,6 +77,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the engines of the overload phases",
     )
     p.add_argument("--ab-rounds", type=int, default=3, help="A B rounds (medians)")
+    p.add_argument(
+        "--setting-ab",
+        metavar="KEY=VALUE",
+        help="overload this code with a server setting (A) and without it (B), alternating",
+    )
+    p.add_argument("--setting-rounds", type=int, default=3, help="its A B rounds (medians)")
     p.add_argument("--work", default="outputs/bench/serve-work", help="packages and caches")
     p.add_argument("--out", help="JSON (default outputs/bench/bench-serve-<timestamp>.json)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 40 sentences, few requests")

@@ -42,11 +42,12 @@ def run_app(app: Any, scenario: Callable[[TestClient], Awaitable[None]]) -> None
     asyncio.run(main())
 
 
-def start_server(package: Path, *extra: str) -> tuple[subprocess.Popen, int]:
-    """The server in a process of its own; its log (a line per request) goes to a file, which
-    cannot fill up and stall it as an unread pipe would."""
+def start_server(package: Path, *extra: str, key: str = "model") -> tuple[subprocess.Popen, int]:
+    """The server of ``package`` (``key="run"``: of a run directory) in a process of its own;
+    its log (a line per request) goes to a file, which cannot fill up and stall it as an unread
+    pipe would."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "nmt.serve", f"model={package}", "port=0", "threads=1", *extra]
+    cmd = [sys.executable, "-m", "nmt.serve", f"{key}={package}", "port=0", "threads=1", *extra]
     fd, name = tempfile.mkstemp(suffix=".log", dir=package.parent)  # in pytest's tmp folder
     log = Path(name)
     with os.fdopen(fd, "w") as err:  # the server keeps its own descriptor

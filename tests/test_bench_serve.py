@@ -200,7 +200,7 @@ def test_int8_model_quantizes_without_a_deprecated_api() -> None:
     assert type(model["proj"]) is torch.nn.Linear and type(model["cells"][0]) is torch.nn.GRUCell
 
 
-@pytest.mark.slow(seconds=41)  # mostly the phases' clocks
+@pytest.mark.slow(seconds=55)  # mostly the phases' clocks
 def test_bench_serve_overload_quick_run(runs: dict[str, Path], tmp_path: Path) -> None:
     """--overload on both engines: the sustainable load, 4x it, the abandoned burst (on this code
     and, through --ab-base, on a checkout: here this one) and the A/B levels, in the JSON."""
@@ -211,6 +211,7 @@ def test_bench_serve_overload_quick_run(runs: dict[str, Path], tmp_path: Path) -
         "--overload-seconds", "1", "--patience", "5", "--burst-clients", "3",
         "--burst-patience", "1", "--recovery-cap", "3", "--ab-base", str(REPO),
         "--ab-rounds", "1", "--levels", "1", "--requests", "4", "--level-seconds", "5",
+        "--setting-ab", "decode_nice=0", "--setting-rounds", "1",
         "--work", str(tmp_path / "work"), "--out", str(out),
     ]  # fmt: skip
     result = run_bench(cmd, out)
@@ -233,3 +234,9 @@ def test_bench_serve_overload_quick_run(runs: dict[str, Path], tmp_path: Path) -
         assert over["abandoned_burst"]["health_after_clients_left"]["queued"] == 0
         for side in ("A", "B"):
             assert over["ab"]["medians"][side]["1_clients"]["sentences_per_s"] > 0
+        setting = over["setting_ab"]
+        assert setting["A"] == "decode_nice=0" and setting["rate"] == loaded["requests_per_s"]
+        for side in ("A", "B"):
+            (run,) = setting["runs"][side]
+            assert sum(run["statuses"].values()) == run["sent"] > 0
+            assert setting["medians"][side]["answered_200_share"] is not None

@@ -22,10 +22,10 @@ from nmt.config import (
     TrainerConfig,
     TransformerConfig,
     TranslateConfig,
-    check_train_config,
     register_configs,
     to_container,
 )
+from nmt.config_checks import check_train_config
 from nmt.data.tokenizer import PAD_ID
 from nmt.models.registry import create_model
 

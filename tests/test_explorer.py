@@ -22,7 +22,8 @@ import pytest
 import torch
 from sacrebleu.metrics import BLEU
 
-from nmt.config import ConfigError, check_train_config
+from nmt.config import ConfigError
+from nmt.config_checks import check_train_config
 from nmt.data.tokenizer import BOS_ID, EOS_ID
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import greedy_search, max_output_lengths

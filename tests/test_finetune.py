@@ -20,7 +20,8 @@ import pytest
 import torch
 import yaml
 
-from nmt.config import ConfigError, check_train_config, to_container
+from nmt.config import ConfigError, to_container
+from nmt.config_checks import check_train_config
 from nmt.data.datasets import prepare_data
 from nmt.data.tokenizer import TokenizerPair
 from nmt.store.checkpoint import load_checkpoint, save_checkpoint

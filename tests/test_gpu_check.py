@@ -19,7 +19,7 @@ import pytest
 
 from nmt.bench import gpu_check as gc
 from nmt.bench import gpu_wheels
-from nmt.config import check_train_config
+from nmt.config_checks import check_train_config
 from nmt.train.runlog import RunLog, read_events
 
 from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, write_subset

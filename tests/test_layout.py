@@ -11,7 +11,7 @@ import pytest
 from .helpers import REPO
 
 PACKAGE = REPO / "nmt"
-GROUND = {"environment", "atomic", "cli", "config"}
+GROUND = {"environment", "atomic", "cli", "config", "config_checks"}
 BELOW_STORE = GROUND | {"data", "models", "runtime"}
 # what each part of the package may import from nmt (besides itself), from the ground up
 ALLOWED: dict[str, set[str]] = {
@@ -19,6 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "atomic": set(),
     "cli": {"environment"},
     "config": {"environment", "cli"},
+    "config_checks": {"environment", "cli", "config"},
     "data": GROUND,
     "models": set(),
     "runtime": GROUND | {"data"},

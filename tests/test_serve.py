@@ -24,7 +24,17 @@ from nmt.serve.app import make_app
 from nmt.serve.backend import load_backend
 from nmt.store.loading import load_package
 
-from .serving import SENTENCES, get, post, run_app, serve_config, server_log, start_server, until
+from .serving import (
+    SENTENCES,
+    get,
+    post,
+    run_app,
+    serve_config,
+    server_log,
+    start_server,
+    stop_server,
+    until,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -299,3 +309,41 @@ def test_ctranslate2_server_runs_without_pytorch(package: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _threads(pid: int) -> dict[int, tuple[int, int]]:
+    """Each thread of a process: (niceness, CPU ticks spent)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        # after the name: state is field 3 of stat(5), utime 14, stime 15, nice 19
+        out[int(task.name)] = (int(fields[16]), int(fields[11]) + int(fields[12]))
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux's /proc shows threads")
+@pytest.mark.parametrize("engine", ["torch", "ctranslate2"])
+def test_the_decoding_runs_on_threads_less_urgent_than_the_event_loop(
+    package: Path, engine: str
+) -> None:
+    """``decode_nice``: the threads that load and decode (the OpenMP team or CTranslate2's
+    workers included) run at a higher niceness than the event loop's, so that the loop is
+    scheduled first when a request arrives while the decodes keep the cores busy."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    proc, port = start_server(package, f"engine={engine}", "threads=2", "decode_nice=4")
+    try:
+        for _ in range(3):
+            status, body = post(port, {"text": SENTENCES * 4, "beam": 3})
+            assert status == 200 and len(body["translations"]) == 4 * len(SENTENCES)
+        threads = _threads(proc.pid)
+    finally:
+        assert stop_server(proc) == 0, server_log(proc)
+    assert threads[proc.pid][0] == base  # the event loop's thread
+    lowered = {tid: t for tid, t in threads.items() if t[0] == min(19, base + 4)}
+    others = {tid: t for tid, t in threads.items() if tid != proc.pid and tid not in lowered}
+    assert lowered, threads
+    # the decoding's work (and the model's loading) was done on the lowered threads
+    assert sum(t[1] for t in lowered.values()) > 4 * sum(t[1] for t in others.values()), threads

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from nmt.decode.options import DecodeOptions
 from nmt.serve.app import make_app
 from nmt.serve.backend import load_backend
+from nmt.serve.languages import Languages
 from nmt.serve.libre import parse_libre, plan
 from nmt.serve.markup import MarkupError, join_html, split_html, text_nodes
 from nmt.serve.native import BadRequest, Limits, load_json, parse_request
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 LIMITS = Limits(max_sentences=4, max_chars=80, max_body_bytes=20_000, max_beam=3, max_segments=8)
 SERVER = [f"max_sentences={LIMITS.max_sentences}", f"max_chars={LIMITS.max_chars}",
           f"max_body_bytes={LIMITS.max_body_bytes}", f"max_beam={LIMITS.max_beam}",
-          f"max_batch_sentences={LIMITS.max_segments}", "max_output_len_a=0",
+          f"max_segments={LIMITS.max_segments}", "max_output_len_a=0",
           "max_output_len_b=8"]  # fmt: skip
 NATIVE = b'{"text": ["Ein Hund rennt."]}'
 LIBRE = b'{"q": "Ein Hund rennt.", "source": "de", "target": "en"}'
@@ -190,7 +192,7 @@ def test_the_parsers_raise_nothing_but_a_4xx(raw: bytes) -> None:
     defaults = DecodeOptions(beam=2)
     for parse in (
         lambda: parse_request(raw, LIMITS, defaults),
-        lambda: plan(parse_libre(load_json(raw), LIMITS, ("de", "en")), LIMITS),
+        lambda: plan(parse_libre(load_json(raw), LIMITS, Languages((("de", "en"),))), LIMITS),
     ):
         try:
             parse()
@@ -289,6 +291,11 @@ def test_the_openapi_document_follows_the_servers_limits(live: int) -> None:
     over = json.dumps({"text": ["a" * 81]}).encode()
     assert raw_post(live, "/v1/translate", over, "application/json")[0] == 413
     assert raw_post(live, "/v1/translate", b'{"text": ["a"], "beam": 4}', "")[0] == 400
+    # max_segments (8 here), apart from max_batch_sentences (its default, 256)
+    assert "at most 8 in a request" in libre["properties"]["q"]["description"]
+    nine = json.dumps({"q": "\n".join(["a"] * 9), "source": "de", "target": "en"})
+    status, _, body = raw_post(live, "/translate", nine.encode(), "application/json")
+    assert status == 400 and "more than 8 lines" in json.loads(body)["error"], body
 
 
 def test_schemathesis_finds_every_answer_of_the_live_server_in_the_document(live: int) -> None:
@@ -333,3 +340,47 @@ def routed(port: int, method: str, path: str) -> bool:
         return response.status != 404
     finally:
         connection.close()
+
+
+def raw_exchange(port: int, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``data`` as it is and read the answer until the server closes the connection (an
+    error answer closes it; the writing side stays open, since a client that has closed it may
+    be given no answer)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(data)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+MALFORMED_HTTP = {
+    "no request line": b"GARBAGE\r\n\r\n",
+    "tls hello": bytes.fromhex("16030100a5010000a10303") + b"\x00" * 40,
+    "header without colon": b"GET /health HTTP/1.1\r\nHost: x\r\nNo colon here\r\n\r\n",
+    "nul in a header": b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
+    "header line too long": b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: "
+    + b"a" * 70000
+    + b"\r\n\r\n",
+    "content-length not a number": b"POST /translate HTTP/1.1\r\nHost: x\r\n"
+    b"Content-Length: ten\r\n\r\n",
+    "length and chunked": b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "bad chunk size": b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    "http/9": b"GET /health HTTP/9.1\r\nHost: x\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_HTTP))
+def test_malformed_http_gets_a_4xx_json_error_and_serving_goes_on(live: int, kind: str) -> None:
+    """What aiohttp's parser refuses before any handler runs is answered as every other
+    refusal is: a 4xx with ``{"error": message}``, not a plain-text page."""
+    status, headers, body = raw_exchange(live, MALFORMED_HTTP[kind])
+    assert 400 <= status < 500, (kind, status, body[:200])
+    assert headers["content-type"].startswith("application/json"), (kind, headers, body[:200])
+    assert json.loads(body)["error"], (kind, body[:200])
+    assert get(live, "/health")["status"] == "ok"

@@ -18,6 +18,7 @@ from nmt.decode.options import DecodeOptions
 from nmt.serve.app import make_app
 from nmt.serve.backend import load_backend
 from nmt.serve.keys import add_key
+from nmt.serve.languages import Languages
 from nmt.serve.libre import answer, parse_libre, plan
 from nmt.serve.native import Limits
 from nmt.store.package import read_package
@@ -281,7 +282,7 @@ def test_alternatives_leave_out_the_best_and_repeats_line_by_line() -> None:
     alternative; a text of several lines takes each line's k-th hypothesis (or its last)."""
     limits = Limits(max_sentences=4, max_chars=100, max_body_bytes=1000, max_beam=4)
     fields = {"q": "Ein Hund.\n\nEine Frau.", "source": "de", "target": "en", "alternatives": "3"}
-    req = parse_libre(fields, limits, ("de", "en"))
+    req = parse_libre(fields, limits, Languages((("de", "en"),)))
     lines = plan(req, limits)
     assert lines.sentences == ["Ein Hund.", "Eine Frau."]
     hypotheses = [["A dog.", "A dog.", "The dog.", "The dog."], ["A woman."]]

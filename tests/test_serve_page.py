@@ -19,6 +19,7 @@ from nmt.serve.keys import add_key
 
 from .helpers import save_screenshot
 from .test_serve import package, server_log, start_server  # noqa: F401
+from .test_serve_multilingual import ENGLISH, runs  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -231,3 +232,48 @@ def test_each_line_is_a_sentence_with_its_own_attention(browser, server) -> None
         )
         assert alternatives == [h["text"] for h in expected["n_best"][i]], i
     assert opened.problems == []
+
+
+@pytest.mark.browser
+@pytest.mark.slow(seconds=10)
+def test_the_page_offers_a_multilingual_models_target_languages(
+    runs: Any,  # noqa: F811
+    browser: Any,
+) -> None:
+    run = runs("source")
+    proc, port = start_server(run, "engine=torch", key="run")
+    try:
+        page = browser.new_context().new_page()
+        problems: list[str] = []
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        assert page.goto(f"http://127.0.0.1:{port}/").status == 200
+        page.wait_for_selector("#target-select option", state="attached")  # the script ran
+        options = page.eval_on_selector_all("#target-select option", "os => os.map(o => o.value)")
+        assert options == ["de", "en", "fr"] and page.is_hidden("#target")
+        page.select_option("#target-select", "fr")
+        page.focus("#text")
+        page.keyboard.type(ENGLISH[0])
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#translations li")
+        shown = page.eval_on_selector_all(
+            "#translations li .text", "els => els.map(e => [e.textContent, e.lang])"
+        )
+        beam = int(page.input_value("#beam"))
+        body = {"text": [ENGLISH[0]], "target": "fr", "beam": beam, "n_best": 3}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/translate",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as r:
+            answer = json.loads(r.read())
+        assert shown == [[answer["translations"][0], "fr"]]
+        columns = page.eval_on_selector_all(
+            "#heatmap thead th:not(.corner)", "ths => ths.map(th => th.textContent)"
+        )
+        assert columns[0] == "<2fr>"  # the model read the tag first
+        assert problems == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0, server_log(proc)

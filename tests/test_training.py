@@ -16,7 +16,8 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from nmt.config import ConfigError, check_train_config
+from nmt.config import ConfigError
+from nmt.config_checks import check_train_config
 from nmt.store.checkpoint import load_checkpoint
 from nmt.store.paths import checkpoint_path
 from nmt.train import optim

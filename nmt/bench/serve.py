@@ -103,6 +103,8 @@ class ServeSettings:
     recovery_cap: float = 120.0  # seconds of probing after the burst, at most
     ab_base: str | None = None  # a checkout of the code before, for A/B figures
     ab_rounds: int = 3  # A B rounds
+    setting_ab: str | None = None  # a server setting (KEY=VALUE) against the default, overloaded
+    setting_rounds: int = 3  # its A B rounds
     overload_engines: str = "torch,ctranslate2"  # the engines of the overload phases
     work: str = "outputs/bench/serve-work"
     out: str | None = None
@@ -460,6 +462,8 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
             out[f"overload {engine}"]["burst before: s to normal latency"] = before
         if "ab" in over:
             out[f"overload {engine}"]["A/B medians"] = over["ab"]["medians"]
+        if "setting_ab" in over:
+            out[f"overload {engine}"]["setting A/B medians"] = over["setting_ab"]["medians"]
     for engine in ("torch", "ctranslate2"):
         server = result.get("server", {}).get(engine)
         if server:

@@ -15,7 +15,10 @@ On each engine's package, in one server process per measurement:
   (twice the idle p50, at least 50 ms more than it): the seconds until the server is back at
   full speed, and /health as the clients left;
 * A/B (``--ab-base DIR``, a checkout of the code before): the single-sentence load levels on
-  this code and on that one, alternating A B A B, ``--ab-rounds`` times each, medians.
+  this code and on that one, alternating A B A B, ``--ab-rounds`` times each, medians;
+* setting A/B (``--setting-ab KEY=VALUE``, a server setting): the overload at 4x again, on
+  this code with the setting (A) and without (B), alternating, ``--setting-rounds`` times each:
+  medians of the 503s' and the probes' latencies and of the share answered in time.
 """
 
 from __future__ import annotations
@@ -337,6 +340,40 @@ def overload_engine(
     return result
 
 
+# the figures of an overload run compared by the setting A/B (medians over its rounds)
+SETTING_FIGURES = ("answered_200_share", "latency_503_p50_s", "latency_503_p99_s")
+
+
+def setting_ab(
+    package: Path, engine: str, sentences: list[str], beam: int, s: Any, rate: float
+) -> dict:
+    """The overload at ``rate`` with ``s.setting_ab`` given to the server (A) and without (B),
+    alternating A B, ``s.setting_rounds`` times each."""
+    runs: dict[str, list[dict]] = {"A": [], "B": []}
+    deadline = f"request_timeout={s.patience}"
+    for r in range(s.setting_rounds):
+        for side, extra in (("A", (deadline, s.setting_ab)), ("B", (deadline,))):
+            say(f"setting A/B {engine}: round {r + 1}, {side}")
+            with Server(package, engine, s.threads, s.cwd, extra=extra) as server:
+                runs[side].append(
+                    asyncio.run(
+                        open_loop(server.url, sentences, rate, s.overload_seconds, beam, s.patience)
+                    )
+                )
+    medians: dict[str, dict[str, float | None]] = {}
+    for side, rounds in runs.items():
+        figures = {k: [r[k] for r in rounds if r[k] is not None] for k in SETTING_FIGURES}
+        for path in ("/health", "/ready"):
+            for key in ("p99_s", "max_s"):
+                figures[f"{path} {key}"] = [
+                    r["probes_while_loaded"][path][key]
+                    for r in rounds
+                    if path in r["probes_while_loaded"]
+                ]
+        medians[side] = {k: statistics.median(v) if v else None for k, v in figures.items()}
+    return {"A": s.setting_ab, "B": "the default", "rate": rate, "runs": runs, "medians": medians}
+
+
 def ab_levels(
     package: Path, engine: str, sentences: list[str], beam: int, s: Any, before: Path
 ) -> dict:
@@ -376,6 +413,9 @@ def run_overload(
         if s.ab_base:
             before = package_by(Path(s.ab_base), ckpt, engine, package.parent)
         out[engine] = overload_engine(package, engine, sentences, beam, s, before)
+        if s.setting_ab:
+            rate = out[engine]["overload_4x"]["requests_per_s"]
+            out[engine]["setting_ab"] = setting_ab(package, engine, sentences, beam, s, rate)
         if before is not None:
             out[engine]["ab"] = ab_levels(package, engine, sentences, beam, s, before)
     return out

@@ -96,8 +96,12 @@ class TokenDataset:
     """Pre-tokenized parallel data (ids without BOS/EOS), stored as flat arrays.
 
     Built from lists of ids (in memory), or with :meth:`from_arrays` over the arrays of a
-    prepared cache (memory-mapped: nothing per sentence is held in memory).
+    prepared cache (memory-mapped: nothing per sentence is held in memory). ``forced``: for
+    a multilingual model with the tag on the target side, each sentence's first output token,
+    forced when decoding (:mod:`nmt.data.multilingual`); None elsewhere.
     """
+
+    forced: np.ndarray | None = None  # (N,) int64 token ids, or None
 
     def __init__(self, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
         if len(src) != len(tgt):
@@ -146,7 +150,10 @@ class TokenDataset:
     def subset(self, indices: Sequence[int] | np.ndarray) -> TokenDataset:
         """A new dataset holding sentences ``indices`` (renumbered from 0), in memory."""
         idx = np.asarray(indices, dtype=np.int64)
-        return TokenDataset._from_sides(self._src.subset(idx), self._tgt.subset(idx))
+        ds = TokenDataset._from_sides(self._src.subset(idx), self._tgt.subset(idx))
+        if self.forced is not None:
+            ds.forced = self.forced[idx]
+        return ds
 
 
 @dataclass

@@ -26,8 +26,11 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.cli import Progress, config_dir, exit_on_error, setup_logging
-from nmt.config import check_train_config, register_configs
+from nmt.config import register_configs
+from nmt.config_checks import check_train_config
 from nmt.data.binarize import ensure_prepared
+from nmt.data.multilingual import directions_of
+from nmt.data.multiprep import ensure_multi_prepared
 from nmt.environment import multi30k_source
 
 log = logging.getLogger(__name__)
@@ -59,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
             cfg = compose(config_name="train", overrides=args.overrides)
         check_train_config(cfg)
-        cache = ensure_prepared(
+        prepare = ensure_multi_prepared if directions_of(cfg.data) else ensure_prepared
+        cache = prepare(
             cfg.data,
             verify=args.verify,
             source=multi30k_source(),

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import logging
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,15 @@ SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
 _SKIP_ON_DECODE = frozenset((PAD_ID, BOS_ID, EOS_ID))
 _CACHE_VERSION = 1  # bump when the training recipe changes, so old cache entries are ignored
 MODEL_FILE = "spm.model"
+# a multilingual model's target-language tags (<2fr>): user-defined pieces placed right after
+# the special ones, so their ids are 4, 5, ... in the order given
+TAG_PATTERN = re.compile(r"<2([A-Za-z0-9]+)>")
+FIRST_TAG_ID = len(SPECIAL_PIECES)
+
+
+def language_tag(lang: str) -> str:
+    """The piece that asks for ``lang`` as the target language: ``<2fr>``."""
+    return f"<2{lang}>"
 
 
 class Tokenizer:
@@ -44,6 +54,19 @@ class Tokenizer:
                 f"tokenizer uses pad/unk/bos/eos ids {ids}, expected "
                 f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}"
             )
+        self.tags = self._find_tags()
+        self._skip = _SKIP_ON_DECODE | frozenset(self.tags.values())
+
+    def _find_tags(self) -> dict[str, int]:
+        """Language code -> id of the tags (user-defined pieces from id 4 on; none in a
+        bilingual model, whose id 4 is an ordinary piece)."""
+        tags: dict[str, int] = {}
+        for i in range(FIRST_TAG_ID, self._sp.vocab_size()):
+            match = TAG_PATTERN.fullmatch(self._sp.IdToPiece(i))
+            if match is None:
+                break
+            tags[match.group(1)] = i
+        return tags
 
     @classmethod
     def from_proto(cls, proto: bytes, origin: str = "model proto") -> Tokenizer:
@@ -92,10 +115,10 @@ class Tokenizer:
         return self._sp.Encode(list(texts), num_threads=num_threads)
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of a sequence of ids; PAD, BOS and EOS are ignored."""
+        """Text of a sequence of ids; PAD, BOS, EOS and language tags are ignored."""
         if hasattr(ids, "tolist"):
             ids = ids.tolist()  # a tensor or array
-        kept = [int(i) for i in ids if int(i) not in _SKIP_ON_DECODE]
+        kept = [int(i) for i in ids if int(i) not in self._skip]
         return self._sp.Decode(kept) if kept else ""
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
@@ -136,8 +159,10 @@ def _trainer_options(
     character_coverage: float,
     input_sentence_size: int,
     seed: int,
+    user_defined_symbols: Sequence[str] = (),
 ) -> dict:
     """Everything passed to the SentencePiece trainer (also part of the cache key)."""
+    extra = {"user_defined_symbols": list(user_defined_symbols)} if user_defined_symbols else {}
     return {
         "vocab_size": int(vocab_size),
         "model_type": model_type,
@@ -156,6 +181,7 @@ def _trainer_options(
         "input_sentence_size": int(input_sentence_size),
         "shuffle_input_sentence": True,
         "random_seed": int(seed),
+        **extra,
     }
 
 
@@ -182,19 +208,22 @@ def train_tokenizer(
     seed: int = 0,
     progress: Progress = QUIET,
     label: str = "sentencepiece",
+    user_defined_symbols: Sequence[str] = (),
 ) -> Tokenizer:
     """Train SentencePiece on ``texts``, or reuse the model cached for the same inputs.
 
     The model lives in ``cache_dir/<sha256 of texts and options>/spm.model``, written
     atomically. Above ``input_sentence_size`` sentences the trainer uses a random sample.
     A vocabulary too large (or too small) for the text raises :class:`DataError`. A training
-    draws its steps with ``progress``, as a bar labelled ``label``.
+    draws its steps with ``progress``, as a bar labelled ``label``. ``user_defined_symbols``
+    (a multilingual model's language tags) become pieces with ids 4, 5, ...
     """
     if not texts:
         raise DataError("cannot train a tokenizer: no training sentences")
     options = _trainer_options(
-        vocab_size, model_type, character_coverage, input_sentence_size, seed
-    )
+        vocab_size, model_type, character_coverage, input_sentence_size, seed,
+        user_defined_symbols,
+    )  # fmt: skip
     path = Path(cache_dir) / cache_key(texts, options) / MODEL_FILE
     cached = _load_cached(path)
     if cached is not None:

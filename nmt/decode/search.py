@@ -81,6 +81,16 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
     return ((5.0 + length.float()) / 6.0) ** alpha  # like length
 
 
+def force_first(logp: Tensor, forced: Tensor) -> Tensor:
+    """Log-probabilities (B, V) of a first step with ``forced`` (B,) as the only choice of each
+    row that has one (a negative id: none); the forced token keeps its log-probability."""
+    rows = forced >= 0  # (B,)
+    only = torch.full_like(logp, NEG_INF)  # (B, V)
+    ids = forced.clamp(min=0)[:, None]  # (B, 1)
+    only.scatter_(1, ids, logp.gather(1, ids))
+    return torch.where(rows[:, None], only, logp)
+
+
 # ---------------------------------------------------------------------------------- greedy
 
 
@@ -94,12 +104,14 @@ def greedy_search(
     eos_id: int,
     keep_attention: bool = False,
     min_len: int = 0,
+    forced: Tensor | None = None,
 ) -> list[Hypothesis]:
     """Greedy decoding of a batch.
 
     src: (B, S); src_lens, max_lens: (B,). Returns one hypothesis per row, in input order.
     Rows that emit EOS (or reach their cap) are dropped from the state at once. EOS is not
-    chosen before ``min_len`` tokens, except at a cap that is shorter.
+    chosen before ``min_len`` tokens, except at a cap that is shorter. ``forced`` (B,): each
+    row's first output token (a multilingual model's target tag), or None.
     """
     batch, device = src.size(0), src.device
     limit = max_lens.to(device)  # (B,)
@@ -114,6 +126,8 @@ def greedy_search(
     for step in range(steps):
         logits, state, attn = model.decode_step(prev, state)  # (A, V), (A, S)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (A, V)
+        if step == 0 and forced is not None:
+            logp = force_first(logp, forced.to(device))
         if step < min_len:
             logp[:, eos_id] = NEG_INF
         # the argmax, except that a sentence at its length cap is closed with EOS
@@ -274,10 +288,12 @@ def beam_search(
     alpha: float = 0.0,
     keep_attention: bool = False,
     min_len: int = 0,
+    forced: Tensor | None = None,
 ) -> list[Hypothesis]:
     """Beam search over a batch (see the module docstring for the exact rules).
 
-    No hypothesis ends before ``min_len`` tokens, except at a cap that is shorter.
+    No hypothesis ends before ``min_len`` tokens, except at a cap that is shorter. ``forced``
+    (B,): each row's first output token, or None.
 
     src: (B, S); src_lens, max_lens: (B,); ``alpha`` is the GNMT length-penalty exponent.
     Returns one hypothesis per row, in input order: the best finished one (score = summed
@@ -301,6 +317,8 @@ def beam_search(
         logits, state, attn = model.decode_step(prev, state)  # (A * k, V), (A * k, S)
         n_alive, k = scores.shape
         logp = torch.log_softmax(logits.float(), dim=-1).view(n_alive, k, -1)  # (A, k, V)
+        if step == 0 and forced is not None:  # one hypothesis per sentence so far (k = 1)
+            logp = force_first(logp[:, 0], forced.to(device))[:, None]
         vocab = logp.size(2)
         at_cap = caps[alive] <= step  # (A,)
         if step < min_len:  # EOS only where the cap forces it
@@ -387,13 +405,17 @@ def search(
     src_lens: Tensor,
     opts: DecodeOptions,
     keep_attention: bool = False,
+    forced: Tensor | None = None,
 ) -> list[Hypothesis]:
     """Decode one padded batch with the search ``opts`` asks for (greedy when beam == 1).
 
     src: (B, S); src_lens: (B,). Sources too long for the model's position table are cut, and
-    output caps are kept within it.
+    output caps are kept within it. ``forced`` (B,): first output tokens (one more token in
+    each cap), or None.
     """
     caps = max_output_lengths(model, src_lens, opts)  # (B,)
+    if forced is not None:
+        caps = caps + (forced >= 0).to(caps.device, caps.dtype)
     limit = model.max_positions
     if limit is not None and src.size(1) > limit:
         log.warning("sources longer than %d tokens are cut to the model's limit", limit)
@@ -401,11 +423,11 @@ def search(
     if opts.beam == 1:
         return greedy_search(
             model, src, src_lens, caps, BOS_ID, EOS_ID, keep_attention,
-            min_len=opts.min_output_len,
+            min_len=opts.min_output_len, forced=forced,
         )  # fmt: skip
     return beam_search(
         model, src, src_lens, caps, BOS_ID, EOS_ID, opts.beam, opts.length_penalty,
-        keep_attention, min_len=opts.min_output_len,
+        keep_attention, min_len=opts.min_output_len, forced=forced,
     )  # fmt: skip
 
 
@@ -436,8 +458,9 @@ def decode_dataset(
     for batch_pos in decode_batches(data.src_lens[nonempty], opts):
         idx = nonempty[batch_pos]  # (b,) dataset indices
         batch = make_batch(data, idx).to(device)
+        forced = None if data.forced is None else torch.from_numpy(data.forced[idx]).to(device)
         with autocast(precision, device):
-            hyps = search(model, batch.src, batch.src_lens, opts, keep_attention)
+            hyps = search(model, batch.src, batch.src_lens, opts, keep_attention, forced)
         for i, h in zip(idx.tolist(), hyps, strict=True):
             out[i] = h
         advance(len(idx))

@@ -28,6 +28,7 @@ from nmt.cli import Advance, Progress, config_dir, exit_on_error, no_progress, s
 from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import read_lines
 from nmt.data.datasets import encode_texts
+from nmt.data.multilingual import refuse_multilingual
 from nmt.decode.engines import Engine, TorchEngine, make_engine
 from nmt.decode.options import DecodeOptions
 from nmt.runtime.device import pick_device
@@ -100,6 +101,7 @@ def translate(cfg: DictConfig) -> None:
     """Run one ``nmt-translate`` command."""
     device = pick_device(cfg.device)
     trained = load_model(cfg, device)
+    refuse_multilingual(trained.cfg.data, "nmt-translate")
     opts = DecodeOptions.from_config(cfg, decode_defaults(trained))
     if cfg.n_best < 1 or cfg.n_best > opts.beam:
         raise ConfigError(f"n_best={cfg.n_best} must be between 1 and beam={opts.beam}")

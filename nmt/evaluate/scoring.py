@@ -5,7 +5,9 @@ length_penalty=ALPHA``) and scores the detokenized output against the raw refere
 sacreBLEU (BLEU, chrF, TER, each with its signature; BLEU and chrF with sacreBLEU's bootstrap
 95% confidence interval: ``bootstrap=1000`` resamples drawn with ``bootstrap_seed=12345``, 0
 for none). By default the test split(s) of the run's own data config are used;
-``test=[src:ref,...]`` names other file pairs, several at once.
+``test=[src:ref,...]`` names other file pairs, several at once. A multilingual run is scored
+in each direction (:mod:`nmt.evaluate.multilingual`; ``zero_shot=[de-fr]`` adds directions it
+never trained, with a pivot baseline).
 On a terminal a bar counts each test set's sentences as they are decoded (``progress=false``:
 none). Hypotheses and a JSON of scores, signatures, decoding options and checkpoint go into
 ``<run>/eval`` (``out=DIR`` elsewhere), named after the checkpoint and the search.
@@ -28,13 +30,15 @@ from nmt.cli import Progress, config_dir, exit_on_error, setup_logging
 from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import DataError, read_lines, strip_lines
 from nmt.data.datasets import EvalSet, encode_texts, load_test_sets
+from nmt.data.multilingual import directions_of
 from nmt.data.tokenizer import TokenizerPair
 from nmt.decode.engines import make_engine, translate_texts
 from nmt.decode.options import DecodeOptions
 from nmt.environment import multi30k_source
 from nmt.evaluate.metrics import all_scores, check_bootstrap
+from nmt.evaluate.multilingual import evaluate_multilingual
 from nmt.runtime.device import pick_device
-from nmt.store.loading import decode_defaults, load_model
+from nmt.store.loading import Trained, decode_defaults, load_model
 from nmt.store.package import is_package, model_argument
 from nmt.store.paths import checkpoint_run_dir, resolve_run_dir
 
@@ -92,6 +96,10 @@ def evaluate(cfg: DictConfig) -> dict:
     path = trained.path
     opts = DecodeOptions.from_config(cfg, decode_defaults(trained))
     out_dir = output_dir(cfg, path)
+    if directions_of(trained.cfg.data):
+        return _multilingual(cfg, trained, opts, out_dir)
+    if cfg.zero_shot:
+        raise ConfigError(f"zero_shot={list(cfg.zero_shot)}: {path} is not a multilingual model")
     if cfg.test:
         sets = [file_test_set(spec, trained.tokenizers) for spec in cfg.test]
     else:
@@ -135,6 +143,21 @@ def evaluate(cfg: DictConfig) -> dict:
             "hypotheses": str(hyp_file),
             "scores": {s.name: s.as_dict() for s in scores},
         }
+    score_file = out_dir / f"scores.{tag}.json"
+    atomic_write_bytes(score_file, json.dumps(report, indent=2).encode("utf-8"))
+    print(f"scores written to {score_file}")
+    return report
+
+
+def _multilingual(cfg: DictConfig, trained: Trained, opts: DecodeOptions, out_dir: Path) -> dict:
+    """:func:`evaluate` of a multilingual run (:mod:`nmt.evaluate.multilingual`)."""
+    print(f"checkpoint {trained.path} (step {trained.step})")
+    print("engine: torch")
+    print("decoding: " + " ".join(f"{k}={v}" for k, v in asdict(opts).items()))
+    tag = options_tag(trained.path, opts)
+    report = {"checkpoint": str(trained.path), "step": trained.step, "engine": "torch",
+              "options": asdict(opts),
+              **evaluate_multilingual(cfg, trained, opts, out_dir, tag)}  # fmt: skip
     score_file = out_dir / f"scores.{tag}.json"
     atomic_write_bytes(score_file, json.dumps(report, indent=2).encode("utf-8"))
     print(f"scores written to {score_file}")

@@ -40,6 +40,7 @@ from nmt.atomic import atomic_write_bytes
 from nmt.cli import exit_on_error, setup_logging
 from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, ConfigError
 from nmt.data.datasets import load_valid_set
+from nmt.data.multilingual import refuse_multilingual
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import translate_dataset
 from nmt.environment import multi30k_source
@@ -248,6 +249,7 @@ def tune(
     path = checkpoint_path(run, ckpt)
     run_dir = checkpoint_run_dir(path) or resolve_run_dir(run)
     trained = load_trained(path, device)
+    refuse_multilingual(trained.cfg.data, "nmt-tune-decode")
     default, default_source = default_setting(decode_defaults(trained))
     settings = candidates(beams, alphas, default)
     check_test(resamples, seed, level, len(settings) - 1)

@@ -38,6 +38,7 @@ from nmt.serve.access import (
 from nmt.serve.backend import Backend
 from nmt.serve.batcher import Batcher, Overloaded
 from nmt.serve.keys import KeyRing, Refusal, request_key
+from nmt.serve.languages import AUTO
 from nmt.serve.metrics import Metrics
 from nmt.serve.native import BadRequest, Limits, attention_view, load_json, parse_request
 from nmt.serve.openapi import openapi_document
@@ -71,7 +72,7 @@ def require_aiohttp() -> Any:
 
 def limits_of(cfg: DictConfig) -> Limits:
     return Limits(
-        cfg.max_sentences, cfg.max_chars, cfg.max_body_bytes, cfg.max_beam, cfg.max_batch_sentences
+        cfg.max_sentences, cfg.max_chars, cfg.max_body_bytes, cfg.max_beam, cfg.max_segments
     )
 
 
@@ -117,7 +118,7 @@ def make_app(
                 "engine": backend.engine,
                 "model": backend.model,
                 "step": backend.step,
-                "languages": {"source": backend.languages[0], "target": backend.languages[1]},
+                "languages": backend.languages.info(),
                 "decode": {
                     "beam": backend.defaults.beam,
                     "length_penalty": backend.defaults.length_penalty,
@@ -183,9 +184,13 @@ def make_app(
                 400, f"the query string ({keys}) is not read here: send the fields in the body"
             )
 
-    def encode(texts: list[str], where: list[str], prefix: str = "") -> list[list[int]]:
-        """Source ids, each within the model's position table (EOS included)."""
-        ids = src_tok.encode_batch(texts)
+    def encode(
+        texts: list[str], where: list[str], target: str, prefix: str = ""
+    ) -> tuple[list[list[int]], list[int] | None]:
+        """Source ids as the model reads them for ``target`` (with its tag where the model
+        takes one), each within the model's position table (EOS included), and the first
+        output token of each when the model is made to begin with the target's tag."""
+        ids, forced = backend.languages.tagged(src_tok.encode_batch(texts), target)
         most = backend.max_positions
         for name, sentence in zip(where, ids, strict=True):
             if most is not None and len(sentence) + 1 > most:
@@ -194,7 +199,7 @@ def make_app(
                     f"{prefix}{name} is {len(sentence)} subword pieces long; this model reads at "
                     f"most {most - 1} (model.max_positions={most} counts the end of sentence)",
                 )
-        return ids
+        return ids, forced
 
     def counted(handle: Callable) -> Callable:
         """A translate endpoint: counted in flight, a :class:`BadRequest` as its 4xx answer."""
@@ -217,25 +222,33 @@ def make_app(
         return endpoint
 
     async def decode(
-        deadline: float, sources: list[list[int]], beam: int, alpha: float, attention: bool
+        deadline: float,
+        encoded: tuple[list[list[int]], list[int] | None],
+        beam: int,
+        alpha: float,
+        attention: bool,
     ) -> list:
-        """The outputs, by the request's deadline; :class:`DecodeFailed` when the engine fails
-        (:class:`Overloaded` and ``TimeoutError`` reach :func:`counted`)."""
+        """The outputs of ``encoded`` (:func:`encode`'s), by the request's deadline;
+        :class:`DecodeFailed` when the engine fails (:class:`Overloaded` and ``TimeoutError``
+        reach :func:`counted`)."""
         opts = replace(backend.defaults, beam=beam, length_penalty=alpha)
+        sources, forced = encoded
         try:
-            return await batcher.submit(sources, opts, attention, deadline)
+            return await batcher.submit(sources, opts, attention, deadline, forced)
         except (Overloaded, TimeoutError):
             raise
         except Exception as e:  # counted in /metrics, not among the refused requests
             raise DecodeFailed(str(e)) from e
 
-    def prepare_v1(raw: bytes) -> tuple[dict[str, Any], list[list[int]]]:
+    def prepare_v1(raw: bytes) -> tuple[dict[str, Any], tuple]:
         req = parse_request(raw, limits, backend.defaults)
+        _, target = backend.languages.check(req["source"], req["target"])
         batcher.check_room(len(req["text"]))  # refused before the work of tokenizing
         where = [f"text[{i}]" for i in range(len(req["text"]))]
-        return req, encode(req["text"], where)
+        return req, encode(req["text"], where, target)
 
-    def answer_v1(req: dict[str, Any], sources: list[list[int]], outputs: list) -> bytes:
+    def answer_v1(req: dict[str, Any], encoded: tuple, outputs: list) -> bytes:
+        sources = encoded[0]
         body: dict[str, Any] = {
             "translations": [tgt_tok.decode(o.tokens) for o in outputs],
             "scores": [float(o.score) for o in outputs],
@@ -258,15 +271,15 @@ def make_app(
         utf8_only(request)  # our API reads any Content-Type as JSON (curl -d sends a form's)
         raw = await read_body(request)
         # a body of more than a few short sentences is parsed and tokenized off the loop
-        req, sources = await off_loop(len(raw) > 2048, prepare_v1, raw)
+        req, encoded = await off_loop(len(raw) > 2048, prepare_v1, raw)
         try:
             outputs = await decode(
-                deadline, sources, req["beam"], req["length_penalty"], req["attention"]
+                deadline, encoded, req["beam"], req["length_penalty"], req["attention"]
             )
         except DecodeFailed as e:
             return web.json_response({"error": f"decoding failed: {e}"}, status=500)
         heavy = len(outputs) > INLINE_SENTENCES or req["attention"] or req["n_best"] > 1
-        body = await off_loop(heavy, answer_v1, req, sources, outputs)
+        body = await off_loop(heavy, answer_v1, req, encoded, outputs)
         return web.Response(body=body, content_type="application/json")
 
     async def libre_fields(request: Any) -> Any:
@@ -315,21 +328,25 @@ def make_app(
         plan = libre.plan(req, limits)
         batcher.check_room(len(plan.sentences))  # refused before the work of tokenizing
         heavy = len(plan.sentences) > INLINE_SENTENCES
-        sources = await off_loop(heavy, encode, plan.sentences, plan.where, "Invalid request: ")
+        encoded = await off_loop(
+            heavy, encode, plan.sentences, plan.where, req.target, "Invalid request: "
+        )
         count = req.alternatives + 1 if req.format == "text" else 1  # none for html
         beam = max(backend.defaults.beam, count)
         hypotheses: list[list[str]] = []
-        if sources:
+        if encoded[0]:
             try:
                 outputs = await decode(
-                    deadline, sources, beam, backend.defaults.length_penalty, False
+                    deadline, encoded, beam, backend.defaults.length_penalty, False
                 )
             except DecodeFailed as e:
                 return web.json_response({"error": f"Cannot translate text: {e}"}, status=500)
             for o in outputs:
                 best = [tgt_tok.decode(o.tokens)]
                 hypotheses.append(best + [tgt_tok.decode(t) for t, _ in o.nbest[1:count]])
-        return web.json_response(libre.answer(req, plan, hypotheses, backend.languages[0]))
+        source = backend.languages.check(req.source, req.target)[0]
+        detected = None if source == AUTO else source  # a multilingual model detects nothing
+        return web.json_response(libre.answer(req, plan, hypotheses, detected))
 
     async def languages(request: Any) -> Any:
         return web.json_response(libre.language_list(backend.languages))
@@ -341,13 +358,15 @@ def make_app(
         state["rejected"] += 1
         return refusal_response(web, refusal)
 
+    sources = backend.languages.sources
     html, policy = render_page(
         {
             "model": Path(backend.model).name,
             "step": backend.step,
             "engine": backend.engine,
-            "src_lang": backend.languages[0],
-            "tgt_lang": backend.languages[1],
+            # one source language is named; a multilingual model reads any of its sources
+            "src_lang": sources[0] if len(sources) == 1 else None,
+            "targets": backend.languages.targets,
             "beam": backend.defaults.beam,
             "max_beam": limits.max_beam,
             "keys": ring is not None,

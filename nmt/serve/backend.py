@@ -3,6 +3,10 @@ runs its decodes."""
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -17,7 +21,10 @@ from nmt.config import ConfigError
 from nmt.data.tokenizer import TokenizerPair
 from nmt.decode.options import DecodeOptions
 from nmt.environment import disable_mkl_fast_mm
+from nmt.serve.languages import Languages
 from nmt.store.package import CT2_DIR, is_package, read_package, verified_file
+
+log = logging.getLogger(__name__)
 
 DecodeFn = Callable[[list[list[int]], DecodeOptions, bool], list[Any]]
 
@@ -35,14 +42,17 @@ class Backend:
     model: str
     step: int
     concurrency: int = 1  # decodes it runs at once, each on a thread of its own
-    languages: tuple[str, str] = ("src", "tgt")  # the training data's src_lang, tgt_lang
+    languages: Languages = Languages((("src", "tgt"),))  # its directions and their tags
     max_positions: int | None = None  # source pieces the model reads, EOS included (None: any)
 
 
-def languages_of(train_cfg: DictConfig) -> tuple[str, str]:
-    """The source and target language codes of a run's config (``data.src_lang``/``tgt_lang``)."""
+def languages_of(train_cfg: DictConfig, tokenizers: TokenizerPair, cfg: DictConfig) -> Languages:
+    """The directions of a run's config (``data.directions``, or ``data.src_lang``/``tgt_lang``)
+    with the tag ids of the tokenizer that reads them (``data.tag_placement``)."""
     data = train_cfg.get("data") or {}
-    return str(data.get("src_lang", "src")), str(data.get("tgt_lang", "tgt"))
+    placement = str(data.get("tag_placement", "source") or "source")
+    tokenizer = tokenizers.src if placement == "source" else tokenizers.tgt
+    return Languages.of(data, tokenizer.tags, bool(cfg.get("allow_zero_shot", False)))
 
 
 def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
@@ -63,6 +73,12 @@ def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
     for name in manifest.files:
         if name.startswith(f"{CT2_DIR}/"):
             verified_file(package, manifest, name)
+    languages = languages_of(train_cfg, tokenizers, cfg)
+    if languages.multilingual:
+        raise ConfigError(
+            f"engine=ctranslate2 does not place language tags yet, and {package} is multilingual "
+            f"({languages.names()}): serve it with engine=torch"
+        )
     max_positions = train_cfg.model.get("max_positions")
     engine = ct2.CTranslate2Engine(
         package / CT2_DIR,
@@ -83,7 +99,7 @@ def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
         str(package),
         manifest.step,
         engine.workers,
-        languages_of(train_cfg),
+        languages,
         max_positions,
     )
 
@@ -104,8 +120,15 @@ def torch_backend(cfg: DictConfig) -> Backend:
     defaults = DecodeOptions.from_config(cfg, decode_defaults(trained))
     engine = make_engine(cfg.engine, trained, defaults, device)
 
-    def decode(sources: list[list[int]], opts: DecodeOptions, keep_attention: bool) -> list[Any]:
+    def decode(
+        sources: list[list[int]],
+        opts: DecodeOptions,
+        keep_attention: bool,
+        forced: list[int] | None = None,
+    ) -> list[Any]:
         data = TokenDataset(sources, [[] for _ in sources])
+        if forced is not None:  # a multilingual model's target tag, as its first output token
+            data.forced = np.asarray(forced, dtype=np.int64)
         outputs = engine.hypotheses(data, opts, keep_attention=keep_attention)
         # the answers are built on the event loop's thread, which never touches a tensor
         return [_without_tensors(o) for o in outputs]
@@ -117,7 +140,7 @@ def torch_backend(cfg: DictConfig) -> Backend:
         defaults,
         str(trained.path),
         trained.step,
-        languages=languages_of(trained.cfg),
+        languages=languages_of(trained.cfg, trained.tokenizers, cfg),
         max_positions=(
             trained.model.max_positions  # None for a model without a position table
             if trained.model is not None
@@ -129,7 +152,7 @@ def torch_backend(cfg: DictConfig) -> Backend:
 def start_backend(cfg: DictConfig) -> tuple[Backend, ThreadPoolExecutor]:
     """The backend, loaded on the thread that will run its decodes (:func:`decode_thread`);
     a backend that runs several decodes at once gets as many threads."""
-    executor = decode_thread()
+    executor = decode_thread(nice=cfg.decode_nice)
     try:
         backend = executor.submit(load_backend, cfg).result()
     except BaseException:
@@ -137,7 +160,7 @@ def start_backend(cfg: DictConfig) -> tuple[Backend, ThreadPoolExecutor]:
         raise
     if backend.concurrency > 1:  # CTranslate2: no PyTorch in the process
         executor.shutdown(wait=True)
-        executor = decode_thread(backend.concurrency)
+        executor = decode_thread(backend.concurrency, cfg.decode_nice)
     return backend, executor
 
 
@@ -156,7 +179,7 @@ def load_backend(cfg: DictConfig) -> Backend:
     return torch_backend(cfg)
 
 
-def decode_thread(threads: int = 1) -> ThreadPoolExecutor:
+def decode_thread(threads: int = 1, nice: int = 0) -> ThreadPoolExecutor:
     """The one thread that loads the model and runs every decode (``threads`` for a backend
     that runs several decodes at once).
 
@@ -164,5 +187,30 @@ def decode_thread(threads: int = 1) -> ThreadPoolExecutor:
     has run one on a team of OpenMP threads, another thread's decodes keep only part of the
     cores busy. With the model loaded here, the server of a 2-core CPU went from 110 to 248
     sentences/s (cpu_quick, 32 clients, greedy; ``make bench-serve``).
+
+    On Linux each thread is ``nice`` steps less urgent than the event loop's thread, and so are
+    the threads it starts: PyTorch's OpenMP team and CTranslate2's workers, which are started by
+    the thread that loads the model. While the decodes keep every core busy, the scheduler then
+    runs the event loop as soon as a request arrives, so that /health, /ready and a 503 are
+    answered at once rather than after a slice of decoding.
     """
-    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="nmt-decode")
+    return ThreadPoolExecutor(
+        max_workers=threads,
+        thread_name_prefix="nmt-decode",
+        initializer=lower_priority,
+        initargs=(nice,),
+    )
+
+
+def lower_priority(nice: int) -> None:
+    """Make the calling thread (and the threads it will start) ``nice`` steps less urgent.
+
+    Linux only: there a thread's niceness is its own, set through its thread id; elsewhere the
+    call would reach the whole process (or another one), so nothing is done."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as e:  # a sandbox may forbid it: the server runs, less promptly under load
+        log.warning("could not lower the decoding thread's priority: %s", e)

@@ -9,6 +9,7 @@ import math
 from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Protocol
 
 from nmt.decode.options import DecodeOptions
@@ -45,6 +46,7 @@ class Job:
     future: asyncio.Future
     deadline: float  # the event loop's time after which the job is not decoded
     queued: bool = field(default=True)
+    forced: list[int] | None = None  # each sentence's first output token (a target tag)
 
 
 class Batcher:
@@ -120,13 +122,21 @@ class Batcher:
             )
 
     async def submit(
-        self, sources: list[list[int]], opts: DecodeOptions, attention: bool, deadline: float
+        self,
+        sources: list[list[int]],
+        opts: DecodeOptions,
+        attention: bool,
+        deadline: float,
+        forced: list[int] | None = None,
     ) -> list:
-        """The outputs of ``sources``; :class:`Overloaded` when the queue has no room for them,
-        ``TimeoutError`` when they are not decoded by ``deadline`` (the loop's time)."""
+        """The outputs of ``sources`` (``forced``: each one's first output token, a
+        multilingual model's target tag); :class:`Overloaded` when the queue has no room for
+        them, ``TimeoutError`` when they are not decoded by ``deadline`` (the loop's time).
+        Requests for different target languages share a decode."""
         self.check_room(len(sources))
         future = asyncio.get_running_loop().create_future()
-        job = Job(sources, (opts.beam, opts.length_penalty, attention), future, deadline)
+        key = (opts.beam, opts.length_penalty, attention)
+        job = Job(sources, key, future, deadline, forced=forced)
         self.requests += 1
         self.waiting += len(sources)
         self.jobs.append(job)
@@ -240,24 +250,32 @@ class Batcher:
         beam, alpha, attention = key
         opts = replace(self.backend.defaults, beam=beam, length_penalty=alpha)
         loop = asyncio.get_running_loop()
-        rows = [(job, ids) for job in members for ids in job.sources]
+        rows = [
+            (job, ids, None if job.forced is None else job.forced[i])
+            for job in members
+            for i, ids in enumerate(job.sources)
+        ]
         size = max(1, DECODE_ROWS // beam)
         done: dict[Job, list] = {job: [] for job in members}
         left = len(rows)  # sentences still counted in self.decoding
         try:
             for at in range(0, len(rows), size):
-                part = [(job, ids) for job, ids in rows[at : at + size] if not job.future.done()]
+                part = [row for row in rows[at : at + size] if not row[0].future.done()]
                 start = loop.time()
                 outputs = []
                 if part:
+                    decode = self.backend.decode
+                    if any(r[2] is not None for r in part):  # -1: no forced token
+                        firsts = [-1 if r[2] is None else r[2] for r in part]
+                        decode = partial(decode, forced=firsts)
                     outputs = await loop.run_in_executor(
-                        self.executor, self.backend.decode, [r[1] for r in part], opts, attention
+                        self.executor, decode, [r[1] for r in part], opts, attention
                     )
                     self._count(len(part), loop.time() - start)
                 taken = min(size, len(rows) - at)
                 self.decoding -= taken
                 left -= taken
-                for (job, _), output in zip(part, outputs, strict=True):
+                for (job, _, _), output in zip(part, outputs, strict=True):
                     done[job].append(output)
                     if len(done[job]) == len(job.sources) and not job.future.done():
                         job.future.set_result(done[job])

@@ -7,8 +7,10 @@ or ``html``), ``alternatives`` (translations beyond the best) and ``api_key``; i
 ``{"translatedText": ...}`` (a list for a list), with ``alternatives`` when asked for and
 ``detectedLanguage`` (``{"confidence", "language"}``) for ``source=auto``. Its errors are
 ``{"error": message}`` with LibreTranslate's messages ("Invalid request: missing q parameter",
-"xx is not supported", ...). A model has one source and one target language: ``auto`` is the
-model's source language (nothing is detected: the confidence is 100).
+"xx is not supported", ...). A bilingual model has one source and one target language:
+``auto`` is its source language (nothing is detected: the confidence is 100). A multilingual
+model (:mod:`nmt.serve.languages`) translates into each of its target languages; with ``auto``
+no language is detected and none is reported.
 
 Each line of a ``text`` request and each text node of an ``html`` one (:mod:`nmt.serve.markup`)
 is a sentence of its own; empty lines are kept as they are.
@@ -19,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nmt.serve.languages import AUTO, Languages
 from nmt.serve.markup import MarkupError, join_html, split_html, text_nodes
 from nmt.serve.native import MAX_DIGITS, BadRequest, Limits, check_text
 
@@ -45,14 +48,19 @@ def invalid(message: str, status: int = 400) -> BadRequest:
     return BadRequest(status, f"Invalid request: {message}")
 
 
-def language_list(languages: tuple[str, str]) -> list[dict[str, Any]]:
-    """``GET /languages``: the model's source language, with its target, and the target
-    language, with none (LibreTranslate lists every language it knows, each with the codes it
-    translates into)."""
-    src, tgt = languages
+def language_list(languages: Languages) -> list[dict[str, Any]]:
+    """``GET /languages``: every language of the model, each with the codes it translates into
+    (none for a language it only translates into), as LibreTranslate lists the languages it
+    knows."""
+    codes = sorted({lang for pair in languages.directions for lang in pair})
+    codes = sorted(set(codes) | set(languages.source_choices))
     return [
-        {"code": src, "name": LANGUAGE_NAMES.get(src, src), "targets": [tgt]},
-        {"code": tgt, "name": LANGUAGE_NAMES.get(tgt, tgt), "targets": []},
+        {
+            "code": code,
+            "name": LANGUAGE_NAMES.get(code, code),
+            "targets": languages.targets_of(code) if code in languages.source_choices else [],
+        }
+        for code in codes
     ]
 
 
@@ -92,7 +100,7 @@ def _alternatives(value: Any, limit: int) -> int:
     return count
 
 
-def parse_libre(fields: Any, limits: Limits, languages: tuple[str, str]) -> LibreRequest:
+def parse_libre(fields: Any, limits: Limits, languages: Languages) -> LibreRequest:
     """The checked fields of a LibreTranslate request (a JSON object, or the fields of a form);
     :class:`BadRequest` with LibreTranslate's message for each problem, in its order."""
     if not isinstance(fields, dict):
@@ -128,11 +136,14 @@ def parse_libre(fields: Any, limits: Limits, languages: tuple[str, str]) -> Libr
         if len(text) > limits.max_chars:
             raise invalid(f"request ({len(text)}) exceeds text limit ({limits.max_chars})")
         check_text(text, f"q[{i}]" if isinstance(q, list) else "q")
-    src, tgt = languages
-    if source not in ("auto", src):
+    if source != AUTO and source not in languages.source_choices:
         raise BadRequest(400, f"{source[:100]} is not supported")
-    if target != tgt:
+    if target not in languages.targets:
         raise BadRequest(400, f"{target[:100]} is not supported")
+    try:
+        languages.check(source, target)
+    except BadRequest as e:  # a pair of supported languages that is not a direction
+        raise BadRequest(400, f"{source[:100]}-{target[:100]} is not supported: {e}") from None
     fmt = _string(fields, "format") or "text"
     if fmt not in FORMATS:
         raise BadRequest(400, f"{fmt[:100]} format is not supported")
@@ -186,9 +197,10 @@ def _unique(alternatives: list[str], best: str) -> list[str]:
     return out
 
 
-def answer(req: LibreRequest, plan_: Plan, hypotheses: list[list[str]], src: str) -> dict:
+def answer(req: LibreRequest, plan_: Plan, hypotheses: list[list[str]], src: str | None) -> dict:
     """LibreTranslate's answer: ``hypotheses`` gives each sentence of ``plan_``'s its
-    translations, best first (``alternatives`` + 1 of them, or fewer)."""
+    translations, best first (``alternatives`` + 1 of them, or fewer); ``src``: the language
+    ``auto`` stands for (None: not known, and not reported)."""
     given = iter(hypotheses)
     translated, alternatives = [], []
     for shape in plan_.shapes:
@@ -205,7 +217,7 @@ def answer(req: LibreRequest, plan_: Plan, hypotheses: list[list[str]], src: str
         translated.append(options[0])
         alternatives.append(_unique(options[1:], options[0]))
     result: dict[str, Any] = {"translatedText": translated if req.batch else translated[0]}
-    if req.source == "auto":
+    if req.source == AUTO and src is not None:
         detected = {"confidence": 100.0, "language": src}
         result["detectedLanguage"] = [detected] * len(translated) if req.batch else detected
     if req.alternatives > 0:

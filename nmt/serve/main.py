@@ -31,11 +31,13 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM or SIGINT, then finish the requests in flight and return."""
     web = require_aiohttp()
+    from nmt.serve.protocol import JsonErrorRunner  # aiohttp's, once it is known to be there
+
     state: dict[str, Any] = {}
     app = make_app(backend, cfg, state, executor)
     # handler_cancellation: a request whose client disconnects has its handler cancelled, so
     # that it leaves the queue undecoded (aiohttp's default since 3.8.6 is to let it run on)
-    runner = web.AppRunner(
+    runner = JsonErrorRunner(
         app,
         handle_signals=False,
         shutdown_timeout=cfg.shutdown_timeout,
@@ -77,6 +79,7 @@ def check_config(cfg: DictConfig) -> None:
         "max_beam",
         "max_batch_sentences",
         "max_queued_sentences",
+        "max_segments",
     ):
         if cfg[key] < 1:
             raise ConfigError(f"{key}={cfg[key]} must be >= 1")

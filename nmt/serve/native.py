@@ -10,7 +10,7 @@ from typing import Any
 
 from nmt.decode.options import DecodeOptions
 
-REQUEST_KEYS = ("text", "beam", "length_penalty", "n_best", "attention")
+REQUEST_KEYS = ("text", "source", "target", "beam", "length_penalty", "n_best", "attention")
 MAX_DIGITS = 30  # an integer literal with more digits is refused before Python converts it
 
 
@@ -140,8 +140,15 @@ def parse_request(raw: bytes, limits: Limits, defaults: DecodeOptions) -> dict[s
     attention = body.get("attention", False)
     if not isinstance(attention, bool):
         raise BadRequest(400, "'attention' must be true or false")
+    languages = {}
+    for key in ("source", "target"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise BadRequest(400, f"'{key}' must be a language code such as \"en\"")
+        languages[key] = None if value is None else check_text(value.strip(), f"'{key}'")
     return {
         "text": [s.strip() for s in sentences],
+        **languages,
         "beam": beam,
         "n_best": n_best,
         "length_penalty": float(alpha),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nmt.serve.languages import AUTO, Languages
 from nmt.serve.native import Limits
 
 OPENAPI_VERSION = "3.0.3"
@@ -50,7 +51,7 @@ TRANSLATE_ERRORS = {
 }
 
 
-def _native(limits: Limits, defaults: Any) -> dict[str, Any]:
+def _native(limits: Limits, defaults: Any, languages: Languages) -> dict[str, Any]:
     sentences = {
         "type": "array",
         "minItems": 1,
@@ -64,6 +65,17 @@ def _native(limits: Limits, defaults: Any) -> dict[str, Any]:
         "additionalProperties": False,
         "properties": {
             "text": sentences,
+            "source": {
+                "type": "string",
+                "enum": [AUTO, *languages.source_choices],
+                "default": AUTO,
+                "description": "The source language (auto: any the model reads).",
+            },
+            "target": {
+                "type": "string",
+                "enum": languages.targets,
+                "description": "The target language; needed when the model has several.",
+            },
             "beam": {
                 "type": "integer",
                 "minimum": 1,
@@ -134,16 +146,15 @@ def _native(limits: Limits, defaults: Any) -> dict[str, Any]:
     }
 
 
-def _libre(limits: Limits, languages: tuple[str, str]) -> dict[str, Any]:
-    src, tgt = languages
+def _libre(limits: Limits, languages: Languages) -> dict[str, Any]:
     text = {"type": "string", "maxLength": limits.max_chars}
     fields: dict[str, Any] = {
         "source": {
             "type": "string",
-            "enum": ["auto", src],
-            "description": "The source language code; auto is the model's one source language.",
+            "enum": [AUTO, *languages.source_choices],
+            "description": "The source language code (auto: any the model reads).",
         },
-        "target": {"type": "string", "enum": [tgt]},
+        "target": {"type": "string", "enum": languages.targets},
         "format": {"type": "string", "enum": ["text", "html"], "default": "text"},
         "alternatives": {
             "type": "integer",
@@ -245,7 +256,7 @@ def openapi_document(limits: Limits, backend: Any) -> dict[str, Any]:
             "title": "nmt-serve",
             "version": "1",
             "description": (
-                f"Translation from {backend.languages[0]} into {backend.languages[1]} with "
+                f"Translation in {backend.languages.names()} with "
                 f"{backend.model} (engine {backend.engine}). Limits: {limits.max_sentences} "
                 f"sentences a request, {limits.max_chars} characters a sentence, "
                 f"{limits.max_body_bytes} bytes a body, beam {limits.max_beam}"
@@ -308,7 +319,7 @@ def openapi_document(limits: Limits, backend: Any) -> dict[str, Any]:
                     },
                 }
             },
-            "/v1/translate": _native(limits, backend.defaults),
+            "/v1/translate": _native(limits, backend.defaults, backend.languages),
             "/translate": _libre(limits, backend.languages),
             "/languages": {
                 "get": {

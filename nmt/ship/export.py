@@ -22,6 +22,7 @@ import yaml
 from nmt.atomic import atomic_write_bytes, fsync_dir, sha256_file
 from nmt.cli import exit_on_error, setup_logging
 from nmt.config import ConfigError, to_container
+from nmt.data.multilingual import refuse_multilingual
 from nmt.decode.options import DecodeOptions
 from nmt.ship.hf import HF_FILES
 from nmt.store.loading import Trained, decode_defaults, load_package, load_trained, unique_weights
@@ -373,6 +374,7 @@ def export_hf(source: Path, out: Path, *, licence: str | None = None) -> Path:
     source = Path(source)
     cpu = torch.device("cpu")
     trained = load_package(source, cpu) if is_package(source) else load_trained(source, cpu)
+    refuse_multilingual(trained.cfg.data, "nmt-export")
     hf.check_exportable(trained.cfg, trained.tokenizers)
     decode = package_config(trained)["decode"]
     out.parent.mkdir(parents=True, exist_ok=True)

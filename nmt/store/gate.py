@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.cli import UserError
-from nmt.config import MODEL_SCHEMAS, ConfigError, TrainConfig, check_train_config
+from nmt.config import MODEL_SCHEMAS, ConfigError, TrainConfig
+from nmt.config_checks import check_train_config
 
 
 class CheckpointError(UserError, RuntimeError):

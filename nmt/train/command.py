@@ -51,9 +51,18 @@ def run_training(trainer: Trainer) -> str:
         "training data: %d pairs, %d batches per epoch per rank, padding share %.1f%%",
         len(data.train), len(first), 100 * padding,
     )  # fmt: skip
+    multilingual = {}
+    if "directions" in data.stats:  # each direction's pairs, pairs per epoch and share
+        multilingual = {"directions": data.stats["directions"],
+                        "tag_placement": data.stats["tag_placement"]}  # fmt: skip
+        for name, d in data.stats["directions"].items():
+            log.info(
+                "direction %s: %d pairs, %d per epoch (%.1f%% of the epoch)",
+                name, d["pairs"], d["per_epoch"], 100 * d["share"],
+            )  # fmt: skip
     trainer.log_start(
         train_pairs=len(data.train), batches_per_epoch=len(first), padding_share=padding,
-        data_time=round(trainer.run.data_time, 3),
+        data_time=round(trainer.run.data_time, 3), **multilingual,
     )  # fmt: skip
     reason = trainer.fit()
     if s.history:

@@ -25,7 +25,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from nmt.atomic import TEMP_SUFFIX
 from nmt.config import to_container
 from nmt.data.batching import TokenBatchSampler, make_batch
-from nmt.data.datasets import PreparedData
+from nmt.data.datasets import EvalSet, PreparedData
 from nmt.models.base import Seq2Seq
 from nmt.runtime.device import device_name
 from nmt.runtime.distributed import DistInfo
@@ -40,7 +40,7 @@ from nmt.train.elastic import Restart
 from nmt.train.progress import Limits, Position, ProgressBar
 from nmt.train.runlog import RunLog
 from nmt.train.step import MAX_BAD_STEPS, LossFn, StepResult, TrainState, loss_sum, train_step
-from nmt.train.validation import validation_options, validation_scores
+from nmt.train.validation import direction_set, validation_options, validation_scores
 from nmt.viz.explorer import TrainingExplorer
 from nmt.viz.visualize import log_validation_views
 
@@ -296,6 +296,8 @@ class Trainer:
             s.step, metrics["loss"], metrics["ppl"], metrics["bleu"], metrics["chrf"],
             metrics["seconds"], "  (new best)" if improved else "",
         )  # fmt: skip
+        for name, d in metrics.get("directions", {}).items():
+            log.info("  %s: loss %.3f BLEU %.2f chrF %.2f", name, d["loss"], d["bleu"], d["chrf"])
         self.run_log.write("validation", s.step, **metrics, best=improved)
         self._show_validation(metrics)
         self.save(is_best=improved)
@@ -308,12 +310,16 @@ class Trainer:
         if self.writer is not None:
             for key in ("loss", "ppl", "bleu", "chrf"):
                 self.writer.add_scalar(f"val/{key}", metrics[key], step)
+            for name, d in metrics.get("directions", {}).items():
+                for key in ("loss", "bleu", "chrf"):
+                    self.writer.add_scalar(f"val_{key}/{name}", d[key], step)
             if t.attention_sentences > 0:
-                log_validation_views(
-                    self.writer, self.model, run.data.valid, run.data.tokenizers, step,
-                    run.device, t.attention_sentences, t.attention_layers,
-                    opts=opts,
-                )  # fmt: skip
+                for label, views in self._view_sets():
+                    log_validation_views(
+                        self.writer, self.model, views, run.data.tokenizers, step,
+                        run.device, t.attention_sentences, t.attention_layers,
+                        opts=opts, label=label,
+                    )  # fmt: skip
             self.writer.flush()
         if self.explorer is not None:
             self.explorer.add(
@@ -321,6 +327,14 @@ class Trainer:
                 t.attention_sentences, f"validation BLEU {metrics['bleu']:.2f}",
                 opts=opts,
             )  # fmt: skip
+
+    def _view_sets(self) -> list[tuple[str, EvalSet]]:
+        """The validation sets drawn: the split, or each direction of a multilingual one
+        (labelled with it)."""
+        valid, n = self.run.data.valid, self.t.attention_sentences
+        if not valid.parts:
+            return [("", valid)]
+        return [(part[0], direction_set(valid, part, n)) for part in valid.parts]
 
     # ----------------------------------------------------------------- logging
 

@@ -12,6 +12,8 @@ optimizer updates done) and ``time`` (Unix seconds):
   target token), lr, grad_norm (mean over the window), tokens (target tokens, all ranks),
   updates, seconds (training time of the window), tokens_per_s;
 * ``validation``: loss, ppl, bleu, chrf, seconds (of the validation), best (a new best BLEU);
+  a multilingual run's bleu and chrf are the means over its directions, and ``directions``
+  holds each one's loss, bleu, chrf, sentences and sacreBLEU signatures;
 * ``checkpoint``: path (relative to the run directory), best;
 * ``averaged``: checkpoints (the step checkpoints averaged), path, and the validation scores;
 * ``end``: epoch, train_time, stop_reason, best_bleu, best_step.

@@ -22,7 +22,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from nmt.atomic import atomic_write_bytes
 from nmt.cli import Progress, setup_logging, write_to_log_file
-from nmt.config import ConfigError, check_train_config, to_container
+from nmt.config import ConfigError, to_container
+from nmt.config_checks import check_train_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.datasets import PreparedData, prepare_data
 from nmt.data.tokenizer import TokenizerPair

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -27,8 +28,10 @@ from nmt.train.step import loss_sum
 
 
 @torch.inference_mode()
-def evaluate_loss(model: Seq2Seq, ds: EvalSet, cfg: DictConfig, device: torch.device) -> float:
-    """Per-token cross-entropy (no label smoothing) of an evaluation set."""
+def loss_and_tokens(
+    model: Seq2Seq, ds: EvalSet, cfg: DictConfig, device: torch.device
+) -> tuple[float, int]:
+    """Summed cross-entropy (no label smoothing) of an evaluation set, and its target tokens."""
     model.eval()
     total, tokens = 0.0, 0
     for idx in eval_batches(ds.data.src_lens, cfg.data.eval_max_tokens, ds.data.tgt_lens):
@@ -36,7 +39,21 @@ def evaluate_loss(model: Seq2Seq, ds: EvalSet, cfg: DictConfig, device: torch.de
         with autocast(str(cfg.trainer.precision), device):
             total += float(loss_sum(model, batch, 0.0))
         tokens += batch.n_tgt_tokens
+    return total, tokens
+
+
+def evaluate_loss(model: Seq2Seq, ds: EvalSet, cfg: DictConfig, device: torch.device) -> float:
+    """Per-token cross-entropy (no label smoothing) of an evaluation set."""
+    total, tokens = loss_and_tokens(model, ds, cfg, device)
     return total / max(tokens, 1)
+
+
+def direction_set(ds: EvalSet, part: tuple[str, int, int], limit: int = 0) -> EvalSet:
+    """One direction's sentences of a multilingual set (its first ``limit``; 0: all)."""
+    name, a, b = part
+    b = min(b, a + limit) if limit > 0 else b
+    data = ds.data.subset(range(a, b))
+    return EvalSet(name, ds.src_text[a:b], ds.ref_text[a:b], data, [(name, 0, b - a)])
 
 
 def validation_options(cfg: DictConfig) -> DecodeOptions:
@@ -58,12 +75,15 @@ def validation_scores(
     device: torch.device,
     translate: Callable[..., list[str]] = translate_dataset,
 ) -> dict[str, float]:
-    """Validation loss, perplexity, and greedy BLEU / chrF on the validation split.
+    """Validation loss, perplexity, and greedy BLEU / chrF on the validation split (of a
+    multilingual run: per direction, with their means as ``bleu`` and ``chrf``).
 
     ``translate`` decodes the split (:func:`nmt.decode.search.translate_dataset`; a test passes
     a spy).
     """
     start = time.perf_counter()
+    if data.valid.parts:
+        return _per_direction(model, data, cfg, device, translate, start)
     val_loss = evaluate_loss(model, data.valid, cfg, device)
     opts = validation_options(cfg)
     hyps = translate(
@@ -76,4 +96,46 @@ def validation_scores(
         "bleu": bleu(hyps, refs).score,
         "chrf": chrf(hyps, refs).score,
         "seconds": time.perf_counter() - start,
+    }
+
+
+def _per_direction(
+    model: Seq2Seq,
+    data: PreparedData,
+    cfg: DictConfig,
+    device: torch.device,
+    translate: Callable[..., list[str]],
+    start: float,
+) -> dict[str, Any]:
+    """A multilingual validation: every direction scored on its own (``directions``), and
+    ``bleu`` / ``chrf`` their unweighted means (the checkpoint criterion); ``loss`` per token
+    over all directions."""
+    opts = validation_options(cfg)
+    per: dict[str, dict[str, Any]] = {}
+    total, tokens = 0.0, 0
+    for part in data.valid.parts:
+        ds = direction_set(data.valid, part)
+        loss, n = loss_and_tokens(model, ds, cfg, device)
+        total, tokens = total + loss, tokens + n
+        hyps = translate(
+            model, ds.data, data.tokenizers.tgt, opts, device, cfg.trainer.val_sentences
+        )
+        refs = ds.ref_text[: len(hyps)]
+        b, c = bleu(hyps, refs), chrf(hyps, refs)
+        per[part[0]] = {
+            "loss": loss / max(n, 1),
+            "bleu": b.score,
+            "chrf": c.score,
+            "sentences": len(hyps),
+            "bleu_signature": b.signature,
+            "chrf_signature": c.signature,
+        }
+    val_loss = total / max(tokens, 1)
+    return {
+        "loss": val_loss,
+        "ppl": math.exp(min(val_loss, 50.0)),
+        "bleu": sum(p["bleu"] for p in per.values()) / len(per),
+        "chrf": sum(p["chrf"] for p in per.values()) / len(per),
+        "seconds": time.perf_counter() - start,
+        "directions": per,
     }

@@ -33,8 +33,9 @@ from sacrebleu.metrics import BLEU
 from torch import Tensor
 
 from nmt.atomic import atomic_write_bytes
-from nmt.data.batching import make_batch
+from nmt.data.batching import TokenDataset, make_batch
 from nmt.data.datasets import EvalSet, encode_texts
+from nmt.data.multilingual import directions_of
 from nmt.data.tokenizer import BOS_ID, EOS_ID, TokenizerPair
 from nmt.decode.options import DecodeOptions
 from nmt.models.base import Seq2Seq
@@ -112,18 +113,24 @@ def explore_sentences(
     references: Sequence[str | None] | None,
     device: torch.device,
     opts: DecodeOptions | None = None,
+    data: TokenDataset | None = None,
 ) -> list[dict[str, Any]]:
     """Greedy-decode ``sources`` (output caps from ``opts``, see :func:`nmt.viz.visualize.attend`)
-    and return one :func:`sentence_record` per sentence."""
+    and return one :func:`sentence_record` per sentence. ``data``: their token ids as the model
+    reads them (a multilingual set's, with tags and forced first tokens); default: encoded."""
     refs = list(references) if references is not None else [None] * len(sources)
     if len(refs) != len(sources):
         raise ValueError(f"{len(sources)} sentences but {len(refs)} references")
-    data = encode_texts(tokenizers, list(sources), [""] * len(sources))
+    if data is None:
+        data = encode_texts(tokenizers, list(sources), [""] * len(sources))
     records = []
     for start in range(0, len(sources), BATCH_SENTENCES):
         index = list(range(start, min(start + BATCH_SENTENCES, len(sources))))
         batch = make_batch(data, index).to(device)
-        decoded = attend(model, batch.src, batch.src_lens, opts)
+        forced = None
+        if data.forced is not None:
+            forced = torch.from_numpy(data.forced[index]).to(device)
+        decoded = attend(model, batch.src, batch.src_lens, opts, forced=forced)
         for k, sent in zip(index, decoded, strict=True):
             records.append(sentence_record(sent, tokenizers, sources[k], refs[k]))
     return records
@@ -139,13 +146,13 @@ def model_info(cfg: DictConfig, checkpoint: str | None = None) -> dict[str, Any]
         )
     else:
         name = f"GRU encoder-decoder with {m.attention} attention (hidden {m.hidden_dim})"
-    return {
-        "arch": str(m.arch),
-        "name": name,
-        "src_lang": str(cfg.data.src_lang),
-        "tgt_lang": str(cfg.data.tgt_lang),
-        "checkpoint": checkpoint,
-    }
+    src, tgt = str(cfg.data.src_lang), str(cfg.data.tgt_lang)
+    directions = directions_of(cfg.data)
+    if directions:  # a multilingual model: each sentence is marked with its direction
+        src = "/".join(sorted({d.src for d in directions}))
+        tgt = "/".join(sorted({d.tgt for d in directions}))
+    return {"arch": str(m.arch), "name": name, "src_lang": src, "tgt_lang": tgt,
+            "checkpoint": checkpoint}  # fmt: skip
 
 
 def document(
@@ -245,7 +252,14 @@ class TrainingExplorer:
         if n <= 0:
             return self.html_path
         sources, refs = evalset.src_text[:n], evalset.ref_text[:n]
-        records = explore_sentences(model, tokenizers, sources, refs, device, opts)
+        data = None
+        if evalset.parts:  # a multilingual set: the first n of each direction, labelled
+            index = [i for _, a, b in evalset.parts for i in range(a, min(b, a + n))]
+            label = {i: d for d, a, b in evalset.parts for i in range(a, b)}
+            sources = [f"[{label[i]}] {evalset.src_text[i]}" for i in index]
+            refs = [evalset.ref_text[i] for i in index]
+            data = evalset.data.subset(index)
+        records = explore_sentences(model, tokenizers, sources, refs, device, opts, data)
         self.steps = [s for s in self.steps if s["step"] != step]
         self.steps.append({"step": step, "note": note, "sentences": records})
         self.steps.sort(key=lambda s: s["step"])

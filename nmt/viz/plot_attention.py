@@ -35,6 +35,7 @@ from nmt.config import ConfigError, register_configs
 from nmt.data.batching import make_batch
 from nmt.data.corpus import read_lines
 from nmt.data.datasets import encode_texts
+from nmt.data.multilingual import refuse_multilingual
 from nmt.decode.options import DecodeOptions
 from nmt.runtime.device import pick_device
 from nmt.store.loading import Trained, load_model
@@ -169,6 +170,7 @@ def plot_attention(cfg: DictConfig) -> list[Path]:
     opts = check_request(cfg)
     device = pick_device(cfg.device)
     trained = load_model(cfg, device)
+    refuse_multilingual(trained.cfg.data, "nmt-attention")
     out = output_dir(cfg, trained.path)
     if cfg.format == "html":
         return [write_explorer(trained, sentences, references, cfg, opts, out, device)]

@@ -96,22 +96,27 @@ def attend(
     src: Tensor,
     src_lens: Tensor,
     opts: DecodeOptions | None = None,
+    forced: Tensor | None = None,
 ) -> list[SentenceAttention]:
     """Greedy-decode ``src`` (B, S) and collect every attention map of the hypotheses.
 
     src_lens: (B,) with EOS counted. ``opts`` (default: ``DecodeOptions()``) gives the output
     caps and ``min_output_len``; the search is greedy whatever its ``beam`` (the views follow
     one hypothesis) and runs in the caller's precision. The model runs in eval mode and gets
-    its mode back.
+    its mode back. ``forced`` (B,): each row's forced first output token (a multilingual
+    model's target tag), or None.
     """
     opts = opts or DecodeOptions()
     was_training = model.training
     model.eval()
     try:
         caps = max_output_lengths(model, src_lens, opts)  # (B,)
+        if forced is not None:
+            caps = caps + (forced >= 0).to(caps.device, caps.dtype)
         hyps = greedy_search(
-            model, src, src_lens, caps, BOS_ID, EOS_ID, True, min_len=opts.min_output_len
-        )
+            model, src, src_lens, caps, BOS_ID, EOS_ID, True, min_len=opts.min_output_len,
+            forced=forced,
+        )  # fmt: skip
         tgt_in = teacher_input(hyps, src.device)  # (B, T)
         _, attn = model.forward_with_attention(src, src_lens, tgt_in)
     finally:
@@ -376,9 +381,13 @@ def log_validation_views(
     layers: LayerSpec = "last",
     *,
     opts: DecodeOptions,
+    label: str = "",
 ) -> dict[str, float]:
     """Log attention heatmaps, sample translations and attention entropies of the first
     ``n_sentences`` validation sentences; returns the entropy scalars (tag -> value).
+    ``label`` (a multilingual run's direction, ``de-en``) goes into every tag and title:
+    ``attention/<view>/de-en/sent<k>``, ``samples/de-en/sent<k>``,
+    ``attention/entropy/de-en/<kind>_layer<i>``.
 
     Tags (the same at every validation, so the step slider shows training progress):
     ``attention/<view>/sent<k>`` images (views: see the module docstring; ``layers`` picks
@@ -391,15 +400,21 @@ def log_validation_views(
     if n <= 0:
         return {}
     batch = make_batch(evalset.data, list(range(n))).to(device)
-    sentences = attend(model, batch.src, batch.src_lens, opts)
+    forced = evalset.data.forced
+    first = None if forced is None else torch.from_numpy(forced[:n]).to(device)
+    sentences = attend(model, batch.src, batch.src_lens, opts, forced=first)
+    sub = f"{label}/" if label else ""
     for k, sent in enumerate(sentences):
         for view in sentence_views(sent, tokenizers, layers):
-            image = render_rgb(view, view_title(view, step, k))  # (H, W, 3)
-            writer.add_image(f"attention/{view.name}/sent{k}", image, step, dataformats="HWC")
+            title = view_title(view, step, k)
+            title = f"{label}: {title}" if label else title
+            image = render_rgb(view, title)  # (H, W, 3)
+            writer.add_image(f"attention/{view.name}/{sub}sent{k}", image, step, dataformats="HWC")
         hypothesis = tokenizers.tgt.decode(sent.hypothesis.tokens)
         text = sample_markdown(evalset.src_text[k], evalset.ref_text[k], hypothesis)
-        writer.add_text(f"samples/sent{k}", text, step)
-    scalars = {f"attention/entropy/{k}": v for k, v in attention_entropy(sentences).items()}
+        writer.add_text(f"samples/{sub}sent{k}", text, step)
+    entropy = attention_entropy(sentences).items()
+    scalars = {f"attention/entropy/{sub}{k}": v for k, v in entropy}
     for tag, value in scalars.items():
         writer.add_scalar(tag, value, step)
     writer.flush()

@@ -1,0 +1,114 @@
+"""The checks of a training config that its types cannot express (:func:`check_train_config`):
+values that span several keys, ranges, and the corpus lists of ``data.train`` and
+``data.directions``. Each raises :class:`~nmt.config.ConfigError` naming the offending key."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from nmt.config import (
+    ConfigError,
+    Direction,
+    _choice,
+    _positive,
+    check_decode,
+    check_model_config,
+    parse_directions,
+    train_corpora,
+)
+
+
+def check_train_config(cfg: DictConfig) -> None:
+    """Check values that the type system cannot; raise ConfigError naming the key."""
+    _check_data(cfg.data)
+    _check_optim(cfg.optim, cfg.trainer)
+    _check_trainer(cfg.trainer)
+    dec = cfg.decode
+    check_decode(dec, "decode.")
+    if dec.checkpoint == "averaged" and cfg.trainer.average_last == 0:
+        raise ConfigError("decode.checkpoint=averaged needs trainer.average_last > 0")
+    check_model_config(cfg.model)
+
+
+def _check_data(d: DictConfig) -> None:
+    directions = parse_directions(d.directions)
+    if directions:
+        _check_multilingual(d, directions)
+    elif d.src_lang == d.tgt_lang:
+        raise ConfigError(f"data.src_lang and data.tgt_lang are both {d.src_lang!r}")
+    if d.corpus == "multi30k" and not directions:
+        for key, lang in (("data.src_lang", d.src_lang), ("data.tgt_lang", d.tgt_lang)):
+            _choice(key, lang, ("en", "de", "fr", "cs"))
+    train_corpora(d.train)
+    if not (d.sampling_temperature > 0):  # nan fails too
+        raise ConfigError(f"data.sampling_temperature={d.sampling_temperature} must be > 0")
+    _positive("data.spm_sample", d.spm_sample)
+    _positive("data.num_workers", d.num_workers, allow_zero=True)
+    _positive("data.max_len", d.max_len)
+    if d.max_len_ratio < 1:
+        raise ConfigError(f"data.max_len_ratio={d.max_len_ratio} must be >= 1")
+    _positive("data.vocab_size", d.vocab_size)
+    _positive("data.max_tokens", d.max_tokens)
+    # +2: room for the BOS/EOS added around the longest allowed sentence
+    if d.max_tokens < d.max_len + 2:
+        raise ConfigError(
+            f"data.max_tokens={d.max_tokens} is smaller than one sentence of data.max_len="
+            f"{d.max_len} tokens (+2 for BOS/EOS); raise data.max_tokens or lower data.max_len"
+        )
+
+
+def _check_multilingual(d: DictConfig, directions: list[Direction]) -> None:
+    if d.corpus == "multi30k":
+        for i, direction in enumerate(directions):
+            for lang in (direction.src, direction.tgt):
+                _choice(f"data.directions[{i}] ({direction})", lang, ("en", "de", "fr", "cs"))
+    if not d.joint_vocab:
+        raise ConfigError(
+            "data.directions: a multilingual model has one sentencepiece model over all its "
+            "languages; set data.joint_vocab=true"
+        )
+
+
+def _check_optim(o: DictConfig, t: DictConfig) -> None:
+    _positive("optim.lr", o.lr)
+    _positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
+    _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        raise ConfigError(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
+    decays = o.schedule in ("cosine", "linear")
+    if decays and o.decay_over == "steps" and t.max_steps <= 0:
+        raise ConfigError(
+            f"optim.schedule={o.schedule} decays to trainer.max_steps: set it > 0, or decay "
+            "over a time budget with optim.decay_over=time and trainer.max_time"
+        )
+    if decays and o.decay_over == "time" and t.max_time <= 0 and t.cpu_max_time <= 0:
+        raise ConfigError(
+            "optim.decay_over=time decays to the training-time limit: set trainer.max_time > 0"
+        )
+
+
+def _check_trainer(t: DictConfig) -> None:
+    _choice("trainer.precision", str(t.precision), ("auto", "32", "bf16", "16"))
+    for key in ("accumulate", "log_every", "val_every", "keep_last"):
+        _positive(f"trainer.{key}", t[key])
+    for key in ("max_steps", "max_epochs", "max_time", "cpu_max_time", "patience",
+                "clip_grad_norm", "average_last", "save_every_minutes"):  # fmt: skip
+        _positive(f"trainer.{key}", t[key], allow_zero=True)
+    if not 0 <= t.label_smoothing < 1:
+        raise ConfigError(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
+    if t.init_from and t.resume:
+        raise ConfigError(
+            f"trainer.init_from={t.init_from!r} and trainer.resume={t.resume!r} exclude each "
+            "other: init_from starts a new run from a checkpoint's weights, resume continues a "
+            "run (a fine-tuning run included) where it stopped; set only one"
+        )
+    if t.attention_html and t.attention_sentences <= 0:
+        raise ConfigError(
+            "trainer.attention_html=true shows the first trainer.attention_sentences validation "
+            f"sentences, but trainer.attention_sentences={t.attention_sentences}: set it > 0"
+        )
+    if t.average_last > t.keep_last:
+        raise ConfigError(
+            f"trainer.average_last={t.average_last} needs trainer.keep_last>={t.average_last} "
+            "step checkpoints on disk"
+        )

@@ -1,0 +1,206 @@
+"""``nmt-eval`` of a multilingual run: every trained direction, and the zero-shot directions
+named by ``zero_shot=[de-fr]``, each on the run's test split(s) in that direction.
+
+Each direction gets BLEU, chrF (with bootstrap intervals, as the bilingual evaluation), TER,
+and its off-target rate: the share of non-empty outputs that a language identifier
+(``py3langid``, whose model ships inside its wheel; the ``multilingual`` extra) does not
+assign to the target language, choosing among the model's own languages. A zero-shot
+direction is also translated through the pivot language (``pivot=en``: two decodes, source
+to pivot and pivot to target), the baseline its direct figures are read against.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from nmt.atomic import atomic_write_bytes
+from nmt.cli import Progress
+from nmt.config import ConfigError, Direction, parse_directions
+from nmt.data.corpus import DataError, read_parallel, strip_lines
+from nmt.data.multilingual import (
+    directions_of,
+    languages,
+    placement_of,
+    target_languages,
+    target_tag,
+)
+from nmt.data.multiprep import resolve_direction_splits
+from nmt.data.tagged import tagged_dataset
+from nmt.decode.engines import TorchEngine
+from nmt.decode.options import DecodeOptions
+from nmt.environment import multi30k_source
+from nmt.evaluate.metrics import all_scores
+from nmt.store.loading import Trained
+
+log = logging.getLogger(__name__)
+
+
+class LanguageIdentifier:
+    """py3langid restricted to a model's languages: ``language(text)`` is the most likely."""
+
+    def __init__(self, langs: Sequence[str]) -> None:
+        try:
+            from py3langid.langid import MODEL_FILE
+            from py3langid.langid import LanguageIdentifier as _Identifier
+        except ImportError as err:
+            raise ConfigError(
+                "the off-target rate needs py3langid: pip install 'nmt[multilingual]' "
+                "(or off_target=false)"
+            ) from err
+        self._id = _Identifier.from_model_file(MODEL_FILE, norm_probs=False)
+        known = set(self._id.nb_classes)
+        usable = [lang for lang in langs if lang in known]
+        if not usable:
+            raise ConfigError(f"py3langid knows none of the languages {', '.join(langs)}")
+        self._id.set_languages(usable)
+        self.languages = usable
+
+    def language(self, text: str) -> str:
+        return str(self._id.classify(text)[0])
+
+
+def off_target_rate(hyps: Sequence[str], lang: str, identify: Callable[[str], str]) -> float:
+    """Share of the non-empty outputs identified as another language than ``lang``."""
+    texts = [h for h in hyps if h.strip()]
+    if not texts:
+        return 0.0
+    return sum(identify(h) != lang for h in texts) / len(texts)
+
+
+def _decode(
+    engine: TorchEngine,
+    trained: Trained,
+    opts: DecodeOptions,
+    src: list[str],
+    lang: str,
+    advance: Callable[[int], None],
+) -> list[str]:
+    """Translations of ``src`` into ``lang`` (tagged as the run's placement says)."""
+    tok = trained.tokenizers
+    tag = target_tag(tok.tgt, lang, target_languages(trained.cfg.data))
+    data = tagged_dataset(tok, src, [""] * len(src), tag, placement_of(trained.cfg.data))
+    hyps = engine.hypotheses(data, opts, advance=advance)
+    return [tok.tgt.decode(h.tokens) for h in hyps]
+
+
+def _scored(
+    hyps: list[str], refs: list[str], lang: str, cfg: DictConfig, identify: Any
+) -> dict[str, Any]:
+    scores = all_scores(hyps, refs, cfg.bootstrap, cfg.bootstrap_seed)
+    entry: dict[str, Any] = {"scores": {s.name: s.as_dict() for s in scores}}
+    if identify is not None:
+        entry["off_target"] = off_target_rate(hyps, lang, identify)
+    for s in scores:
+        print(f"  {s.line()}")
+    if identify is not None:
+        print(f"  off-target rate: {100 * entry['off_target']:.1f}% (py3langid)")
+    return entry
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    atomic_write_bytes(path, "".join(h + "\n" for h in lines).encode("utf-8"))
+
+
+def eval_directions(cfg: DictConfig, trained: Trained) -> tuple[list[Direction], list[Direction]]:
+    """The trained directions and the zero-shot ones asked for (``zero_shot``), checked: a
+    target language the model has no tag for is refused, naming the languages it has."""
+    trained_dirs = directions_of(trained.cfg.data)
+    zero = [d for d in parse_directions(list(cfg.zero_shot), "zero_shot") if d not in trained_dirs]
+    targets = target_languages(trained.cfg.data)
+    for d in trained_dirs + zero:
+        target_tag(trained.tokenizers.tgt, d.tgt, targets)
+    known = languages(trained_dirs)
+    for d in zero:
+        if d.src not in known:
+            raise DataError(
+                f"source language {d.src!r} of zero_shot direction {d} was not trained: this "
+                f"model reads {', '.join(known)}"
+            )
+        if cfg.pivot not in targets:
+            raise DataError(
+                f"pivot={cfg.pivot!r} was not trained as a target language: this model "
+                f"translates into {', '.join(targets)}"
+            )
+    return trained_dirs, zero
+
+
+def evaluate_multilingual(
+    cfg: DictConfig, trained: Trained, opts: DecodeOptions, out_dir: Path, tag: str
+) -> dict[str, Any]:
+    """Decode and score every direction (see the module docstring); the report."""
+    if cfg.test:
+        raise ConfigError(
+            f"test={list(cfg.test)}: a multilingual run is scored on its data config's test "
+            "split(s) in each direction; name extra directions with zero_shot=[de-fr]"
+        )
+    if cfg.engine not in ("auto", "torch"):
+        raise ConfigError(f"engine={cfg.engine}: a multilingual model decodes with engine=torch")
+    trained_dirs, zero = eval_directions(cfg, trained)
+    data_cfg = trained.cfg.data
+    identify = None
+    if cfg.off_target:
+        identify = LanguageIdentifier(languages(trained_dirs)).language
+    engine = TorchEngine(trained.model, trained_device(trained))
+    progress = Progress(cfg.progress)
+    report: dict[str, Any] = {"directions": {}, "zero_shot": [str(d) for d in zero]}
+    for d in trained_dirs + zero:
+        for split in resolve_direction_splits(
+            data_cfg, list(data_cfg.test), [d], multi30k_source()
+        ):
+            src, refs = (strip_lines(x) for x in read_parallel(split.src_path, split.tgt_path))
+            if not src:
+                raise DataError(f"test set {split.src_path} has no sentences")
+            name = f"{Path(str(split.name).split(' ')[0]).name}.{d}"
+            start = time.perf_counter()
+            with progress.bar(name, len(src)) as advance:
+                hyps = _decode(engine, trained, opts, src, d.tgt, advance)
+            seconds = time.perf_counter() - start
+            hyp_file = out_dir / f"{name}.{tag}.hyp"
+            _write(hyp_file, hyps)
+            kind = "zero-shot" if d in zero else "trained"
+            print(f"{name} ({kind}): {len(hyps)} sentences in {seconds:.1f}s -> {hyp_file}")
+            entry = {"direction": str(d), "zero_shot": d in zero, "sentences": len(hyps),
+                     "seconds": seconds, "hypotheses": str(hyp_file),
+                     **_scored(hyps, refs, d.tgt, cfg, identify)}  # fmt: skip
+            if d in zero:
+                pivot_file = out_dir / f"{name}.pivot-{cfg.pivot}.{tag}.hyp"
+                entry["pivot"] = _pivot(
+                    engine, trained, opts, src, refs, d, cfg, identify, pivot_file
+                )
+            report["directions"][name] = entry
+    return report
+
+
+def _pivot(
+    engine: TorchEngine,
+    trained: Trained,
+    opts: DecodeOptions,
+    src: list[str],
+    refs: list[str],
+    d: Direction,
+    cfg: DictConfig,
+    identify: Any,
+    hyp_file: Path,
+) -> dict[str, Any]:
+    """The zero-shot direction's baseline: source -> pivot -> target, two decodes."""
+    start = time.perf_counter()
+    middle = _decode(engine, trained, opts, src, cfg.pivot, lambda _: None)
+    hyps = _decode(engine, trained, opts, middle, d.tgt, lambda _: None)
+    _write(hyp_file, hyps)
+    print(f"  pivot through {cfg.pivot} ({time.perf_counter() - start:.1f}s) -> {hyp_file}")
+    return {
+        "via": cfg.pivot,
+        "hypotheses": str(hyp_file),
+        **_scored(hyps, refs, d.tgt, cfg, identify),
+    }
+
+
+def trained_device(trained: Trained) -> Any:
+    """The device the model's weights are on."""
+    return next(trained.model.parameters()).device

@@ -1,0 +1,203 @@
+"""``nmt-serve`` over a multilingual model (both tag placements): a request names its target
+language on both APIs and is translated as ``nmt-eval`` decodes that direction, requests into
+different languages share the server, the languages are listed (``/languages``, ``/health``,
+the OpenAPI document; the page's selector is tested in test_serve_page), LibreTranslate's
+client package asks for each target, and a language or pair the model was not trained for gets
+a 400 naming what it has (zero-shot pairs only with ``allow_zero_shot=true``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import urllib.error
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from aiohttp.test_utils import TestClient
+
+from nmt.data.corpus import fetch_multi30k
+from nmt.data.tagged import tagged_dataset
+from nmt.decode.options import DecodeOptions
+from nmt.decode.search import decode_dataset
+from nmt.environment import multi30k_source
+from nmt.serve.app import make_app
+from nmt.serve.backend import load_backend
+from nmt.store.loading import load_trained
+
+from .helpers import TINY_TRANSFORMER, compose_config, write_subset
+from .serving import run_app, server_log, start_server
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DIRECTIONS = ["de-en", "en-de", "en-fr", "fr-en"]
+GERMAN = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball."]
+ENGLISH = ["A dog runs across the meadow.", "Two men play soccer."]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``runs(placement)``: a tiny multilingual run of four directions on real Multi30k pairs
+    (trained once per placement)."""
+    from nmt.train.command import train
+
+    root = tmp_path_factory.mktemp("serve-ml")
+    m30k = fetch_multi30k(root / "data", ("de", "en", "fr"), ["train"], multi30k_source())
+    prefix = write_subset(m30k, root / "corpus", "train", 60, langs=("de", "en", "fr"))
+    made: dict[str, Path] = {}
+
+    def get_run(placement: str) -> Path:
+        if placement not in made:
+            out = root / placement
+            overrides = [
+                "data=parallel", f"data.directions=[{','.join(DIRECTIONS)}]",
+                f"data.train={prefix}", f"data.valid={prefix}", f"data.test=[{prefix}]",
+                f"data.root={out / 'data'}", "data.vocab_size=700", "data.max_tokens=800",
+                f"data.tag_placement={placement}", f"outputs={out / 'outputs'}",
+                "trainer.max_steps=8", "trainer.val_every=8", "trainer.val_sentences=4",
+                "trainer.progress=false", "trainer.attention_sentences=0",
+                "trainer.precision=32", "trainer.device=cpu", *TINY_TRANSFORMER,
+            ]  # fmt: skip
+            train(compose_config("train", overrides), out / "run")
+            made[placement] = out / "run"
+        return made[placement]
+
+    return get_run
+
+
+def config(run: Path, *extra: str) -> Any:
+    return compose_config(
+        "serve", [f"run={run}", "engine=torch", "device=cpu", "threads=1", *extra]
+    )
+
+
+def expected(run: Path, texts: list[str], target: str) -> list[str]:
+    """How nmt-eval decodes ``texts`` into ``target`` (greedy), with the run's tag placement."""
+    trained = load_trained(run / "checkpoints" / "best.pt", torch.device("cpu"))
+    tag = trained.tokenizers.src.tags[target]
+    placement = trained.cfg.data.tag_placement
+    data = tagged_dataset(trained.tokenizers, texts, texts, tag, placement)
+    hyps = decode_dataset(trained.model, data, DecodeOptions(beam=1), torch.device("cpu"))
+    return [trained.tokenizers.tgt.decode(h.tokens) for h in hyps]
+
+
+@pytest.mark.parametrize("placement", ["source", "target"])
+def test_each_target_is_translated_as_nmt_eval_decodes_that_direction(
+    runs: Any, placement: str
+) -> None:
+    run = runs(placement)
+    cfg = config(run, "beam=1")
+    backend = load_backend(cfg)
+    assert backend.languages.targets == ["de", "en", "fr"]
+    wanted = {"en": (GERMAN, expected(run, GERMAN, "en"))}
+    wanted["fr"] = (ENGLISH, expected(run, ENGLISH, "fr"))
+    wanted["de"] = (ENGLISH, expected(run, ENGLISH, "de"))
+
+    async def scenario(client: TestClient) -> None:
+        async def ask(target: str) -> dict:
+            body = {"text": wanted[target][0], "target": target, "attention": True}
+            response = await client.post("/v1/translate", json=body)
+            assert response.status == 200, await response.text()
+            return await response.json()
+
+        # requests into three languages at once share the server (and may share a decode)
+        answers = await asyncio.gather(*(ask(t) for t in ("en", "fr", "de", "fr", "en")))
+        for target, answer in zip(("en", "fr", "de", "fr", "en"), answers, strict=True):
+            assert answer["translations"] == wanted[target][1], target
+            assert all("<2" not in t for t in answer["translations"])  # no tag in the text
+            first = answer["attention"][0]
+            if placement == "source":  # the model read the tag first
+                assert first["source"][0] == f"<2{target}>"
+            else:  # the decode began with it
+                assert first["target"][0] == f"<2{target}>"
+        libre = {"q": "\n".join(ENGLISH), "source": "en", "target": "fr"}
+        response = await client.post("/translate", json=libre)
+        assert response.status == 200, await response.text()
+        assert (await response.json())["translatedText"] == "\n".join(wanted["fr"][1])
+
+    run_app(make_app(backend, cfg), scenario)
+
+
+def test_languages_are_listed_and_the_untrained_ones_refused(runs: Any) -> None:
+    run = runs("source")
+    cfg = config(run)
+    backend = load_backend(cfg)
+
+    async def scenario(client: TestClient) -> None:
+        async def status(path: str, body: dict) -> tuple[int, str]:
+            response = await client.post(path, json=body)
+            return response.status, (await response.json()).get("error", "")
+
+        listed = await (await client.get("/languages")).json()
+        assert {lang["code"]: lang["targets"] for lang in listed} == {
+            "de": ["en"],
+            "en": ["de", "fr"],
+            "fr": ["en"],
+        }
+        health = await (await client.get("/health")).json()
+        assert health["languages"]["directions"] == DIRECTIONS
+        assert health["languages"]["targets"] == ["de", "en", "fr"]
+        document = await (await client.get("/openapi.json")).json()
+        ours = document["paths"]["/v1/translate"]["post"]["requestBody"]["content"]
+        assert ours["application/json"]["schema"]["properties"]["target"]["enum"] == [
+            "de",
+            "en",
+            "fr",
+        ]
+        code, error = await status("/v1/translate", {"text": ["Ein Hund."]})
+        assert code == 400 and "'target' is missing" in error and "de, en, fr" in error
+        code, error = await status("/v1/translate", {"text": ["Ein Hund."], "target": "cs"})
+        assert code == 400 and "'cs'" in error and "(de, en, fr)" in error
+        code, error = await status(
+            "/v1/translate", {"text": ["Ein Hund."], "source": "cs", "target": "en"}
+        )
+        assert code == 400 and "source language 'cs'" in error
+        code, error = await status(
+            "/v1/translate", {"text": ["Ein Hund."], "source": "de", "target": "fr"}
+        )
+        assert code == 400 and "de-fr is not a direction" in error and "allow_zero_shot" in error
+        libre = {"q": "Ein Hund.", "source": "de", "target": "cs"}
+        assert await status("/translate", libre) == (400, "cs is not supported")
+        code, error = await status("/translate", {**libre, "target": "fr"})
+        assert code == 400 and error.startswith("de-fr is not supported")
+        # source auto: any source into a trained target; nothing detected, nothing reported
+        response = await client.post("/translate", json={**libre, "source": "auto", "target": "fr"})
+        assert response.status == 200 and "detectedLanguage" not in await response.json()
+
+    run_app(make_app(backend, cfg), scenario)
+
+    zero = config(run, "allow_zero_shot=true")
+    backend = load_backend(zero)
+
+    async def zero_shot(client: TestClient) -> None:
+        body = {"text": ["Ein Hund."], "source": "de", "target": "fr"}
+        response = await client.post("/v1/translate", json=body)
+        assert response.status == 200, await response.text()
+        listed = await (await client.get("/languages")).json()
+        assert {lang["code"]: lang["targets"] for lang in listed}["de"] == ["en", "fr"]
+
+    run_app(make_app(backend, zero), zero_shot)
+
+
+def test_libretranslatepy_asks_for_each_target(runs: Any) -> None:
+    """LibreTranslate's client package against the real process."""
+    from libretranslatepy import LibreTranslateAPI
+
+    run = runs("source")
+    proc, port = start_server(run, "engine=torch", "beam=1", key="run")
+    try:
+        client = LibreTranslateAPI(f"http://127.0.0.1:{port}/")
+        codes = {lang["code"]: lang["targets"] for lang in client.languages()}
+        assert codes["en"] == ["de", "fr"]
+        assert client.translate(ENGLISH[0], "en", "fr") == expected(run, ENGLISH[:1], "fr")[0]
+        assert client.translate(ENGLISH[0], "en", "de") == expected(run, ENGLISH[:1], "de")[0]
+        with pytest.raises(urllib.error.HTTPError) as refused:  # the client raises urllib's
+            client.translate(ENGLISH[0], "en", "cs")
+        assert refused.value.code == 400
+        assert json.loads(refused.value.read()) == {"error": "cs is not supported"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0, server_log(proc)
