@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from nmt.data.datasets import load_test_sets
 from nmt.data.tokenizer import EOS_ID
 from nmt.decode.options import DecodeOptions
-from nmt.decode.search import decode_dataset
+from nmt.decode.search import decode_dataset, length_penalty
 from nmt.environment import multi30k_source
 from nmt.evaluate.metrics import bleu
 from nmt.ship import hf
@@ -40,25 +41,100 @@ GREEDY_SHARE, BLEU_GAP = 0.99, 0.1
 USER_STEPS = "tokenizer + generate + batch_decode"
 
 
+def _groups(caps: list[int], batch: int) -> list[tuple[int, list[int]]]:
+    """Batches of sentence indices that share a cap: (cap, indices), the smallest caps first."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, cap in enumerate(caps):
+        groups[cap].append(i)
+    return [
+        (cap, rows[start : start + batch])
+        for cap, rows in sorted(groups.items())
+        for start in range(0, len(rows), batch)
+    ]
+
+
+def _strip(row: list[int]) -> list[int]:
+    """Output tokens of one generated row: no start token, nothing from EOS on."""
+    row = row[1:]
+    return row[: row.index(EOS_ID)] if EOS_ID in row else row
+
+
 def hf_generate(
     model: Any, tok: Any, sources: list[str], caps: list[int], batch: int, **options: Any
 ) -> list[list[int]]:
     """transformers' output tokens (no start token, no EOS) for each source, decoded in
     batches of sentences that share a cap."""
-    groups: dict[int, list[int]] = defaultdict(list)
-    for i, cap in enumerate(caps):
-        groups[cap].append(i)
     out: list[list[int]] = [[] for _ in sources]
-    for cap, rows in sorted(groups.items()):
-        for start in range(0, len(rows), batch):
-            part = rows[start : start + batch]
-            enc = tok([sources[i] for i in part], return_tensors="pt", padding=True)
-            with torch.inference_mode():
-                seqs = model.generate(**enc, max_new_tokens=cap + 1, **options)
-            for i, row in zip(part, seqs.tolist(), strict=True):
-                row = row[1:]
-                out[i] = row[: row.index(EOS_ID)] if EOS_ID in row else row
+    for cap, part in _groups(caps, batch):
+        enc = tok([sources[i] for i in part], return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            seqs = model.generate(**enc, max_new_tokens=cap + 1, **options)
+        for i, row in zip(part, seqs.tolist(), strict=True):
+            out[i] = _strip(row)
     return out
+
+
+def summed_log_probs(model: Any, enc: dict[str, Tensor], seqs: Tensor, k: int) -> Tensor:
+    """The summed log-probability of each generated row, its EOS included, teacher-forced.
+
+    enc: the tokenizer's batch of B sources; seqs: (B * k, 1 + L) rows of ``generate`` (the
+    start token, the output, EOS, padding), k rows per source. Scores ``generate`` returns are
+    those after its logits processors (the EOS forced at the cap scores 0 there), so they are
+    recomputed here from the model's own distribution, as our search scores. Returns (B * k,).
+    """
+    target = seqs[:, 1:]  # (N, L)
+    ended = (target == EOS_ID).long().cumsum(1)  # (N, L) EOS seen up to here, inclusive
+    real = (ended - (target == EOS_ID).long()) == 0  # (N, L) up to the first EOS, inclusive
+    with torch.inference_mode():
+        logits = model(
+            input_ids=enc["input_ids"].repeat_interleave(k, 0),
+            attention_mask=enc["attention_mask"].repeat_interleave(k, 0),
+            decoder_input_ids=seqs[:, :-1],
+        ).logits  # (N, L, V)
+        logp = logits.float().log_softmax(-1).gather(2, target[:, :, None]).squeeze(2)
+    return (logp * real).sum(1)  # (N,)
+
+
+def gnmt_best(nbest: list[tuple[list[int], float]], alpha: float) -> int:
+    """Index of the hypothesis our beam search prefers among ``nbest`` (tokens without EOS,
+    summed log-probability with EOS): the best sum / ((5 + n) / 6) ** alpha, n counting EOS
+    (:func:`nmt.decode.search.length_penalty`); the first of equals."""
+    lengths = torch.tensor([len(tokens) + 1 for tokens, _ in nbest])  # (k,)
+    sums = torch.tensor([score for _, score in nbest], dtype=torch.float)  # (k,)
+    normalised = (sums / length_penalty(lengths, alpha)).tolist()
+    return max(range(len(nbest)), key=lambda j: (normalised[j], -j))
+
+
+def hf_nbest(
+    model: Any,
+    tok: Any,
+    sources: list[str],
+    caps: list[int],
+    batch: int,
+    beam: int,
+    **options: Any,
+) -> list[list[tuple[list[int], float]]]:
+    """transformers' beam search with ``num_return_sequences=beam``: per source, its finished
+    hypotheses in its own order (best first under its length penalty), each as output tokens
+    (no start token, no EOS) and summed log-probability (:func:`summed_log_probs`)."""
+    out: list[list[tuple[list[int], float]]] = [[] for _ in sources]
+    for cap, part in _groups(caps, batch):
+        enc = tok([sources[i] for i in part], return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            seqs = model.generate(
+                **enc, max_new_tokens=cap + 1, num_beams=beam, num_return_sequences=beam,
+                do_sample=False, **options,
+            )  # fmt: skip
+        sums = summed_log_probs(model, enc, seqs, beam).tolist()
+        rows = seqs.tolist()
+        for n, i in enumerate(part):
+            out[i] = [(_strip(rows[j]), sums[j]) for j in range(n * beam, (n + 1) * beam)]
+    return out
+
+
+def reranked(nbest: list[list[tuple[list[int], float]]], alpha: float) -> list[list[int]]:
+    """The hypothesis of each n-best list that our length penalty ranks first."""
+    return [hyps[gnmt_best(hyps, alpha)][0] for hyps in nbest]
 
 
 def user_texts(model: Any, tok: Any, sources: list[str], caps: list[int]) -> tuple:
