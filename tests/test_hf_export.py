@@ -19,7 +19,7 @@ from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 from nmt.decode.search import beam_search, greedy_search
 from nmt.models.transformer import sinusoidal_positions
 from nmt.ship import hf
-from nmt.ship.export import export_hf
+from nmt.ship.export import HF_RERANK, export_hf
 from nmt.ship.export import main as export_main
 from nmt.ship.hf_check import USER_STEPS, check_run, gnmt_best, hf_generate, hf_nbest, reranked
 from nmt.store.loading import build_model
@@ -151,7 +151,7 @@ def test_the_tokenizer_gives_our_ids_and_our_text(
 
 
 def test_re_ranking_transformers_n_best_by_our_penalty_gives_our_beam_output(
-    corpus: Path, tmp_path: Path
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A model whose EOS competes at the first steps: transformers' ``sum / n ** alpha`` then
     picks longer outputs than our ``sum / ((5 + n) / 6) ** alpha`` on many sentences, and its
@@ -183,6 +183,13 @@ def test_re_ranking_transformers_n_best_by_our_penalty_gives_our_beam_output(
     other = [i for i in range(24) if plain[i] != ours[i]]
     assert len(other) >= 10 and all(len(plain[i]) > len(ours[i]) for i in other)
     assert reranked(nbest, alpha) == ours
+
+    # the model card's recipe, with generate's defaults set to these
+    converted.generation_config.update(num_beams=beam, length_penalty=alpha, max_length=cap + 2)
+    batch = tok(sources, return_tensors="pt", padding=True)
+    exec("\n".join(HF_RERANK), {"model": converted, "tok": tok, "batch": batch})
+    printed = capsys.readouterr().out
+    assert printed.strip() == str([tokenizers.tgt.decode(tokens) for tokens in ours])
 
 
 def test_re_ranking_scores_the_eos_at_the_cap_as_our_search(corpus: Path, tmp_path: Path):
