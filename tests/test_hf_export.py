@@ -6,6 +6,8 @@ is written whole or not at all."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,7 @@ from nmt.ship.hf_check import USER_STEPS, check_run, gnmt_best, hf_generate, hf_
 from nmt.store.loading import build_model
 from nmt.train.command import train
 
-from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
+from .helpers import REPO, TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
 
 transformers = pytest.importorskip("transformers")
 
@@ -332,11 +334,28 @@ def test_the_gru_export_exits_2_with_one_line(
 def test_the_parity_check_reports_greedy_and_user_text_parity(run: Path) -> None:
     """``make check-hf``'s report on a run: greedy tokens and the text a user gets equal ours
     (a search rule apart, beam BLEU is only reported here, its bound is the trained run's)."""
-    report = check_run(run / "checkpoints" / "best.pt", limit=12, beam=2)
+    report = check_run(
+        run / "checkpoints" / "best.pt", limit=12, beam=2, generate={"early_stopping": "never"}
+    )
     assert report["sentences"] == 12
     assert report["greedy"]["identical"] == 12 and report["greedy"]["ok"]
     assert report["strings"]["identical"] == 12 and report["strings"]["how"] == USER_STEPS
     beam = report["beam"]
     assert beam["beam"] == 2 and beam["gap"] >= 0 and beam["gap_reranked"] >= 0
     assert beam["ok"] == (beam["gap_reranked"] <= beam["wanted"])  # the re-ranked BLEU decides
+    assert beam["generate"] == {"length_penalty": 1.0, "early_stopping": "never"}
     assert report["ok"] == report["beam"]["ok"]
+
+
+def test_check_hf_passes_transformers_settings_from_its_command_line(
+    run: Path, tmp_path: Path
+) -> None:
+    script = [sys.executable, str(REPO / "scripts" / "check_hf.py"), str(run), "--limit", "4"]
+    out = tmp_path / "report.json"
+    wanted = ["--beam", "2", "--length-penalty", "0.5", "--early-stopping", "never"]
+    done = subprocess.run([*script, *wanted, "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr[-2000:]  # 1: a check did not hold
+    report = json.loads(out.read_text())
+    assert report["beam"]["generate"] == {"length_penalty": 0.5, "early_stopping": "never"}
+    bad = subprocess.run([*script, "--early-stopping", "maybe"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--early-stopping" in bad.stderr

@@ -181,10 +181,16 @@ def beam_report(
 
 
 def check(
-    trained: Trained, folder: Path, limit: int = 0, beam: int | None = None
+    trained: Trained,
+    folder: Path,
+    limit: int = 0,
+    beam: int | None = None,
+    generate: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The three parity checks of ``folder`` (the export of ``trained``) on the run's first
-    test set (its first ``limit`` sentences when > 0)."""
+    test set (its first ``limit`` sentences when > 0). ``generate``: settings of transformers'
+    beam search (``length_penalty``, ``early_stopping``) that replace the folder's generation
+    config in the beam check; our penalty's alpha, the run's, ranks the re-ranked output."""
     transformers = hf.require()
     cpu = torch.device("cpu")
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(folder)).float().eval()
@@ -215,11 +221,16 @@ def check(
     ours_beam = decode_dataset(trained.model, test.data, wide, cpu, n)
     report["beam"] = beam_report(
         [trained.tokenizers.tgt.decode(h.tokens) for h in ours_beam],
-        hf_nbest(model, tok, sources, caps, 16, beam),
+        hf_nbest(model, tok, sources, caps, 16, beam, **(generate or {})),
         lambda tokens: tok.batch_decode(tokens, skip_special_tokens=True),
         refs,
         wide.length_penalty,
     )
+    report["beam"]["generate"] = {
+        "length_penalty": model.generation_config.length_penalty,
+        "early_stopping": model.generation_config.early_stopping,
+        **(generate or {}),
+    }
     report["beam"]["seconds"] = round(time.perf_counter() - start, 1)
 
     start = time.perf_counter()
@@ -238,12 +249,17 @@ def check(
 
 
 def check_run(
-    ckpt: Path, folder: Path | None = None, limit: int = 0, beam: int | None = None
+    ckpt: Path,
+    folder: Path | None = None,
+    limit: int = 0,
+    beam: int | None = None,
+    generate: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Export checkpoint ``ckpt`` (unless ``folder`` holds its export already) and check it."""
+    """Export checkpoint ``ckpt`` (unless ``folder`` holds its export already) and check it;
+    ``generate``: settings that replace the folder's in the beam check (:func:`check`)."""
     trained = load_trained(ckpt, torch.device("cpu"))
     if folder is not None:
-        return check(trained, folder, limit, beam)
+        return check(trained, folder, limit, beam, generate)
     with tempfile.TemporaryDirectory(prefix="nmt-check-hf.") as scratch:
         out = export_hf(ckpt, Path(scratch) / "hf")
-        return check(trained, out, limit, beam)
+        return check(trained, out, limit, beam, generate)
