@@ -6,6 +6,8 @@ is written whole or not at all."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,15 +18,16 @@ from nmt.config import ConfigError
 from nmt.data.batching import make_batch
 from nmt.data.datasets import encode_texts, prepare_data
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
-from nmt.decode.search import greedy_search
+from nmt.decode.search import beam_search, greedy_search
+from nmt.models.transformer import sinusoidal_positions
 from nmt.ship import hf
-from nmt.ship.export import export_hf
+from nmt.ship.export import HF_RERANK, export_hf
 from nmt.ship.export import main as export_main
-from nmt.ship.hf_check import USER_STEPS, check_run
+from nmt.ship.hf_check import USER_STEPS, check_run, gnmt_best, hf_generate, hf_nbest, reranked
 from nmt.store.loading import build_model
 from nmt.train.command import train
 
-from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
+from .helpers import REPO, TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
 
 transformers = pytest.importorskip("transformers")
 
@@ -149,6 +152,87 @@ def test_the_tokenizer_gives_our_ids_and_our_text(
         assert tok.decode(ids, skip_special_tokens=True) == tokenizers.tgt.decode(ids) == t
 
 
+def test_re_ranking_transformers_n_best_by_our_penalty_gives_our_beam_output(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model whose EOS competes at the first steps: transformers' ``sum / n ** alpha`` then
+    picks longer outputs than our ``sum / ((5 + n) / 6) ** alpha`` on many sentences, and its
+    n-best re-ranked by ours gives our beam search's output on every one."""
+    cfg = compose_config(
+        "train",
+        [*corpus_overrides(corpus, tmp_path), *SMALL, *LAYERS, "model.dropout=0",
+         "model.tie_embeddings=false"],
+    )  # fmt: skip
+    tokenizers = prepare_data(cfg.data).tokenizers
+    torch.manual_seed(1)
+    model = build_model(cfg, tokenizers).eval()
+    with torch.no_grad():  # the EOS logit follows the decoder's position signal
+        model.out_proj.weight[EOS_ID] = 4.0 * sinusoidal_positions(5, model.d_model)[4]
+    converted = hf.convert_model(model)
+    hf.write_tokenizer(tokenizers, tmp_path, cfg, 1024)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    sources = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[:24]
+    batch = real_batch(corpus, tokenizers, 24)
+    beam, alpha, cap = 4, 1.0, 30
+    caps = torch.full((24,), cap)
+    ours = [h.tokens for h in beam_search(
+        model, batch.src, batch.src_lens, caps, BOS_ID, EOS_ID, beam, alpha
+    )]  # fmt: skip
+    options = {"length_penalty": alpha, "early_stopping": False}
+    nbest = hf_nbest(converted, tok, sources, caps.tolist(), 8, beam, **options)
+    plain = hf_generate(converted, tok, sources, caps.tolist(), 8, num_beams=beam, **options)
+    assert [hyps[0][0] for hyps in nbest] == plain  # the n-best's first: what generate returns
+    other = [i for i in range(24) if plain[i] != ours[i]]
+    assert len(other) >= 10 and all(len(plain[i]) > len(ours[i]) for i in other)
+    assert reranked(nbest, alpha) == ours
+
+    # the model card's recipe, with generate's defaults set to these
+    converted.generation_config.update(num_beams=beam, length_penalty=alpha, max_length=cap + 2)
+    batch = tok(sources, return_tensors="pt", padding=True)
+    exec("\n".join(HF_RERANK), {"model": converted, "tok": tok, "batch": batch})
+    printed = capsys.readouterr().out
+    assert printed.strip() == str([tokenizers.tgt.decode(tokens) for tokens in ours])
+
+
+def test_re_ranking_scores_the_eos_at_the_cap_as_our_search(corpus: Path, tmp_path: Path):
+    """Every output cut at the cap: ``generate`` forces EOS there and scores it 0 (its logits
+    processor leaves EOS alone), our search adds the model's log-probability of that EOS; the
+    n-best's sums are the model's, so the re-ranking picks ours."""
+    cfg = compose_config(
+        "train",
+        [*corpus_overrides(corpus, tmp_path), *SMALL, *LAYERS, "model.dropout=0",
+         "model.norm_first=false"],
+    )  # fmt: skip
+    tokenizers = prepare_data(cfg.data).tokenizers
+    torch.manual_seed(0)
+    model = build_model(cfg, tokenizers).eval()
+    with torch.no_grad():
+        model.out_proj.weight[EOS_ID] *= 3.0  # EOS likely enough to matter, never the best
+    converted = hf.convert_model(model)
+    hf.write_tokenizer(tokenizers, tmp_path, cfg, 1024)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    sources = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[:24]
+    batch = real_batch(corpus, tokenizers, 24)
+    beam, alpha, caps = 4, 1.0, torch.full((24,), 12)
+    ours = [h.tokens for h in beam_search(
+        model, batch.src, batch.src_lens, caps, BOS_ID, EOS_ID, beam, alpha
+    )]  # fmt: skip
+    assert all(len(tokens) == 12 for tokens in ours)
+    nbest = hf_nbest(converted, tok, sources, caps.tolist(), 8, beam, length_penalty=alpha)
+    assert sum(hyps[0][0] != mine for hyps, mine in zip(nbest, ours, strict=True)) >= 8
+    assert reranked(nbest, alpha) == ours
+
+
+def test_our_penalty_counts_eos_in_the_length_and_keeps_the_first_of_equals() -> None:
+    # sums with EOS: -4 over 3 tokens, -7.2 over 9: ours -4 / (8 / 6) = -3 against
+    # -7.2 / (14 / 6) = -3.09, transformers' -4 / 3 against -7.2 / 9 prefers the long one,
+    # and so would ours if it left EOS out of the length (-4 / (7 / 6) < -7.2 / (13 / 6))
+    short, long = ([5, 6], -4.0), ([5, 6, 7, 8, 9, 10, 11, 12], -7.2)
+    assert gnmt_best([short, long], 1.0) == 0 and gnmt_best([long, short], 1.0) == 1
+    assert gnmt_best([long, short], 0.0) == 1  # alpha 0: the best sum
+    assert gnmt_best([short, short], 1.0) == 0
+
+
 # -------------------------------------------------------------------------------- refusals
 
 
@@ -250,9 +334,28 @@ def test_the_gru_export_exits_2_with_one_line(
 def test_the_parity_check_reports_greedy_and_user_text_parity(run: Path) -> None:
     """``make check-hf``'s report on a run: greedy tokens and the text a user gets equal ours
     (a search rule apart, beam BLEU is only reported here, its bound is the trained run's)."""
-    report = check_run(run / "checkpoints" / "best.pt", limit=12, beam=2)
+    report = check_run(
+        run / "checkpoints" / "best.pt", limit=12, beam=2, generate={"early_stopping": "never"}
+    )
     assert report["sentences"] == 12
     assert report["greedy"]["identical"] == 12 and report["greedy"]["ok"]
     assert report["strings"]["identical"] == 12 and report["strings"]["how"] == USER_STEPS
-    assert report["beam"]["beam"] == 2 and report["beam"]["gap"] >= 0
+    beam = report["beam"]
+    assert beam["beam"] == 2 and beam["gap"] >= 0 and beam["gap_reranked"] >= 0
+    assert beam["ok"] == (beam["gap_reranked"] <= beam["wanted"])  # the re-ranked BLEU decides
+    assert beam["generate"] == {"length_penalty": 1.0, "early_stopping": "never"}
     assert report["ok"] == report["beam"]["ok"]
+
+
+def test_check_hf_passes_transformers_settings_from_its_command_line(
+    run: Path, tmp_path: Path
+) -> None:
+    script = [sys.executable, str(REPO / "scripts" / "check_hf.py"), str(run), "--limit", "4"]
+    out = tmp_path / "report.json"
+    wanted = ["--beam", "2", "--length-penalty", "0.5", "--early-stopping", "never"]
+    done = subprocess.run([*script, *wanted, "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr[-2000:]  # 1: a check did not hold
+    report = json.loads(out.read_text())
+    assert report["beam"]["generate"] == {"length_penalty": 0.5, "early_stopping": "never"}
+    bad = subprocess.run([*script, "--early-stopping", "maybe"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--early-stopping" in bad.stderr

@@ -192,6 +192,21 @@ _CARD_USE = [
 ]
 
 
+# the card's recipe for transformers' beam ranked by our length penalty (`tok`, `model` and
+# `batch` as the card's first example makes them); tests/test_hf_export.py runs it
+HF_RERANK = (
+    "import torch",
+    "k, alpha = model.generation_config.num_beams, model.generation_config.length_penalty",
+    "out = model.generate(**batch, num_return_sequences=k, output_scores=True,",
+    "                     return_dict_in_generate=True)",
+    "ended = out.sequences[:, 1:] == model.generation_config.eos_token_id",
+    "n = ended.int().argmax(1) + 1  # output tokens up to the first EOS, EOS included",
+    "nmt_scores = out.sequences_scores * n**alpha / ((5 + n) / 6) ** alpha",
+    "best = nmt_scores.view(-1, k).argmax(1) + torch.arange(0, len(n), k)",
+    "print(tok.batch_decode(out.sequences[best], skip_special_tokens=True))",
+)
+
+
 def _card_hf_use(trained: Trained, decode: dict[str, Any], hf_arch: str) -> list[str]:
     """How an ``--format hf`` folder is used, and what transformers cannot express."""
     opts = DecodeOptions.of_run(decode)
@@ -219,13 +234,28 @@ def _card_hf_use(trained: Trained, decode: dict[str, Any], hf_arch: str) -> list
         "source, excluded from the output): transformers has one `max_length`, set here to the "
         "cap of the longest source training kept; pass "
         f"`max_new_tokens=int({a} * len(input_ids) + {b}) + 1` per sentence for the nmt cap;",
-        "- the GNMT length penalty `((5 + n) / 6) ** alpha`: transformers divides a finished "
-        "beam's score by `n ** alpha`, so beam search may pick other hypotheses (greedy search "
-        "is identical);",
+        "- the GNMT length penalty `((5 + n) / 6) ** alpha` (n: output tokens, EOS included): "
+        "transformers ranks a finished hypothesis by its summed log-probability over "
+        "`n ** alpha`, so plain `generate` with beam search may return another of the beam's "
+        "hypotheses than nmt does (greedy search is identical); to rank them as nmt does, see "
+        "below;",
         "- the nmt beam search's stopping rule (no alive hypothesis can still win) against "
         "transformers' `early_stopping` heuristics;",
         "- the sentencepiece model's control pieces typed in the text (`</s>`, `<pad>`, `<unk>`) "
         "are special tokens to transformers, plain text to nmt.",
+        "",
+        "The beam ranked by the nmt length penalty: all of it from `generate`, its summed "
+        "log-probabilities (the scores times `n ** alpha`), the best of each sentence under "
+        "`((5 + n) / 6) ** alpha`:",
+        "",
+        "```python",
+        *HF_RERANK,
+        "```",
+        "",
+        "An output cut at the length cap ends in a forced EOS, which `generate` scores 0 where "
+        "nmt adds the model's log-probability of EOS there (a teacher-forced pass gives it). "
+        "What remains different is which finished hypotheses transformers keeps in its beam "
+        "and when it stops; `make check-hf` measures both rankings on the run's test set.",
         "",
     ]
 

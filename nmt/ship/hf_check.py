@@ -5,9 +5,14 @@ Three checks, each against our own decoding of the same sentences:
 * greedy search: the share of sentences whose tokens transformers' ``generate(num_beams=1)``
   reproduces exactly (wanted: at least 99%), with our per-sentence cap given as
   ``max_new_tokens`` (sentences are decoded in groups of equal cap);
-* beam search: corpus BLEU of ``generate(num_beams=beam)`` with the exported generation config
-  against ours (wanted: within 0.1); the search rules differ (see the model card), so a few
-  outputs do;
+* beam search: corpus BLEU of transformers' beam search with the exported generation config
+  and our caps, against ours, twice: what ``generate`` returns (reported), and its whole beam
+  (``num_return_sequences=beam``) ranked by our length penalty, the sums of log-probabilities
+  taken from the model by a teacher-forced pass (wanted: within 0.1). Both searches extend the
+  same hypotheses (alive beams are ranked by summed log-probability alone), but transformers
+  ranks finished ones by ``sum / n ** alpha`` where we rank by ``sum / ((5 + n) / 6) ** alpha``
+  and scores the EOS it forces at the cap 0; what re-ranking cannot undo is which finished
+  hypotheses its beam kept and when it stopped;
 * the text a user gets: the tokenizer, ``generate`` with the folder's defaults and our caps,
   and ``batch_decode`` (the steps of the ``pipeline("translation")`` that transformers 5, the
   version the ``hf`` extra installs, no longer has), against our detokenized greedy output.
@@ -19,15 +24,17 @@ import logging
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from nmt.data.datasets import load_test_sets
 from nmt.data.tokenizer import EOS_ID
 from nmt.decode.options import DecodeOptions
-from nmt.decode.search import decode_dataset
+from nmt.decode.search import decode_dataset, length_penalty
 from nmt.environment import multi30k_source
 from nmt.evaluate.metrics import bleu
 from nmt.ship import hf
@@ -40,25 +47,100 @@ GREEDY_SHARE, BLEU_GAP = 0.99, 0.1
 USER_STEPS = "tokenizer + generate + batch_decode"
 
 
+def _groups(caps: list[int], batch: int) -> list[tuple[int, list[int]]]:
+    """Batches of sentence indices that share a cap: (cap, indices), the smallest caps first."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, cap in enumerate(caps):
+        groups[cap].append(i)
+    return [
+        (cap, rows[start : start + batch])
+        for cap, rows in sorted(groups.items())
+        for start in range(0, len(rows), batch)
+    ]
+
+
+def _strip(row: list[int]) -> list[int]:
+    """Output tokens of one generated row: no start token, nothing from EOS on."""
+    row = row[1:]
+    return row[: row.index(EOS_ID)] if EOS_ID in row else row
+
+
 def hf_generate(
     model: Any, tok: Any, sources: list[str], caps: list[int], batch: int, **options: Any
 ) -> list[list[int]]:
     """transformers' output tokens (no start token, no EOS) for each source, decoded in
     batches of sentences that share a cap."""
-    groups: dict[int, list[int]] = defaultdict(list)
-    for i, cap in enumerate(caps):
-        groups[cap].append(i)
     out: list[list[int]] = [[] for _ in sources]
-    for cap, rows in sorted(groups.items()):
-        for start in range(0, len(rows), batch):
-            part = rows[start : start + batch]
-            enc = tok([sources[i] for i in part], return_tensors="pt", padding=True)
-            with torch.inference_mode():
-                seqs = model.generate(**enc, max_new_tokens=cap + 1, **options)
-            for i, row in zip(part, seqs.tolist(), strict=True):
-                row = row[1:]
-                out[i] = row[: row.index(EOS_ID)] if EOS_ID in row else row
+    for cap, part in _groups(caps, batch):
+        enc = tok([sources[i] for i in part], return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            seqs = model.generate(**enc, max_new_tokens=cap + 1, **options)
+        for i, row in zip(part, seqs.tolist(), strict=True):
+            out[i] = _strip(row)
     return out
+
+
+def summed_log_probs(model: Any, enc: dict[str, Tensor], seqs: Tensor, k: int) -> Tensor:
+    """The summed log-probability of each generated row, its EOS included, teacher-forced.
+
+    enc: the tokenizer's batch of B sources; seqs: (B * k, 1 + L) rows of ``generate`` (the
+    start token, the output, EOS, padding), k rows per source. Scores ``generate`` returns are
+    those after its logits processors (the EOS forced at the cap scores 0 there), so they are
+    recomputed here from the model's own distribution, as our search scores. Returns (B * k,).
+    """
+    target = seqs[:, 1:]  # (N, L)
+    ended = (target == EOS_ID).long().cumsum(1)  # (N, L) EOS seen up to here, inclusive
+    real = (ended - (target == EOS_ID).long()) == 0  # (N, L) up to the first EOS, inclusive
+    with torch.inference_mode():
+        logits = model(
+            input_ids=enc["input_ids"].repeat_interleave(k, 0),
+            attention_mask=enc["attention_mask"].repeat_interleave(k, 0),
+            decoder_input_ids=seqs[:, :-1],
+        ).logits  # (N, L, V)
+        logp = logits.float().log_softmax(-1).gather(2, target[:, :, None]).squeeze(2)
+    return (logp * real).sum(1)  # (N,)
+
+
+def gnmt_best(nbest: list[tuple[list[int], float]], alpha: float) -> int:
+    """Index of the hypothesis our beam search prefers among ``nbest`` (tokens without EOS,
+    summed log-probability with EOS): the best sum / ((5 + n) / 6) ** alpha, n counting EOS
+    (:func:`nmt.decode.search.length_penalty`); the first of equals."""
+    lengths = torch.tensor([len(tokens) + 1 for tokens, _ in nbest])  # (k,)
+    sums = torch.tensor([score for _, score in nbest], dtype=torch.float)  # (k,)
+    normalised = (sums / length_penalty(lengths, alpha)).tolist()
+    return max(range(len(nbest)), key=lambda j: (normalised[j], -j))
+
+
+def hf_nbest(
+    model: Any,
+    tok: Any,
+    sources: list[str],
+    caps: list[int],
+    batch: int,
+    beam: int,
+    **options: Any,
+) -> list[list[tuple[list[int], float]]]:
+    """transformers' beam search with ``num_return_sequences=beam``: per source, its finished
+    hypotheses in its own order (best first under its length penalty), each as output tokens
+    (no start token, no EOS) and summed log-probability (:func:`summed_log_probs`)."""
+    out: list[list[tuple[list[int], float]]] = [[] for _ in sources]
+    for cap, part in _groups(caps, batch):
+        enc = tok([sources[i] for i in part], return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            seqs = model.generate(
+                **enc, max_new_tokens=cap + 1, num_beams=beam, num_return_sequences=beam,
+                do_sample=False, **options,
+            )  # fmt: skip
+        sums = summed_log_probs(model, enc, seqs, beam).tolist()
+        rows = seqs.tolist()
+        for n, i in enumerate(part):
+            out[i] = [(_strip(rows[j]), sums[j]) for j in range(n * beam, (n + 1) * beam)]
+    return out
+
+
+def reranked(nbest: list[list[tuple[list[int], float]]], alpha: float) -> list[list[int]]:
+    """The hypothesis of each n-best list that our length penalty ranks first."""
+    return [hyps[gnmt_best(hyps, alpha)][0] for hyps in nbest]
 
 
 def user_texts(model: Any, tok: Any, sources: list[str], caps: list[int]) -> tuple:
@@ -68,11 +150,47 @@ def user_texts(model: Any, tok: Any, sources: list[str], caps: list[int]) -> tup
     return tok.batch_decode(tokens, skip_special_tokens=True), USER_STEPS
 
 
+def beam_report(
+    ours: list[str],
+    nbest: list[list[tuple[list[int], float]]],
+    detokenize: Callable[[list[list[int]]], list[str]],
+    refs: list[str],
+    alpha: float,
+) -> dict[str, Any]:
+    """Corpus BLEU of our beam search's texts ``ours`` against transformers': the first of
+    each of its n-best lists (what ``generate`` returns) and the one our length penalty
+    ranks first (:func:`reranked`). The check holds when the re-ranked BLEU is within
+    ``BLEU_GAP`` of ours."""
+    plain = detokenize([hyps[0][0] for hyps in nbest])
+    ranked = detokenize(reranked(nbest, alpha))
+    ours_bleu = bleu(ours, refs).score
+    plain_bleu, ranked_bleu = bleu(plain, refs).score, bleu(ranked, refs).score
+    return {
+        "beam": len(nbest[0]) if nbest else 0,
+        "length_penalty": alpha,
+        "bleu_nmt": round(ours_bleu, 2),
+        "bleu_transformers": round(plain_bleu, 2),
+        "gap": round(abs(ours_bleu - plain_bleu), 2),
+        "identical_outputs": sum(a == b for a, b in zip(ours, plain, strict=True)),
+        "bleu_reranked": round(ranked_bleu, 2),
+        "gap_reranked": round(abs(ours_bleu - ranked_bleu), 2),
+        "identical_reranked": sum(a == b for a, b in zip(ours, ranked, strict=True)),
+        "wanted": BLEU_GAP,
+        "ok": abs(ours_bleu - ranked_bleu) <= BLEU_GAP,
+    }
+
+
 def check(
-    trained: Trained, folder: Path, limit: int = 0, beam: int | None = None
+    trained: Trained,
+    folder: Path,
+    limit: int = 0,
+    beam: int | None = None,
+    generate: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The three parity checks of ``folder`` (the export of ``trained``) on the run's first
-    test set (its first ``limit`` sentences when > 0)."""
+    test set (its first ``limit`` sentences when > 0). ``generate``: settings of transformers'
+    beam search (``length_penalty``, ``early_stopping``) that replace the folder's generation
+    config in the beam check; our penalty's alpha, the run's, ranks the re-ranked output."""
     transformers = hf.require()
     cpu = torch.device("cpu")
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(folder)).float().eval()
@@ -101,21 +219,19 @@ def check(
     start = time.perf_counter()
     wide = DecodeOptions(beam=beam, length_penalty=run_opts.length_penalty, precision="32")
     ours_beam = decode_dataset(trained.model, test.data, wide, cpu, n)
-    ours_text = [trained.tokenizers.tgt.decode(h.tokens) for h in ours_beam]
-    theirs_beam = hf_generate(model, tok, sources, caps, 16, num_beams=beam, do_sample=False)
-    theirs_text = tok.batch_decode(theirs_beam, skip_special_tokens=True)
-    ours_bleu, theirs_bleu = bleu(ours_text, refs).score, bleu(theirs_text, refs).score
-    report["beam"] = {
-        "beam": beam,
-        "length_penalty": wide.length_penalty,
-        "bleu_nmt": round(ours_bleu, 2),
-        "bleu_transformers": round(theirs_bleu, 2),
-        "gap": round(abs(ours_bleu - theirs_bleu), 2),
-        "wanted": BLEU_GAP,
-        "ok": abs(ours_bleu - theirs_bleu) <= BLEU_GAP,
-        "identical_outputs": sum(a == b for a, b in zip(ours_text, theirs_text, strict=True)),
-        "seconds": round(time.perf_counter() - start, 1),
+    report["beam"] = beam_report(
+        [trained.tokenizers.tgt.decode(h.tokens) for h in ours_beam],
+        hf_nbest(model, tok, sources, caps, 16, beam, **(generate or {})),
+        lambda tokens: tok.batch_decode(tokens, skip_special_tokens=True),
+        refs,
+        wide.length_penalty,
+    )
+    report["beam"]["generate"] = {
+        "length_penalty": model.generation_config.length_penalty,
+        "early_stopping": model.generation_config.early_stopping,
+        **(generate or {}),
     }
+    report["beam"]["seconds"] = round(time.perf_counter() - start, 1)
 
     start = time.perf_counter()
     texts, how = user_texts(model, tok, sources, caps)
@@ -133,12 +249,17 @@ def check(
 
 
 def check_run(
-    ckpt: Path, folder: Path | None = None, limit: int = 0, beam: int | None = None
+    ckpt: Path,
+    folder: Path | None = None,
+    limit: int = 0,
+    beam: int | None = None,
+    generate: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Export checkpoint ``ckpt`` (unless ``folder`` holds its export already) and check it."""
+    """Export checkpoint ``ckpt`` (unless ``folder`` holds its export already) and check it;
+    ``generate``: settings that replace the folder's in the beam check (:func:`check`)."""
     trained = load_trained(ckpt, torch.device("cpu"))
     if folder is not None:
-        return check(trained, folder, limit, beam)
+        return check(trained, folder, limit, beam, generate)
     with tempfile.TemporaryDirectory(prefix="nmt-check-hf.") as scratch:
         out = export_hf(ckpt, Path(scratch) / "hf")
-        return check(trained, out, limit, beam)
+        return check(trained, out, limit, beam, generate)
