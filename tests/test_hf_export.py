@@ -288,6 +288,7 @@ def test_nmt_export_writes_a_folder_transformers_loads(run: Path, tmp_path: Path
     assert "translation" in meta["tags"] and meta["pipeline_tag"] == "translation"
     assert meta["language"] == ["de", "en"] and meta["license"] == "unknown"
     assert "max_new_tokens=int(1.2 * len(input_ids) + 10) + 1" in card
+    assert "\n".join(HF_RERANK) in card and "`length_penalty=0.75`" in card  # alpha 1
     with pytest.raises(SystemExit) as stop:  # an export is replaced only with --force
         export_main([str(run), "--out", str(out), "--format", "hf"])
     assert stop.value.code == 2

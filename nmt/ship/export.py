@@ -192,6 +192,9 @@ _CARD_USE = [
 ]
 
 
+# ((5 + n) / 6) ** alpha has the slope (in log n) of n ** (alpha * n / (5 + n)): transformers'
+# length_penalty that matches ours at n = 15 output tokens, about a Multi30k sentence
+HF_SLOPE = 15 / (5 + 15)
 # the card's recipe for transformers' beam ranked by our length penalty (`tok`, `model` and
 # `batch` as the card's first example makes them); tests/test_hf_export.py runs it
 HF_RERANK = (
@@ -255,7 +258,10 @@ def _card_hf_use(trained: Trained, decode: dict[str, Any], hf_arch: str) -> list
         "An output cut at the length cap ends in a forced EOS, which `generate` scores 0 where "
         "nmt adds the model's log-probability of EOS there (a teacher-forced pass gives it). "
         "What remains different is which finished hypotheses transformers keeps in its beam "
-        "and when it stops; `make check-hf` measures both rankings on the run's test set.",
+        "and when it stops: passing `generate` also "
+        f"`length_penalty={HF_SLOPE * opts.length_penalty:g}` (the slope of the nmt penalty at 15 "
+        'output tokens) and `early_stopping="never"` brings both closer to nmt\'s; '
+        "`make check-hf` measures these rankings on the run's test set.",
         "",
     ]
 
