@@ -51,8 +51,8 @@ class Target:
 
     @property
     def label(self) -> str:
-        """``de-fr`` (or ``fr`` when the source language was not named)."""
-        return f"{self.src_lang}-{self.lang}" if self.src_lang else self.lang
+        """``de-fr`` (``->fr`` when the source language was not named)."""
+        return f"{self.src_lang}-{self.lang}" if self.src_lang else f"->{self.lang}"
 
 
 def choose_target(
