@@ -85,4 +85,4 @@ def test_untrained_target_language_is_refused(trained):
     source.write_text("Ein Hund läuft.\n", encoding="utf-8")
     done = command("nmt.decode.translate", f"run={run_dir}", f"input={source}", "progress=false")
     assert done.returncode == 2
-    assert "nmt-translate does not read language tags yet" in done.stderr
+    assert "translates into de, en, fr: name the target language with tgt_lang" in done.stderr
