@@ -7,6 +7,7 @@ in one line."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -147,10 +148,7 @@ def test_package_keeps_the_directions(packages, tmp_path):
     manifest = json.loads((folder / MANIFEST).read_text())
     manifest["directions"] = ["de-en"]
     bad = tmp_path / "bad"
-    bad.mkdir()
-    for path in folder.iterdir():
-        if path.is_file():
-            (bad / path.name).write_bytes(path.read_bytes())
+    shutil.copytree(folder, bad)
     (bad / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="key 'directions'"):
         read_package(bad)

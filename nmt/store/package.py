@@ -85,10 +85,8 @@ class Manifest:
     files: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
     ctranslate2: CTranslate2Manifest | None = None
     torch_weights: bool = True  # False: --ctranslate2-only, no model.safetensors
-    # a multilingual model: its directions (de-en, ...) and where its target tag goes, as in
-    # config.yaml's data.directions and data.tag_placement (empty: bilingual)
-    directions: list[str] = field(default_factory=list)
-    tag_placement: str = ""
+    directions: list[str] = field(default_factory=list)  # a multilingual model's (de-en, ...)
+    tag_placement: str = ""  # its data.tag_placement: source | target (empty: bilingual)
 
 
 def is_package(path: str | Path | None) -> bool:
