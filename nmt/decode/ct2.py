@@ -37,6 +37,10 @@ Decoding options map as follows (:class:`CTranslate2Engine`):
   search's are right in any batch);
 * threads: on CPU, ``threads`` workers of one thread each (``inter_threads``) decode calls side
   by side, and a decode's calls are queued for them together;
+* a multilingual model's target tag (:mod:`nmt.decode.languages`): at source placement it is
+  the source's first piece; at target placement the forced first token (``TokenDataset.forced``,
+  ``forced=`` of :meth:`CTranslate2Engine.decode_ids`) is CTranslate2's ``target_prefix``, with
+  one more token in the cap as in our search; it stays in the output's tokens, as in ours;
 * sources longer than the position table are cut as ours are
   (:func:`~nmt.decode.search.clip_sources`); ``max_tokens`` becomes ``max_batch_size`` with
   ``batch_type="tokens"`` (source tokens only); ``precision`` has no equivalent: the weight
