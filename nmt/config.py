@@ -357,6 +357,9 @@ class TranslateConfig(DecodeConfig):
     n_best: int = 1  # > 1: print "index<TAB>score<TAB>translation" for the n best (<= beam)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     progress: bool = True  # a bar over the input's sentences on standard error (a terminal only)
+    # a multilingual model: the target language (needed when it translates into several)
+    tgt_lang: str | None = None
+    src_lang: str | None = None  # a multilingual model: the input's language, checked and logged
 
 
 @dataclass
@@ -384,6 +387,8 @@ class AttentionConfig(DecodeConfig):
     max_sentences: int = 100  # from the input file
     dpi: int = 120  # resolution of the PNG heatmaps
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    tgt_lang: str | None = None  # a multilingual model: the target language, as in nmt-translate
+    src_lang: str | None = None  # a multilingual model: the input's language (the views' label)
 
 
 @dataclass

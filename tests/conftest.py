@@ -48,7 +48,7 @@ def slow_seconds(item: pytest.Item) -> float:
 
 # session fixtures that take seconds to make: their tests run on one worker (real_corpus with
 # joint_tok, which test_prepare.py and test_prepare_cache.py share; the package nmt-serve serves)
-SHARED = ("trained_runs", "serve_package", "real_corpus")
+SHARED = ("trained_runs", "serve_package", "real_corpus", "multilingual_runs")
 
 
 def worker_groups(items: list[pytest.Item], workers: int) -> dict[str, str]:
@@ -301,3 +301,48 @@ def browser() -> Iterator[Any]:
             yield chromium
         finally:
             chromium.close()
+
+
+@pytest.fixture(scope="session")
+def threeway(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """60 four-way lines of Multi30k's train split in German, English and French (a prefix)."""
+    root = tmp_path_factory.mktemp("m30k3")
+    m30k = fetch_multi30k(root / "data", ("de", "en", "fr"), ["train"], multi30k_source())
+    return write_subset(m30k, root / "corpus", "train", 60, langs=("de", "en", "fr"))
+
+
+@pytest.fixture(scope="session")
+def multilingual_runs(threeway: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A getter: placement (source | target) -> the run directory of a tiny Transformer trained
+    by nmt-train for 12 steps on the MULTI_DIRECTIONS of ``threeway`` (made on first use)."""
+    import subprocess
+    import sys
+
+    from .helpers import MULTI_DIRECTIONS, TINY_TRANSFORMER
+
+    runs: dict[str, Path] = {}
+
+    def get(placement: str) -> Path:
+        if placement in runs:
+            return runs[placement]
+        tmp = tmp_path_factory.mktemp(f"multi-{placement}")
+        run_dir = tmp / "run"
+        done = subprocess.run(
+            [sys.executable, "-m", "nmt.train",
+             "data=parallel", f"data.directions=[{','.join(MULTI_DIRECTIONS)}]",
+             f"data.train={threeway}", f"data.valid={threeway}", f"data.test=[{threeway}]",
+             f"data.root={tmp / 'data'}", "data.vocab_size=700", "data.max_tokens=800",
+             f"data.tag_placement={placement}", "data.sampling_temperature=5",
+             f"outputs={tmp / 'outputs'}", f"hydra.run.dir={run_dir}",
+             "trainer.max_steps=12", "trainer.val_every=6", "trainer.log_every=6",
+             "trainer.val_sentences=8", "trainer.progress=false", "trainer.attention_sentences=1",
+             "trainer.attention_html=true", "trainer.precision=32", "trainer.threads=1",
+             "optim.lr=1e-2", "optim.warmup_steps=6", "model.dropout=0.0",
+             *TINY_TRANSFORMER],
+            cwd=REPO, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[placement] = run_dir
+        return run_dir
+
+    yield get

@@ -76,6 +76,8 @@ def in_memory(prefix: Path, tokenizers: Any, max_len: int = 100, ratio: float = 
     return [src_ids[i] for i in keep], [tgt_ids[i] for i in keep], stats
 
 
+MULTI_DIRECTIONS = ["de-en", "en-de", "en-fr", "fr-en"]  # the runs of multilingual_runs
+
 TINY_TRANSFORMER = [
     "model=transformer",
     "model.d_model=64",

@@ -11,19 +11,9 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from nmt.data.corpus import fetch_multi30k
-from nmt.environment import multi30k_source
+from .helpers import MULTI_DIRECTIONS, REPO
 
-from .helpers import REPO, TINY_TRANSFORMER, write_subset
-
-DIRECTIONS = ["de-en", "en-de", "en-fr", "fr-en"]
-
-
-@pytest.fixture(scope="module")
-def threeway(tmp_path_factory):
-    root = tmp_path_factory.mktemp("m30k")
-    m30k = fetch_multi30k(root / "data", ("de", "en", "fr"), ["train"], multi30k_source())
-    return write_subset(m30k, root / "corpus", "train", 60, langs=("de", "en", "fr"))
+DIRECTIONS = MULTI_DIRECTIONS
 
 
 def command(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -33,36 +23,9 @@ def command(module: str, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-RUNS: dict[str, object] = {}  # placement -> run directory, trained once per module
-
-
 @pytest.fixture(scope="module")
-def trained(threeway, tmp_path_factory):
-    def get(placement: str):
-        if placement not in RUNS:
-            RUNS[placement] = train_run(threeway, tmp_path_factory.mktemp(placement), placement)
-        return RUNS[placement]
-
-    yield get
-    RUNS.clear()
-
-
-def train_run(prefix, tmp_path, placement: str):
-    run_dir = tmp_path / "run"
-    done = command(
-        "nmt.train",
-        "data=parallel", f"data.directions=[{','.join(DIRECTIONS)}]",
-        f"data.train={prefix}", f"data.valid={prefix}", f"data.test=[{prefix}]",
-        f"data.root={tmp_path / 'data'}", "data.vocab_size=700", "data.max_tokens=800",
-        f"data.tag_placement={placement}", "data.sampling_temperature=5",
-        f"outputs={tmp_path / 'outputs'}", f"hydra.run.dir={run_dir}",
-        "trainer.max_steps=12", "trainer.val_every=6", "trainer.log_every=6",
-        "trainer.val_sentences=8", "trainer.progress=false", "trainer.attention_sentences=1",
-        "trainer.attention_html=true", "trainer.precision=32", "trainer.threads=1",
-        *TINY_TRANSFORMER,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run_dir
+def trained(multilingual_runs):
+    return multilingual_runs
 
 
 @pytest.mark.slow(seconds=45)
@@ -122,4 +85,4 @@ def test_untrained_target_language_is_refused(trained):
     source.write_text("Ein Hund läuft.\n", encoding="utf-8")
     done = command("nmt.decode.translate", f"run={run_dir}", f"input={source}", "progress=false")
     assert done.returncode == 2
-    assert "nmt-translate does not read language tags yet" in done.stderr
+    assert "translates into de, en, fr: name the target language with tgt_lang" in done.stderr

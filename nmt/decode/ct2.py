@@ -37,6 +37,10 @@ Decoding options map as follows (:class:`CTranslate2Engine`):
   search's are right in any batch);
 * threads: on CPU, ``threads`` workers of one thread each (``inter_threads``) decode calls side
   by side, and a decode's calls are queued for them together;
+* a multilingual model's target tag (:mod:`nmt.decode.languages`): at source placement it is
+  the source's first piece; at target placement the forced first token (``TokenDataset.forced``,
+  ``forced=`` of :meth:`CTranslate2Engine.decode_ids`) is CTranslate2's ``target_prefix``, with
+  one more token in the cap as in our search; it stays in the output's tokens, as in ours;
 * sources longer than the position table are cut as ours are
   (:func:`~nmt.decode.search.clip_sources`); ``max_tokens`` becomes ``max_batch_size`` with
   ``batch_type="tokens"`` (source tokens only); ``precision`` has no equivalent: the weight
@@ -49,6 +53,7 @@ import logging
 import math
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -187,6 +192,7 @@ class CTranslate2Engine:
             torch.set_num_threads(torch_threads)
         self.src_pieces = vocabulary(tokenizers, "src")
         tgt = vocabulary(tokenizers, "tgt")
+        self.tgt_pieces = tgt
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt)}
         self.eos_piece = tgt[EOS_ID]
         self.max_positions = max_positions
@@ -208,13 +214,20 @@ class CTranslate2Engine:
         return [self.tgt_ids[p] for p in (pieces[:-1] if ended else pieces)]
 
     def _submit(
-        self, sources: list[list[str]], opts: DecodeOptions, cap: int, keep_attention: bool
+        self,
+        sources: list[list[str]],
+        opts: DecodeOptions,
+        cap: int,
+        keep_attention: bool,
+        prefixes: list[list[str]] | None = None,
     ) -> list[Any]:
-        """One call, queued for the workers: an asynchronous result per source."""
+        """One call, queued for the workers: an asynchronous result per source (``prefixes``:
+        each output's first pieces, a multilingual model's target tag)."""
         greedy = opts.beam == 1
         self.calls += 1
         return self.translator.translate_batch(
             sources,
+            target_prefix=prefixes,
             max_batch_size=opts.max_tokens,
             batch_type="tokens",
             beam_size=opts.beam,
@@ -257,9 +270,12 @@ class CTranslate2Engine:
         per_cap: bool = False,
         spread: bool = True,
         advance: Advance = no_progress,
+        forced: Sequence[int] | None = None,
     ) -> list[Decoded]:
         """Outputs for source token ids (without EOS), in order; an empty source gives an
-        empty output (score 0) without being decoded.
+        empty output (score 0) without being decoded. ``forced``: each sentence's first output
+        token (a negative id: none), given to CTranslate2 as its ``target_prefix`` and, as in
+        our search, one more token in its cap; it stays in the output's tokens as in ours.
 
         The sentences, sorted by cap, are decoded in calls of ``call_rows // beam`` (on CPU;
         all in one on CUDA), each with the largest cap among its sentences; a sentence whose
@@ -280,6 +296,13 @@ class CTranslate2Engine:
         pieces = [self._source(sources[i]) for i in rows]
         lens = np.asarray([len(p) for p in pieces], dtype=np.int64)
         caps_list = opts.caps(lens, self.max_positions).tolist()  # as our search's caps
+        first = [-1 if forced is None else int(forced[i]) for i in rows]
+        prefix = [[self.tgt_pieces[t]] if t >= 0 else [] for t in first]
+        caps_list = [c + (t >= 0) for c, t in zip(caps_list, first, strict=True)]
+
+        def prefixes(members: list[int]) -> list[list[str]] | None:
+            return [prefix[j] for j in members] if any(t >= 0 for t in first) else None
+
         groups: dict[int, list[int]] = defaultdict(list)  # cap -> positions in rows
         # CTranslate2's beam search gives a sentence's attention right only in a batch of one
         # (in a larger one it can be another sentence's): one call each
@@ -292,7 +315,13 @@ class CTranslate2Engine:
                 size = min(size, math.ceil(len(order) / self.workers))
             chunks = [order[start : start + size] for start in range(0, len(order), size)]
             calls = [
-                self._submit([pieces[j] for j in chunk], opts, caps_list[chunk[-1]], keep_attention)
+                self._submit(
+                    [pieces[j] for j in chunk],
+                    opts,
+                    caps_list[chunk[-1]],
+                    keep_attention,
+                    prefixes(chunk),
+                )
                 for chunk in chunks
             ]
             for chunk, pending in zip(chunks, calls, strict=True):
@@ -313,7 +342,13 @@ class CTranslate2Engine:
         if alone:  # one sentence per call, each with its own cap
             batches = [[j] for members in batches for j in members]
         calls = [
-            self._submit([pieces[j] for j in members], opts, caps_list[members[0]], keep_attention)
+            self._submit(
+                [pieces[j] for j in members],
+                opts,
+                caps_list[members[0]],
+                keep_attention,
+                prefixes(members),
+            )
             for members in batches
         ]
         for members, pending in zip(batches, calls, strict=True):
@@ -334,4 +369,5 @@ class CTranslate2Engine:
         called with the sentences done)."""
         n = len(data) if limit <= 0 else min(limit, len(data))
         sources = [data.src(i).tolist() for i in range(n)]
-        return self.decode_ids(sources, opts, keep_attention, advance=advance)
+        forced = None if data.forced is None else data.forced[:n].tolist()
+        return self.decode_ids(sources, opts, keep_attention, advance=advance, forced=forced)

@@ -27,9 +27,8 @@ from nmt.atomic import atomic_write_bytes
 from nmt.cli import Advance, Progress, config_dir, exit_on_error, no_progress, setup_logging
 from nmt.config import ConfigError, register_configs
 from nmt.data.corpus import read_lines
-from nmt.data.datasets import encode_texts
-from nmt.data.multilingual import refuse_multilingual
 from nmt.decode.engines import Engine, TorchEngine, make_engine
+from nmt.decode.languages import Target, choose_target, target_dataset
 from nmt.decode.options import DecodeOptions
 from nmt.runtime.device import pick_device
 from nmt.store.loading import Trained, decode_defaults, load_model
@@ -47,16 +46,20 @@ def translate_lines(
     n_best: int = 1,
     engine: Engine | None = None,
     advance: Advance = no_progress,
+    target: Target | None = None,
 ) -> list[list[tuple[str, float]]]:
     """Up to ``n_best`` (translation, score) pairs per input line, best first, in input order.
 
     Lines are stripped; an empty line gives ``[("", 0.0)]`` and is not decoded. ``engine``
     defaults to our search on ``trained.model``; ``advance`` is called with the lines done.
+    ``target``: the language to translate into (:func:`~nmt.decode.languages.choose_target`;
+    default: the model's only one); its tag never reaches the text.
     """
     if n_best > opts.beam:
         raise ConfigError(f"n_best={n_best} needs beam >= {n_best} (beam={opts.beam})")
     src = [line.strip() for line in lines]
-    data = encode_texts(trained.tokenizers, src, [""] * len(src))
+    target = target or choose_target(trained.cfg, trained.tokenizers, None)
+    data = target_dataset(trained.tokenizers, src, target)
     tgt = trained.tokenizers.tgt
     engine = engine or TorchEngine(trained.model, device)
     hyps = engine.hypotheses(data, opts, advance=advance)
@@ -73,7 +76,12 @@ def format_lines(results: list[list[tuple[str, float]]], n_best: int) -> str:
 
 
 def interactive(
-    trained: Trained, opts: DecodeOptions, device: torch.device, n_best: int, engine: Engine
+    trained: Trained,
+    opts: DecodeOptions,
+    device: torch.device,
+    n_best: int,
+    engine: Engine,
+    target: Target,
 ) -> None:
     """Translate each line typed at the prompt until end of input."""
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
@@ -83,7 +91,7 @@ def interactive(
         except EOFError:
             print(file=sys.stderr)
             return
-        results = translate_lines(trained, [line], opts, device, n_best, engine)
+        results = translate_lines(trained, [line], opts, device, n_best, engine, target=target)
         print(format_lines(results, n_best), end="", flush=True)
 
 
@@ -101,18 +109,18 @@ def translate(cfg: DictConfig) -> None:
     """Run one ``nmt-translate`` command."""
     device = pick_device(cfg.device)
     trained = load_model(cfg, device)
-    refuse_multilingual(trained.cfg.data, "nmt-translate")
+    target = choose_target(trained.cfg, trained.tokenizers, cfg.tgt_lang, cfg.src_lang)
     opts = DecodeOptions.from_config(cfg, decode_defaults(trained))
     if cfg.n_best < 1 or cfg.n_best > opts.beam:
         raise ConfigError(f"n_best={cfg.n_best} must be between 1 and beam={opts.beam}")
     engine = make_engine(cfg.engine, trained, opts, device)
     if cfg.input is None and sys.stdin.isatty():
-        interactive(trained, opts, device, cfg.n_best, engine)
+        interactive(trained, opts, device, cfg.n_best, engine, target)
         return
     lines = read_input(cfg)
     label = Path(cfg.input).name if cfg.input else "stdin"
     with Progress(cfg.progress).bar(label, len(lines)) as advance:
-        results = translate_lines(trained, lines, opts, device, cfg.n_best, engine, advance)
+        results = translate_lines(trained, lines, opts, device, cfg.n_best, engine, advance, target)
     text = format_lines(results, cfg.n_best)
     if cfg.output:
         atomic_write_bytes(Path(cfg.output), text.encode("utf-8"))

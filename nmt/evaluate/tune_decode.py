@@ -40,11 +40,12 @@ from nmt.atomic import atomic_write_bytes
 from nmt.cli import exit_on_error, setup_logging
 from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, ConfigError
 from nmt.data.datasets import load_valid_set
-from nmt.data.multilingual import refuse_multilingual
+from nmt.data.multilingual import directions_of
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import translate_dataset
 from nmt.environment import multi30k_source
 from nmt.evaluate.metrics import bleu, check_bootstrap, chrf, paired_bootstrap
+from nmt.evaluate.tune_directions import direction_report, direction_scores, direction_sets, pooled
 from nmt.runtime.device import pick_device
 from nmt.store.gate import CheckpointError, load_run_config
 from nmt.store.loading import decode_defaults, load_trained
@@ -242,43 +243,61 @@ def tune(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
     level: float = LEVEL,
+    directions: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Decode and score the validation split for each setting, choose by :func:`choose` and
-    (``apply``) write a significant winner into the run; returns the JSON report."""
+    (``apply``) write a significant winner into the run; returns the JSON report. A
+    multilingual run: each direction's validation split (or those of ``directions``), pooled
+    (:mod:`nmt.evaluate.tune_directions`)."""
     device = pick_device(device_name)
     path = checkpoint_path(run, ckpt)
     run_dir = checkpoint_run_dir(path) or resolve_run_dir(run)
     trained = load_trained(path, device)
-    refuse_multilingual(trained.cfg.data, "nmt-tune-decode")
     default, default_source = default_setting(decode_defaults(trained))
     settings = candidates(beams, alphas, default)
     check_test(resamples, seed, level, len(settings) - 1)
-    valid = load_valid_set(trained.cfg.data, trained.tokenizers, multi30k_source())
-    hyps, extra = {}, {}
+    sets = direction_sets(trained, directions) if directions_of(trained.cfg.data) else []
+    if directions and not sets:
+        raise ConfigError("--directions applies to a multilingual run; this model is bilingual")
+    if sets:
+        valid_name, refs = pooled(sets)
+        parts = [s.data for s in sets]
+    else:
+        valid = load_valid_set(trained.cfg.data, trained.tokenizers, multi30k_source())
+        valid_name, refs, parts = valid.name, valid.ref_text, [valid.data]
+    hyps, extra, per_direction = {}, {}, {}
     for setting in settings:
         start = time.perf_counter()
-        out = translate_dataset(
-            trained.model, valid.data, trained.tokenizers.tgt, setting.options(), device
-        )
+        outputs = [
+            translate_dataset(
+                trained.model, part, trained.tokenizers.tgt, setting.options(), device
+            )
+            for part in parts
+        ]
+        out = [h for o in outputs for h in o]
         seconds = time.perf_counter() - start
-        b = bleu(out, valid.ref_text)
+        b = bleu(out, refs)
         hyps[setting] = out
         extra[setting] = {
-            "chrF2": chrf(out, valid.ref_text).score,
+            "chrF2": chrf(out, refs).score,
             "detail": b.detail,
             "seconds": seconds,
             "signature": b.signature,
         }
+        if sets:
+            per_direction[setting] = direction_scores(sets, outputs)
+            scores = [v["BLEU"] for v in per_direction[setting].values()]
+            extra[setting]["mean_BLEU"] = sum(scores) / len(scores)
         log.info("%s: BLEU %.2f", setting.label(), b.score)
-    selection = choose(hyps, valid.ref_text, default, resamples, seed, level)
+    selection = choose(hyps, refs, default, resamples, seed, level)
     for row in selection["rows"]:
         setting = Setting(row["beam"], row["length_penalty"])
         row.update({k: v for k, v in extra[setting].items() if k != "signature"})
     report = {
         "checkpoint": str(path),
         "step": trained.step,
-        "valid_set": valid.name,
-        "sentences": len(valid),
+        "valid_set": valid_name,
+        "sentences": len(refs),
         "signature": extra[default]["signature"],
         "default": {**default.as_dict(), "source": default_source},
         **selection,
@@ -286,6 +305,8 @@ def tune(
         "apply": apply,
         "applied": False,
     }
+    if sets:
+        report["directions"] = direction_report(sets, per_direction)
     if apply and report["changed"]:
         chosen = report["chosen"]
         alpha = chosen["length_penalty"]
@@ -320,6 +341,11 @@ def format_report(report: dict[str, Any]) -> str:
             f"{r['length_ratio']:9.3f}  {r['chrF2']:6.2f}  {r['seconds']:7.1f}"
         )
     lines.append("(* the default; + significantly better than the default)")
+    for name, entry in report.get("directions", {}).items():
+        scores = ", ".join(f"{_name(r)} {r['BLEU']:.2f}" for r in entry["rows"])
+        lines.append(
+            f"{name} ({entry['sentences']} sentences): {scores}; best {_name(entry['best'])}"
+        )
     lines.append(report["reason"])
     chosen = _name(report["chosen"])
     if report["applied"]:
@@ -373,6 +399,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--apply", action="store_true", help="make a significant winner the run's default"
     )
+    p.add_argument(
+        "--directions",
+        default="",
+        help="a multilingual run: comma-separated directions to tune on (default: every trained "
+        "one), their validation splits pooled",
+    )
     return p
 
 
@@ -391,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.bootstrap,
             args.bootstrap_seed,
             args.level,
+            [d for d in args.directions.split(",") if d.strip()],
         )
     print(format_report(report))
 

@@ -22,8 +22,14 @@ import yaml
 from nmt.atomic import atomic_write_bytes, fsync_dir, sha256_file
 from nmt.cli import exit_on_error, setup_logging
 from nmt.config import ConfigError, to_container
-from nmt.data.multilingual import refuse_multilingual
 from nmt.decode.options import DecodeOptions
+from nmt.ship.card_languages import (
+    card_directions,
+    card_languages,
+    direction_results,
+    direction_score_lines,
+    package_languages,
+)
 from nmt.ship.hf import HF_FILES
 from nmt.store.loading import Trained, decode_defaults, load_package, load_trained, unique_weights
 from nmt.store.package import (
@@ -97,7 +103,7 @@ def front_matter(trained: Trained, licence: str | None, hf_arch: str | None) -> 
     its sacreBLEU signature. ``hf_arch``: the transformers class of an ``--format hf`` folder."""
     d, arch = trained.cfg.data, trained.cfg.model.arch
     multi30k = d.corpus == "multi30k" and licence is None
-    meta: dict[str, Any] = {"language": [str(d.src_lang), str(d.tgt_lang)]}
+    meta: dict[str, Any] = {"language": card_languages(trained.cfg)}
     if multi30k:  # the data's own terms, which this model does not relicense
         meta.update(license="other", license_name="multi30k-flickr30k-terms")
         meta["license_link"] = "https://github.com/multi30k/dataset"
@@ -106,7 +112,8 @@ def front_matter(trained: Trained, licence: str | None, hf_arch: str | None) -> 
         meta["license"] = "other" if licence is not None else "unknown"
     meta["library_name"] = "transformers" if hf_arch else "nmt"
     meta["pipeline_tag"] = "translation"
-    tags = ["translation", "nmt", arch, f"{d.src_lang}-{d.tgt_lang}"]
+    pair = "multilingual" if package_languages(trained.cfg) else f"{d.src_lang}-{d.tgt_lang}"
+    tags = ["translation", "nmt", arch, *card_directions(trained.cfg, [pair])]
     if hf_arch:
         tags.append("marian" if hf_arch == "MarianMTModel" else "pegasus")
     meta["tags"] = tags
@@ -133,8 +140,9 @@ def front_matter(trained: Trained, licence: str | None, hf_arch: str | None) -> 
                     "metrics": metrics,
                 }
             )
+        results += direction_results(report, str(d.corpus), search)
     if results:
-        title = f"{arch}-{d.src_lang}-{d.tgt_lang}-step{trained.step}"
+        title = f"{arch}-{pair}-step{trained.step}"
         meta["model-index"] = [{"name": title, "results": results}]
     body = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=1000)
     return ["---", *body.rstrip("\n").split("\n"), "---", ""]
@@ -158,13 +166,14 @@ def model_card(
             "(nmt-export --data-licence states it)"
         )
     use = _card_hf_use(trained, decode, hf_arch) if hf_arch else _CARD_USE
+    pairs = ", ".join(card_directions(trained.cfg, [f"{d.src_lang}->{d.tgt_lang}"]))
     lines = [
         *matter,
         *_card_model(trained, decode, ct2),
         "",
         "## Data",
         "",
-        f"- corpus: {d.corpus} ({d.src_lang}->{d.tgt_lang}), train `{d.train}`, "
+        f"- corpus: {d.corpus} ({pairs}), train `{d.train}`, "
         f"valid `{d.valid}`, test {', '.join(f'`{t}`' for t in d.test)}",
         f"- licence of the data: {licence}",
         "",
@@ -272,7 +281,8 @@ def _card_model(trained: Trained, decode: dict[str, Any], ct2: dict | None) -> l
     sizes = ", ".join(f"{k}={v}" for k, v in m.items() if k != "arch")
     opts = DecodeOptions.of_run(decode)
     lines = [
-        f"# {m.arch} {d.src_lang}->{d.tgt_lang} (nmt model package)",
+        f"# {m.arch} {' '.join(card_directions(trained.cfg, [f'{d.src_lang}->{d.tgt_lang}']))} "
+        "(nmt model package)",
         "",
         "## Model",
         "",
@@ -285,6 +295,12 @@ def _card_model(trained: Trained, decode: dict[str, Any], ct2: dict | None) -> l
         f"{trained.tokenizers.src.vocab_size} / {trained.tokenizers.tgt.vocab_size} pieces",
         f"- decoding defaults: beam {opts.beam}, length penalty {opts.length_penalty}",
     ]
+    languages = package_languages(trained.cfg)
+    if languages:
+        lines.append(
+            f"- multilingual: {', '.join(languages['directions'])}; the target language's tag "
+            f"goes on the {languages['tag_placement']} (`tgt_lang=` names it)"
+        )
     if ct2 is not None:
         lines.append(
             f"- CTranslate2 model in `ctranslate2/`: {ct2['quantization']} weights, "
@@ -311,6 +327,7 @@ def _card_scores(trained: Trained) -> list[str]:
                 score = s.get("score", float("nan"))
                 lines.append(f"- {metric} {score:.2f} `{s.get('signature')}`")
             lines.append("")
+        lines += direction_score_lines(report, search)
     return lines
 
 
@@ -410,7 +427,13 @@ def export_hf(source: Path, out: Path, *, licence: str | None = None) -> Path:
     source = Path(source)
     cpu = torch.device("cpu")
     trained = load_package(source, cpu) if is_package(source) else load_trained(source, cpu)
-    refuse_multilingual(trained.cfg.data, "nmt-export")
+    languages = package_languages(trained.cfg)
+    if languages:
+        raise ConfigError(
+            f"--format hf does not take a multilingual model ({', '.join(languages['directions'])}"
+            "): the transformers folder would translate without its target-language tag; "
+            "export a package (--format torch or ctranslate2), which keeps the directions"
+        )
     hf.check_exportable(trained.cfg, trained.tokenizers)
     decode = package_config(trained)["decode"]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -469,6 +492,7 @@ def _write_package(
         "files": {p.relative_to(tmp).as_posix(): sha256_file(p) for p in written},
         "ctranslate2": ct2,
         "torch_weights": not ctranslate2_only,
+        **package_languages(trained.cfg),
     }
     atomic_write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))
 

@@ -85,6 +85,8 @@ class Manifest:
     files: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
     ctranslate2: CTranslate2Manifest | None = None
     torch_weights: bool = True  # False: --ctranslate2-only, no model.safetensors
+    directions: list[str] = field(default_factory=list)  # a multilingual model's (de-en, ...)
+    tag_placement: str = ""  # its data.tag_placement: source | target (empty: bilingual)
 
 
 def is_package(path: str | Path | None) -> bool:
@@ -176,7 +178,28 @@ def read_package(package: str | Path) -> PackageFiles:
             f"{package / MANIFEST}: key 'arch'={manifest.arch!r} differs from model.arch="
             f"{cfg.model.arch!r} of {package / CONFIG}"
         )
+    check_languages(package, manifest, cfg)
     return PackageFiles(manifest, cfg, load_package_tokenizers(package, manifest))
+
+
+def check_languages(package: Path, manifest: DictConfig, cfg: DictConfig) -> None:
+    """The manifest's directions and tag placement must be config.yaml's (a package from
+    before them names none)."""
+    from nmt.data.multilingual import directions_of, placement_of
+
+    if not manifest.directions and not manifest.tag_placement:
+        return
+    directions = [str(d) for d in directions_of(cfg.data)]
+    placement = placement_of(cfg.data) if directions else ""
+    for key, listed, own in (
+        ("directions", list(manifest.directions), directions),
+        ("tag_placement", manifest.tag_placement, placement),
+    ):
+        if listed != own:
+            raise CheckpointError(
+                f"{package / MANIFEST}: key {key!r}={listed!r} differs from {own!r} in "
+                f"{package / CONFIG} (data.{key})"
+            )
 
 
 def model_argument(args: list[str]) -> list[str]:

@@ -34,8 +34,7 @@ from nmt.cli import config_dir, exit_on_error, setup_logging
 from nmt.config import ConfigError, register_configs
 from nmt.data.batching import make_batch
 from nmt.data.corpus import read_lines
-from nmt.data.datasets import encode_texts
-from nmt.data.multilingual import refuse_multilingual
+from nmt.decode.languages import choose_target, target_dataset
 from nmt.decode.options import DecodeOptions
 from nmt.runtime.device import pick_device
 from nmt.store.loading import Trained, load_model
@@ -123,16 +122,21 @@ def plot_sentences(
 ) -> list[Path]:
     """Write every view of every sentence as PNG, and the translations; returns the PNGs."""
     tokenizers = trained.tokenizers
-    data = encode_texts(tokenizers, sentences, [""] * len(sentences))
+    target = choose_target(trained.cfg, tokenizers, cfg.tgt_lang, cfg.src_lang)
+    data = target_dataset(tokenizers, sentences, target)
+    multilingual = target.tag is not None
     written, rows = [], []
     for start in range(0, len(sentences), BATCH_SENTENCES):
         index = list(range(start, min(start + BATCH_SENTENCES, len(sentences))))
         batch = make_batch(data, index).to(device)
-        decoded = attend(trained.model, batch.src, batch.src_lens, opts)
+        forced = None if data.forced is None else torch.from_numpy(data.forced[index]).to(device)
+        decoded = attend(trained.model, batch.src, batch.src_lens, opts, forced=forced)
         for k, sent in zip(index, decoded, strict=True):
             folder = out / f"sent{k:03d}"
             for view in sentence_views(sent, tokenizers, cfg.layers):
                 title = view_title(view, trained.step, k)
+                if multilingual:  # the direction on the title's second line
+                    title += f" [{target.label}]"
                 written.append(save_png(view, title, folder / f"{view.name}.png", cfg.dpi))
             hypothesis = tokenizers.tgt.decode(sent.hypothesis.tokens)
             rows.append(f"sent{k:03d}\t{sentences[k]}\t{hypothesis}\n")
@@ -150,9 +154,15 @@ def write_explorer(
     out: Path,
     device: torch.device,
 ) -> Path:
-    """Write ``<out>/explorer.html`` for the sentences (see :mod:`nmt.viz.explorer`)."""
+    """Write ``<out>/explorer.html`` for the sentences (see :mod:`nmt.viz.explorer`); a
+    multilingual model's are marked with the direction, ``[de-fr]``, as in training."""
+    target = choose_target(trained.cfg, trained.tokenizers, cfg.tgt_lang, cfg.src_lang)
+    data = target_dataset(trained.tokenizers, sentences, target)
+    shown = sentences
+    if target.tag is not None:
+        shown = [f"[{target.label}] {s}" for s in sentences]
     records = explore_sentences(
-        trained.model, trained.tokenizers, sentences, references, device, opts
+        trained.model, trained.tokenizers, shown, references, device, opts, data
     )
     for k, record in enumerate(records):
         log.info("sent%03d: %s -> %s", k, record["source"], record["hypothesis"])
@@ -170,7 +180,6 @@ def plot_attention(cfg: DictConfig) -> list[Path]:
     opts = check_request(cfg)
     device = pick_device(cfg.device)
     trained = load_model(cfg, device)
-    refuse_multilingual(trained.cfg.data, "nmt-attention")
     out = output_dir(cfg, trained.path)
     if cfg.format == "html":
         return [write_explorer(trained, sentences, references, cfg, opts, out, device)]

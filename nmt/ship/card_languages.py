@@ -1,0 +1,80 @@
+"""The languages of a model package: its manifest's directions and tag placement, and what its
+model card says of a multilingual model (each direction and its ``nmt-eval`` scores)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nmt.data.multilingual import directions_of, languages, placement_of
+
+
+def package_languages(cfg: Any) -> dict[str, Any]:
+    """The manifest's ``directions`` and ``tag_placement`` of a multilingual model (a bilingual
+    one: nothing)."""
+    directions = directions_of(cfg.data)
+    if not directions:
+        return {}
+    return {"directions": [str(d) for d in directions], "tag_placement": placement_of(cfg.data)}
+
+
+def card_languages(cfg: Any) -> list[str]:
+    """The card's ``language`` list: every language of the directions, or source and target."""
+    directions = directions_of(cfg.data)
+    if directions:
+        return languages(directions)
+    return [str(cfg.data.src_lang), str(cfg.data.tgt_lang)]
+
+
+def card_directions(cfg: Any, bilingual: list[str]) -> list[str]:
+    """The directions' names (``de-en``), or ``bilingual`` for a bilingual model."""
+    directions = directions_of(cfg.data)
+    return [str(d) for d in directions] if directions else bilingual
+
+
+def direction_results(report: dict[str, Any], corpus: str, search: str) -> list[dict[str, Any]]:
+    """The model-index entries of a multilingual ``nmt-eval`` report: one per test set and
+    direction, its task naming the direction."""
+    results = []
+    for name, entry in report.get("directions", {}).items():
+        direction = str(entry.get("direction", ""))
+        kind = " (zero-shot)" if entry.get("zero_shot") else ""
+        metrics = [
+            {
+                "type": metric.lower(),
+                "value": round(float(s.get("score", float("nan"))), 2),
+                "name": f"{metric} ({search})",
+                "verified": False,
+                "args": {"signature": str(s.get("signature"))},
+            }
+            for metric, s in entry.get("scores", {}).items()
+        ]
+        results.append(
+            {
+                "task": {"type": "translation", "name": f"Translation {direction}{kind}"},
+                "dataset": {"name": str(name), "type": corpus},
+                "metrics": metrics,
+            }
+        )
+    return results
+
+
+def direction_score_lines(report: dict[str, Any], search: str) -> list[str]:
+    """The card's score lines of a multilingual ``nmt-eval`` report, a paragraph per test set
+    and direction (with its off-target rate when it was measured)."""
+    lines: list[str] = []
+    for name, entry in report.get("directions", {}).items():
+        kind = ", zero-shot" if entry.get("zero_shot") else ""
+        head = f"{name}: {entry.get('direction')}{kind} ({entry.get('sentences')} sentences"
+        lines += [f"{head}, {search}):", ""]
+        for metric, s in entry.get("scores", {}).items():
+            score = s.get("score", float("nan"))
+            lines.append(f"- {metric} {score:.2f} `{s.get('signature')}`")
+        if "off_target" in entry:
+            lines.append(f"- off-target rate {100 * float(entry['off_target']):.1f}% (py3langid)")
+        pivot = entry.get("pivot")
+        if isinstance(pivot, dict):
+            for metric, s in pivot.get("scores", {}).items():
+                score = s.get("score", float("nan"))
+                lines.append(f"- through {pivot.get('via')}: {metric} {score:.2f}")
+        lines.append("")
+    return lines
