@@ -18,53 +18,27 @@ import pytest
 import torch
 from aiohttp.test_utils import TestClient
 
-from nmt.data.corpus import fetch_multi30k
 from nmt.data.tagged import tagged_dataset
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import decode_dataset
-from nmt.environment import multi30k_source
 from nmt.serve.app import make_app
 from nmt.serve.backend import load_backend
 from nmt.store.loading import load_trained
 
-from .helpers import TINY_TRANSFORMER, compose_config, write_subset
+from .helpers import MULTI_DIRECTIONS, compose_config
 from .serving import run_app, server_log, start_server
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-DIRECTIONS = ["de-en", "en-de", "en-fr", "fr-en"]
+DIRECTIONS = MULTI_DIRECTIONS
 GERMAN = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball."]
 ENGLISH = ["A dog runs across the meadow.", "Two men play soccer."]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """``runs(placement)``: a tiny multilingual run of four directions on real Multi30k pairs
-    (trained once per placement)."""
-    from nmt.train.command import train
-
-    root = tmp_path_factory.mktemp("serve-ml")
-    m30k = fetch_multi30k(root / "data", ("de", "en", "fr"), ["train"], multi30k_source())
-    prefix = write_subset(m30k, root / "corpus", "train", 60, langs=("de", "en", "fr"))
-    made: dict[str, Path] = {}
-
-    def get_run(placement: str) -> Path:
-        if placement not in made:
-            out = root / placement
-            overrides = [
-                "data=parallel", f"data.directions=[{','.join(DIRECTIONS)}]",
-                f"data.train={prefix}", f"data.valid={prefix}", f"data.test=[{prefix}]",
-                f"data.root={out / 'data'}", "data.vocab_size=700", "data.max_tokens=800",
-                f"data.tag_placement={placement}", f"outputs={out / 'outputs'}",
-                "trainer.max_steps=8", "trainer.val_every=8", "trainer.val_sentences=4",
-                "trainer.progress=false", "trainer.attention_sentences=0",
-                "trainer.precision=32", "trainer.device=cpu", *TINY_TRANSFORMER,
-            ]  # fmt: skip
-            train(compose_config("train", overrides), out / "run")
-            made[placement] = out / "run"
-        return made[placement]
-
-    return get_run
+def runs(multilingual_runs: Any) -> Any:
+    """``runs(placement)``: the session's tiny multilingual run of MULTI_DIRECTIONS."""
+    return multilingual_runs
 
 
 def config(run: Path, *extra: str) -> Any:
@@ -201,3 +175,35 @@ def test_libretranslatepy_asks_for_each_target(runs: Any) -> None:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
     assert proc.returncode == 0, server_log(proc)
+
+
+@pytest.mark.parametrize("placement", ["source", "target"])
+def test_the_ctranslate2_engine_answers_each_target_as_the_torch_engine(
+    runs: Any, placement: str, tmp_path: Path
+) -> None:
+    """A multilingual package served by CTranslate2 (the tag as a source token, or as
+    target_prefix) gives our search's greedy translations into every language."""
+    from nmt.ship.export import export_package
+    from nmt.store.paths import checkpoint_path
+
+    run = runs(placement)
+    package = export_package(checkpoint_path(run, None), tmp_path / "pkg", fmt="ctranslate2")
+    answers: dict[str, list] = {}
+    for engine in ("torch", "ctranslate2"):
+        cfg = compose_config(
+            "serve",
+            [f"model_dir={package}", f"engine={engine}", "device=cpu", "threads=1", "beam=1"],
+        )
+        backend = load_backend(cfg)
+        assert backend.engine == engine and backend.languages.targets == ["de", "en", "fr"]
+
+        async def scenario(client: TestClient, engine: str = engine) -> None:
+            for target in ("de", "en", "fr"):
+                body = {"text": GERMAN + ENGLISH, "target": target}
+                response = await client.post("/v1/translate", json=body)
+                assert response.status == 200, await response.text()
+                answers.setdefault(target, []).append((await response.json())["translations"])
+
+        run_app(make_app(backend, cfg), scenario)
+    for target, (by_torch, by_ct2) in answers.items():
+        assert by_ct2 == by_torch, target

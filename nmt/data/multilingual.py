@@ -103,14 +103,3 @@ def check_no_tags(ids: np.ndarray, lens: np.ndarray, tokenizer: Tokenizer, where
             f"{where}:{line}: the text contains {piece!r}, a language tag of this multilingual "
             "model; remove it from the corpus (a tag must never be ordinary text)"
         )
-
-
-def refuse_multilingual(cfg: Any, command: str) -> None:
-    """Stop a command that does not place language tags yet when given a multilingual model
-    (it would translate without asking for a language)."""
-    directions = directions_of(cfg)
-    if directions:
-        raise DataError(
-            f"{command} does not read language tags yet, and this model is multilingual "
-            f"({', '.join(map(str, directions))}); nmt-eval scores it in every direction"
-        )

@@ -74,11 +74,6 @@ def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
         if name.startswith(f"{CT2_DIR}/"):
             verified_file(package, manifest, name)
     languages = languages_of(train_cfg, tokenizers, cfg)
-    if languages.multilingual:
-        raise ConfigError(
-            f"engine=ctranslate2 does not place language tags yet, and {package} is multilingual "
-            f"({languages.names()}): serve it with engine=torch"
-        )
     max_positions = train_cfg.model.get("max_positions")
     engine = ct2.CTranslate2Engine(
         package / CT2_DIR,
@@ -89,7 +84,8 @@ def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
     )
     defaults = DecodeOptions.from_config(cfg, train_cfg.decode)
     # each worker takes a decode of its own: a worker that finishes its sentences starts on
-    # the next ones at once, instead of waiting for the other worker's longer sentences
+    # the next ones at once, instead of waiting for the other worker's longer sentences; a
+    # multilingual model's forced target tag (``forced=``) is CTranslate2's target_prefix
     decode = partial(engine.decode_ids, spread=False)
     return Backend(
         "ctranslate2",
