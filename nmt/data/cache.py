@@ -303,6 +303,18 @@ def _load_tokenizers(path: Path, manifest: dict) -> TokenizerPair:
     return TokenizerPair(loaded["src"], loaded["tgt"], bool(manifest["tokenizers"]["joint"]))
 
 
+def read_manifest(path: Path) -> tuple[Path, dict[str, Any]]:
+    """A preparation's manifest file and what it holds; :class:`CacheError` naming the file when
+    it is missing or not JSON."""
+    man_path = path / MANIFEST
+    try:
+        return man_path, json.loads(man_path.read_text())
+    except OSError as err:
+        raise CacheError(f"{man_path}: missing ({err.strerror})") from err
+    except ValueError as err:
+        raise CacheError(f"{man_path}: not valid JSON ({err})") from err
+
+
 def open_prepared(path: str | Path, full: bool = False, key: str | None = None) -> PreparedCache:
     """Open a prepared directory after checking it (every checksum too when ``full``).
 
@@ -311,13 +323,7 @@ def open_prepared(path: str | Path, full: bool = False, key: str | None = None) 
     """
     path = Path(path)
     key = path.name if key is None else key
-    man_path = path / MANIFEST
-    try:
-        manifest = json.loads(man_path.read_text())
-    except OSError as err:
-        raise CacheError(f"{man_path}: missing ({err.strerror})") from err
-    except ValueError as err:
-        raise CacheError(f"{man_path}: not valid JSON ({err})") from err
+    man_path, manifest = read_manifest(path)
     try:
         if manifest.get("format") != FORMAT:
             raise CacheError(f"{man_path}: format {manifest.get('format')!r}, expected {FORMAT}")

@@ -54,6 +54,7 @@ from nmt.data.cache import (
     _load_array,
     _recipe,
     _tokenizer_hashes,
+    read_manifest,
 )
 from nmt.data.corpus import DataError, fetch_multi30k, iter_line_blocks, resolve_pair
 from nmt.data.hfdata import is_dataset
@@ -156,13 +157,7 @@ def open_multi(path: str | Path, full: bool = False, key: str | None = None) -> 
     """Open a multilingual preparation after checking it (every checksum when ``full``)."""
     path = Path(path)
     key = path.name if key is None else key
-    man_path = path / MANIFEST
-    try:
-        manifest = json.loads(man_path.read_text())
-    except OSError as err:
-        raise CacheError(f"{man_path}: missing ({err.strerror})") from err
-    except ValueError as err:
-        raise CacheError(f"{man_path}: not valid JSON ({err})") from err
+    man_path, manifest = read_manifest(path)
     try:
         if manifest.get("format") != FORMAT or manifest.get("key") != key:
             raise CacheError(f"{man_path}: not the {FORMAT} preparation of key {key}")

@@ -38,16 +38,7 @@ def direction_results(report: dict[str, Any], corpus: str, search: str) -> list[
     for name, entry in report.get("directions", {}).items():
         direction = str(entry.get("direction", ""))
         kind = " (zero-shot)" if entry.get("zero_shot") else ""
-        metrics = [
-            {
-                "type": metric.lower(),
-                "value": round(float(s.get("score", float("nan"))), 2),
-                "name": f"{metric} ({search})",
-                "verified": False,
-                "args": {"signature": str(s.get("signature"))},
-            }
-            for metric, s in entry.get("scores", {}).items()
-        ]
+        metrics = index_metrics(entry.get("scores", {}), search)
         results.append(
             {
                 "task": {"type": "translation", "name": f"Translation {direction}{kind}"},
@@ -78,3 +69,18 @@ def direction_score_lines(report: dict[str, Any], search: str) -> list[str]:
                 lines.append(f"- through {pivot.get('via')}: {metric} {score:.2f}")
         lines.append("")
     return lines
+
+
+def index_metrics(scores: dict[str, Any], search: str) -> list[dict[str, Any]]:
+    """The ``metrics`` of a model-index result: each score of an eval report's set, named with
+    the search that gave it, its sacreBLEU signature as the argument."""
+    return [
+        {
+            "type": metric.lower(),
+            "value": round(float(s.get("score", float("nan"))), 2),
+            "name": f"{metric} ({search})",
+            "verified": False,
+            "args": {"signature": str(s.get("signature"))},
+        }
+        for metric, s in scores.items()
+    ]

@@ -28,6 +28,7 @@ from nmt.ship.card_languages import (
     card_languages,
     direction_results,
     direction_score_lines,
+    index_metrics,
     package_languages,
 )
 from nmt.ship.hf import HF_FILES
@@ -123,16 +124,7 @@ def front_matter(trained: Trained, licence: str | None, hf_arch: str | None) -> 
         opts = report.get("options", {})
         search = f"beam {opts.get('beam')}, length penalty {opts.get('length_penalty')}"
         for name, entry in report.get("sets", {}).items():
-            metrics = [
-                {
-                    "type": metric.lower(),
-                    "value": round(float(s.get("score", float("nan"))), 2),
-                    "name": f"{metric} ({search})",
-                    "verified": False,
-                    "args": {"signature": str(s.get("signature"))},
-                }
-                for metric, s in entry.get("scores", {}).items()
-            ]
+            metrics = index_metrics(entry.get("scores", {}), search)
             results.append(
                 {
                     "task": task,
