@@ -418,7 +418,7 @@ class ServeConfig(DecodeConfig):
     cors_origins: list[str] = field(default_factory=list)  # web origins allowed to call (CORS)
     max_queued_sentences: int = 512  # sentences waiting for a decode; a request beyond: 503
     request_timeout: float = 30.0  # seconds from a request's arrival to its answer; then 504
-    decode_nice: int = 5  # niceness added to the decoding threads, Linux (0: none)
+    decode_nice: int = 0  # niceness added to the decoding threads, Linux (0: none)
     allow_zero_shot: bool = False  # a multilingual model: serve pairs it was not trained on
 
 

@@ -184,11 +184,11 @@ def decode_thread(threads: int = 1, nice: int = 0) -> ThreadPoolExecutor:
     cores busy. With the model loaded here, the server of a 2-core CPU went from 110 to 248
     sentences/s (cpu_quick, 32 clients, greedy; ``make bench-serve``).
 
-    On Linux each thread is ``nice`` steps less urgent than the event loop's thread, and so are
-    the threads it starts: PyTorch's OpenMP team and CTranslate2's workers, which are started by
-    the thread that loads the model. While the decodes keep every core busy, the scheduler then
-    runs the event loop as soon as a request arrives, so that /health, /ready and a 503 are
-    answered at once rather than after a slice of decoding.
+    On Linux each thread is ``nice`` steps less urgent than the event loop's thread (the server's
+    ``decode_nice``, 0 by default), and so are the threads it starts: PyTorch's OpenMP team and
+    CTranslate2's workers, which are started by the thread that loads the model. Measured under
+    4x overload (docs/bench/serving.md), 5 steps shortened the 503s a little but made the slowest
+    /health answers slower, so it is off unless asked for.
     """
     return ThreadPoolExecutor(
         max_workers=threads,
