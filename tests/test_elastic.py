@@ -267,7 +267,9 @@ def test_submitit_requeues_a_signalled_job_which_continues_from_its_checkpoint(
     from .helpers import run_in_process
 
     ref = run_in_process(corpus, tmp_path, "reference", *RUN)
-    at = random.Random(SEED + 2).choice([k for k in range(5, STEPS - 1) if k % 4])
+    # early enough that the signal lands several updates before the end (an update of this
+    # run takes under 0.1 s), on a step that is not a validation's
+    at = random.Random(SEED + 2).choice([k for k in range(3, STEPS // 2 + 1) if k % 4])
     sweep = tmp_path / "sweep"
     cmd = [
         sys.executable, "-m", "nmt.train", "-m", "hydra/launcher=submitit_local",
@@ -279,12 +281,13 @@ def test_submitit_requeues_a_signalled_job_which_continues_from_its_checkpoint(
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)
         try:
+            task = wait_for(lambda: submitit_task(proc.pid), proc, "the task", 120)
             wait_for(
                 lambda: any(e["step"] >= at for e in of_kind(_events(run_dir), "train")),
                 proc, f"update {at}", 180,
             )  # fmt: skip
             # submitit's signal (SIGUSR2), as SLURM sends it before the time limit
-            os.kill(wait_for(lambda: submitit_task(proc.pid), proc, "the task", 30), signal.SIGUSR2)
+            os.kill(task, signal.SIGUSR2)
             assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
         finally:
             if proc.poll() is None:
