@@ -184,7 +184,9 @@ def test_a_preemption_signal_checkpoints_exits_for_a_restart_and_loses_no_update
                 kill_tree(proc.pid)
     console = log.read_text()
     status = 128 + signal.SIGUSR1
-    assert console.count(f"exiting with status {status} (SIGUSR1)") == 2, console[-4000:]
+    # the first rank to exit with it makes torchrun stop the other, which may not log it first
+    assert f"exiting with status {status} (SIGUSR1)" in console, console[-4000:]
+    assert f"(exitcode: {status})" in console, console[-4000:]
     events = read_events(run_dir)
     saved = [e["step"] for e in of_kind(events, "checkpoint")]
     starts, ends = of_kind(events, "start"), of_kind(events, "end")
@@ -437,3 +439,23 @@ def test_ranks_whose_clocks_disagree_checkpoint_together_by_rank_0s(
     want = load_checkpoint(Path(ref["run_dir"]) / "checkpoints" / "last.pt")["model"]
     for key, value in want.items():
         torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_training_leaves_the_process_group_it_joined(
+    corpus: Path, tmp_path: Path, threads_restored: None
+) -> None:
+    """A gloo group left to interpreter shutdown can abort a rank after a finished run
+    (SIGABRT, which fails the torchrun job): train() destroys the group before it returns."""
+    import torch.distributed as dist
+
+    from .helpers import run_in_process
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        result = run_in_process(corpus, tmp_path, "one", "trainer.max_steps=2")
+        assert result["state"]["step"] == 2
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
