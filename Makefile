@@ -18,7 +18,7 @@ N ?= 5
 .DEFAULT_GOAL := help
 .PHONY: help install prepare train eval translate tensorboard test test-fast lint format clean
 .PHONY: attention demo-pooling
-.PHONY: average tune-decode
+.PHONY: average tune-decode compare
 .PHONY: bench bench-data bench-soak bench-recovery
 .PHONY: export serve bench-serve check-hf
 .PHONY: docs docs-serve
@@ -71,6 +71,9 @@ average: install ## Average the weights of a run's last N step checkpoints: RUN=
 
 tune-decode: install ## Keep a run's decoding unless another beam/length penalty is significantly better on validation: RUN=<run dir> ARGS="--apply"
 	$(BIN)/nmt-tune-decode $(RUN) $(if $(CKPT),--ckpt $(CKPT)) $(ARGS)
+
+compare: install ## Paired bootstrap of eval reports, set by set and direction by direction: ARGS="BASE.json ... --system SYS.json"
+	$(BIN)/nmt-compare $(ARGS)
 
 attention: install ## Attention of a run as heatmap PNGs, or ARGS="format=html ..." as one explorer page: ARGS="sentence='Ein Mann fährt Fahrrad.'" (or input=FILE)
 	$(BIN)/nmt-attention run=$(RUN) $(if $(CKPT),ckpt=$(CKPT)) $(ARGS)

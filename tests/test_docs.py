@@ -44,6 +44,7 @@ ARGPARSE_COMMANDS = {
     "nmt-prepare": "nmt.data.prepare",
     "nmt-average": "nmt.store.average",
     "nmt-tune-decode": "nmt.evaluate.tune_decode",
+    "nmt-compare": "nmt.evaluate.compare",
     "nmt-export": "nmt.ship.export",
 }
 

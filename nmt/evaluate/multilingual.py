@@ -6,7 +6,9 @@ and its off-target rate: the share of non-empty outputs that a language identifi
 (``py3langid``, whose model ships inside its wheel; the ``multilingual`` extra) does not
 assign to the target language, choosing among the model's own languages. A zero-shot
 direction is also translated through the pivot language (``pivot=en``: two decodes, source
-to pivot and pivot to target), the baseline its direct figures are read against.
+to pivot and pivot to target), the baseline its direct figures are read against, and (with
+``bootstrap`` resamples) the paired bootstrap test of the direct output against the pivot's.
+Each direction's references are written beside its hypotheses, for ``nmt-compare``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from nmt.data.tagged import tagged_dataset
 from nmt.decode.engines import TorchEngine
 from nmt.decode.options import DecodeOptions
 from nmt.environment import multi30k_source
-from nmt.evaluate.metrics import all_scores
+from nmt.evaluate.metrics import all_scores, paired_bootstrap
 from nmt.store.loading import Trained
 
 log = logging.getLogger(__name__)
@@ -156,23 +158,29 @@ def evaluate_multilingual(
             src, refs = (strip_lines(x) for x in read_parallel(split.src_path, split.tgt_path))
             if not src:
                 raise DataError(f"test set {split.src_path} has no sentences")
-            name = f"{Path(str(split.name).split(' ')[0]).name}.{d}"
+            set_name = Path(str(split.name).split(" ")[0]).name
+            name = f"{set_name}.{d}"
             start = time.perf_counter()
             with progress.bar(name, len(src)) as advance:
                 hyps = _decode(engine, trained, opts, src, d.tgt, advance)
             seconds = time.perf_counter() - start
             hyp_file = out_dir / f"{name}.{tag}.hyp"
             _write(hyp_file, hyps)
+            ref_file = out_dir / f"{name}.ref"  # what nmt-compare pairs hypotheses with
+            _write(ref_file, refs)
             kind = "zero-shot" if d in zero else "trained"
             print(f"{name} ({kind}): {len(hyps)} sentences in {seconds:.1f}s -> {hyp_file}")
-            entry = {"direction": str(d), "zero_shot": d in zero, "sentences": len(hyps),
-                     "seconds": seconds, "hypotheses": str(hyp_file),
+            entry = {"set": set_name, "direction": str(d), "zero_shot": d in zero,
+                     "sentences": len(hyps), "seconds": seconds, "hypotheses": str(hyp_file),
+                     "references": str(ref_file),
                      **_scored(hyps, refs, d.tgt, cfg, identify)}  # fmt: skip
             if d in zero:
                 pivot_file = out_dir / f"{name}.pivot-{cfg.pivot}.{tag}.hyp"
-                entry["pivot"] = _pivot(
+                entry["pivot"], pivot_hyps = _pivot(
                     engine, trained, opts, src, refs, d, cfg, identify, pivot_file
                 )
+                if cfg.bootstrap:
+                    entry["pivot"]["paired"] = _against_pivot(hyps, pivot_hyps, refs, cfg)
             report["directions"][name] = entry
     return report
 
@@ -187,18 +195,38 @@ def _pivot(
     cfg: DictConfig,
     identify: Any,
     hyp_file: Path,
-) -> dict[str, Any]:
-    """The zero-shot direction's baseline: source -> pivot -> target, two decodes."""
+) -> tuple[dict[str, Any], list[str]]:
+    """The zero-shot direction's baseline: source -> pivot -> target, two decodes; its report
+    entry and its hypotheses."""
     start = time.perf_counter()
     middle = _decode(engine, trained, opts, src, cfg.pivot, lambda _: None)
     hyps = _decode(engine, trained, opts, middle, d.tgt, lambda _: None)
     _write(hyp_file, hyps)
     print(f"  pivot through {cfg.pivot} ({time.perf_counter() - start:.1f}s) -> {hyp_file}")
-    return {
+    entry = {
         "via": cfg.pivot,
         "hypotheses": str(hyp_file),
         **_scored(hyps, refs, d.tgt, cfg, identify),
     }
+    return entry, hyps
+
+
+def _against_pivot(
+    direct_hyps: list[str], pivot_hyps: list[str], refs: list[str], cfg: DictConfig
+) -> dict[str, Any]:
+    """The paired bootstrap test of the direct (zero-shot) output against the pivot's."""
+    pivot, (direct,) = paired_bootstrap(
+        pivot_hyps, [direct_hyps], refs, cfg.bootstrap, cfg.bootstrap_seed
+    )
+    assert direct.p_value is not None
+    difference = direct.score - pivot.score
+    verdict = "significant" if direct.p_value < 0.05 else "not significant"
+    print(
+        f"  direct - pivot: {difference:+.2f} BLEU, p = {direct.p_value:.4f} ({verdict}; "
+        f"paired bootstrap, {cfg.bootstrap} resamples)"
+    )
+    return {"test": "paired bootstrap", "resamples": cfg.bootstrap, "seed": cfg.bootstrap_seed,
+            "direct_minus_pivot": difference, "p_value": direct.p_value}  # fmt: skip
 
 
 def trained_device(trained: Trained) -> Any:

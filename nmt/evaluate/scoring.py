@@ -122,6 +122,7 @@ def evaluate(cfg: DictConfig) -> dict:
         "step": trained.step,
         "engine": engine.name,
         "options": asdict(opts),
+        "direction": f"{trained.cfg.data.src_lang}-{trained.cfg.data.tgt_lang}",
         "sets": {},
     }
     tag = options_tag(path, opts, engine.name)
@@ -134,6 +135,8 @@ def evaluate(cfg: DictConfig) -> dict:
         scores = all_scores(hyps, ds.ref_text, cfg.bootstrap, cfg.bootstrap_seed)
         hyp_file = out_dir / f"{ds.name}.{tag}.hyp"
         atomic_write_bytes(hyp_file, "".join(h + "\n" for h in hyps).encode("utf-8"))
+        ref_file = out_dir / f"{ds.name}.ref"  # what nmt-compare pairs hypotheses with
+        atomic_write_bytes(ref_file, "".join(r + "\n" for r in ds.ref_text).encode("utf-8"))
         print(f"{ds.name}: {len(hyps)} sentences in {seconds:.1f}s -> {hyp_file}")
         for s in scores:
             print(f"  {s.line()}")
@@ -141,6 +144,7 @@ def evaluate(cfg: DictConfig) -> dict:
             "sentences": len(hyps),
             "seconds": seconds,
             "hypotheses": str(hyp_file),
+            "references": str(ref_file),
             "scores": {s.name: s.as_dict() for s in scores},
         }
     score_file = out_dir / f"scores.{tag}.json"

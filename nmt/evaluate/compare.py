@@ -1,0 +1,200 @@
+"""``nmt-compare``: two models' ``nmt-eval`` reports, test set by test set and direction by
+direction, by sacreBLEU's paired bootstrap test (:func:`~nmt.evaluate.metrics.paired_bootstrap`).
+
+The baselines are one or more reports (a bilingual run's covers its one direction); the system
+is one report (a multilingual run's covers its directions). Each baseline set is compared with
+the system's set of the same name and direction, on the hypotheses and references the two
+evaluations wrote, which must be the same references line for line::
+
+    nmt-compare outputs/runs/de-en/eval/scores.averaged.beam5.lp1.json \\
+        outputs/runs/en-de/eval/scores.best.beam5.lp1.json \\
+        --system outputs/runs/multi/eval/scores.averaged.beam5.lp1.json --json compare.json
+
+A row per compared set: both BLEU scores with their bootstrap intervals, the difference and
+its two-sided p-value. A zero-shot direction's report entry already carries its own paired
+test against pivoting (:mod:`nmt.evaluate.multilingual`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from nmt.atomic import atomic_write_bytes
+from nmt.cli import UserError, exit_on_error, setup_logging
+from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
+from nmt.data.corpus import read_lines
+from nmt.evaluate.metrics import check_bootstrap, paired_bootstrap
+
+log = logging.getLogger(__name__)
+
+SIGNIFICANCE = 0.05  # the p-value under which a difference is reported as significant
+
+
+class CompareError(UserError):
+    """A report that cannot be compared: missing, malformed, or without a counterpart."""
+
+
+@dataclass(frozen=True)
+class ScoredSet:
+    """One test set in one direction of an ``nmt-eval`` report."""
+
+    report: Path
+    name: str  # the test set's name, without the direction
+    direction: str
+    hypotheses: Path
+    references: Path
+
+
+def _field(entry: dict[str, Any], key: str, where: str) -> Any:
+    if not isinstance(entry, dict) or key not in entry:
+        raise CompareError(f"{where}: no '{key}' (written by an older nmt-eval? evaluate again)")
+    return entry[key]
+
+
+def scored_sets(path: Path) -> list[ScoredSet]:
+    """The sets of a report: a multilingual report's directions, or a bilingual one's sets in
+    its direction."""
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise CompareError(f"{path}: cannot read the report ({err.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CompareError(f"{path}: not an nmt-eval report ({err})") from None
+    if not isinstance(report, dict):
+        raise CompareError(f"{path}: not an nmt-eval report (a JSON object expected)")
+    sets = []
+    if "directions" in report:
+        for key, entry in report["directions"].items():
+            where = f"{path}: directions.{key}"
+            sets.append(ScoredSet(
+                path, _field(entry, "set", where), _field(entry, "direction", where),
+                Path(_field(entry, "hypotheses", where)), Path(_field(entry, "references", where)),
+            ))  # fmt: skip
+        return sets
+    direction = _field(report, "direction", str(path))
+    for key, entry in _field(report, "sets", str(path)).items():
+        where = f"{path}: sets.{key}"
+        sets.append(ScoredSet(path, key, direction, Path(_field(entry, "hypotheses", where)),
+                              Path(_field(entry, "references", where))))  # fmt: skip
+    return sets
+
+
+def _lines(path: Path, report: Path) -> list[str]:
+    if not path.is_file():
+        raise CompareError(f"{report}: its file {path} is missing")
+    return read_lines(path)
+
+
+def compare_sets(base: ScoredSet, system: ScoredSet, resamples: int, seed: int) -> dict[str, Any]:
+    """One row: the paired bootstrap test of ``system`` against ``base``."""
+    refs = _lines(base.references, base.report)
+    if _lines(system.references, system.report) != refs:
+        raise CompareError(
+            f"{base.name} {base.direction}: the references of {base.report} "
+            f"({base.references}) and {system.report} ({system.references}) differ"
+        )
+    hyps = {}
+    for s in (base, system):
+        hyps[s.report] = _lines(s.hypotheses, s.report)
+        if len(hyps[s.report]) != len(refs):
+            raise CompareError(
+                f"{s.hypotheses}: {len(hyps[s.report])} hypotheses for {len(refs)} references"
+            )
+    b, (s,) = paired_bootstrap(hyps[base.report], [hyps[system.report]], refs, resamples, seed)
+    assert s.p_value is not None
+    return {
+        "set": base.name,
+        "direction": base.direction,
+        "sentences": len(refs),
+        "baseline": {"report": str(base.report), "bleu": b.score, "ci": asdict(b.ci)},
+        "system": {"report": str(system.report), "bleu": s.score, "ci": asdict(s.ci)},
+        "difference": s.score - b.score,
+        "p_value": s.p_value,
+        "significant": s.p_value < SIGNIFICANCE,
+    }
+
+
+def compare(
+    baselines: Sequence[Path],
+    system: Path,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict[str, Any]:
+    """Every set of every baseline report against the system report's same set and direction."""
+    check_bootstrap(resamples, seed, "--resamples", "--seed")
+    if resamples == 0:
+        raise CompareError("--resamples 0: the paired test needs resamples (at least 100)")
+    theirs = {(s.name, s.direction): s for s in scored_sets(system)}
+    rows = []
+    for path in baselines:
+        for base in scored_sets(path):
+            other = theirs.get((base.name, base.direction))
+            if other is None:
+                have = ", ".join(f"{n} {d}" for n, d in sorted(theirs)) or "none"
+                raise CompareError(
+                    f"{system}: no {base.name} in {base.direction} to compare with {path} "
+                    f"(it has: {have})"
+                )
+            rows.append(compare_sets(base, other, resamples, seed))
+    return {"resamples": resamples, "seed": seed, "significance": SIGNIFICANCE, "rows": rows}
+
+
+def _ci(side: dict[str, Any]) -> str:
+    ci = side["ci"]
+    return f"{side['bleu']:.2f} [{ci['low']:.2f}, {ci['high']:.2f}]"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The rows as a markdown table."""
+    lines = [
+        "| test set | direction | baseline BLEU [95% CI] | system BLEU [95% CI] | difference | p |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        mark = " (significant)" if r["significant"] else ""
+        lines.append(
+            f"| {r['set']} | {r['direction']} | {_ci(r['baseline'])} | {_ci(r['system'])} | "
+            f"{r['difference']:+.2f}{mark} | {r['p_value']:.4f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """``nmt-compare``'s command line."""
+    parser = argparse.ArgumentParser(
+        prog="nmt-compare",
+        description="Compare nmt-eval reports by the paired bootstrap test, set by set and "
+        "direction by direction.",
+    )
+    parser.add_argument("baselines", nargs="+", type=Path, help="baseline scores.*.json reports")
+    parser.add_argument("--system", type=Path, required=True, help="the compared report")
+    parser.add_argument("--resamples", type=int, default=BOOTSTRAP_RESAMPLES)
+    parser.add_argument("--seed", type=int, default=BOOTSTRAP_SEED)
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    return parser
+
+
+def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Compare as the command line asks; prints the table, returns the result."""
+    args = make_parser().parse_args(argv)
+    result = compare(args.baselines, args.system, args.resamples, args.seed)
+    print(markdown(result), end="")
+    if args.json is not None:
+        atomic_write_bytes(args.json, json.dumps(result, indent=2).encode("utf-8"))
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    setup_logging()
+    with exit_on_error(log):
+        run(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""nmt-compare: nmt-eval reports compared set by set and direction by direction by the paired
+bootstrap test; and the zero-shot direction's paired test against pivoting in a multilingual
+evaluation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nmt.evaluate.compare import CompareError, compare, main, markdown
+from nmt.evaluate.metrics import paired_bootstrap
+from nmt.evaluate.scoring import evaluate
+
+from .helpers import compose_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REFS = [
+    "A man rides a bike down the street.",
+    "Two dogs play in the snow.",
+    "A woman is reading a book in the park.",
+    "Children are playing soccer on a field.",
+    "A black dog runs through the grass.",
+    "People are walking along the beach at sunset.",
+]
+BASE = [
+    "A man rides a bicycle down the street.",
+    "Two dogs play in snow.",
+    "A woman reads a book in the park.",
+    "Kids are playing football on a field.",
+    "A dog runs through grass.",
+    "People walk along the beach.",
+]
+BETTER = [*REFS[:4], "A black dog runs through grass.", "People walk along the beach at sunset."]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def bilingual(tmp: Path, name: str, direction: str, hyps: list[str], refs=REFS) -> Path:
+    """A report as nmt-eval writes it for a bilingual run (the fields nmt-compare reads)."""
+    entry = {"hypotheses": str(write_lines(tmp / f"{name}.hyp", hyps)),
+             "references": str(write_lines(tmp / f"{name}.ref", refs))}  # fmt: skip
+    report = tmp / f"{name}.json"
+    report.write_text(json.dumps({"direction": direction, "sets": {"test_2016_flickr": entry}}))
+    return report
+
+
+def multilingual(tmp: Path, hyps: dict[str, list[str]]) -> Path:
+    """A report as nmt-eval writes it for a multilingual run."""
+    directions = {}
+    for d, lines in hyps.items():
+        directions[f"test_2016_flickr.{d}"] = {
+            "set": "test_2016_flickr", "direction": d, "zero_shot": False,
+            "hypotheses": str(write_lines(tmp / f"multi.{d}.hyp", lines)),
+            "references": str(write_lines(tmp / f"multi.{d}.ref", REFS)),
+        }  # fmt: skip
+    report = tmp / "multi.json"
+    report.write_text(json.dumps({"directions": directions}))
+    return report
+
+
+def test_each_baseline_set_is_tested_against_the_systems_same_direction(tmp_path) -> None:
+    system = multilingual(tmp_path, {"de-en": BETTER, "fr-en": BASE})
+    base = bilingual(tmp_path, "de-en", "de-en", BASE)
+    same = bilingual(tmp_path, "fr-en", "fr-en", BASE)
+    result = compare([base, same], system, resamples=200, seed=7)
+    first, second = result["rows"]
+    assert (first["set"], first["direction"]) == ("test_2016_flickr", "de-en")
+    assert first["sentences"] == 6
+    want_base, (want,) = paired_bootstrap(BASE, [BETTER], REFS, 200, 7)
+    assert first["baseline"]["bleu"] == pytest.approx(want_base.score)
+    assert first["system"]["bleu"] == pytest.approx(want.score)
+    assert first["p_value"] == pytest.approx(want.p_value)
+    assert first["difference"] == pytest.approx(want.score - want_base.score)
+    assert first["difference"] > 0
+    assert first["system"]["ci"]["resamples"] == 200
+    assert second["difference"] == 0 and second["p_value"] == 1.0 and not second["significant"]
+    table = markdown(result)
+    assert "| test_2016_flickr | fr-en |" in table and f"{first['difference']:+.2f}" in table
+
+
+def test_the_command_writes_json_and_refuses_bad_input_in_one_line(tmp_path, capsys) -> None:
+    system = multilingual(tmp_path, {"de-en": BETTER})
+    base = bilingual(tmp_path, "de-en", "de-en", BASE)
+    out = tmp_path / "out" / "compare.json"
+    main([str(base), "--system", str(system), "--resamples", "100", "--json", str(out)])
+    assert json.loads(out.read_text())["rows"][0]["direction"] == "de-en"
+    assert "| test_2016_flickr | de-en |" in capsys.readouterr().out
+
+    def refused(*args: str) -> str:
+        with pytest.raises(SystemExit) as stop:
+            main([*args, "--system", str(system), "--resamples", "100"])
+        assert stop.value.code == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if "ERROR" in line]
+        assert len(errors) == 1
+        return errors[0]
+
+    other = bilingual(tmp_path, "en-de", "en-de", BASE)
+    assert "no test_2016_flickr in en-de" in refused(str(other))
+    assert "it has: test_2016_flickr de-en" in refused(str(other))
+    moved = bilingual(tmp_path, "moved", "de-en", BASE, refs=[*REFS[:5], "Someone else."])
+    assert "references of" in refused(str(moved)) and "differ" in refused(str(moved))
+    short = bilingual(tmp_path, "short", "de-en", BASE[:5])
+    assert "5 hypotheses for 6 references" in refused(str(short))
+    assert "cannot read the report" in refused(str(tmp_path / "absent.json"))
+    (tmp_path / "bad.json").write_text("{")
+    assert "bad.json: not an nmt-eval report" in refused(str(tmp_path / "bad.json"))
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"sets": {}}))
+    assert "old.json: no 'direction'" in refused(str(old))
+    Path(json.loads(base.read_text())["sets"]["test_2016_flickr"]["hypotheses"]).unlink()
+    assert "de-en.hyp is missing" in refused(str(base))
+    with pytest.raises(CompareError, match="resamples 0"):
+        compare([base], system, resamples=0)
+
+
+def test_reports_of_nmt_eval_compare(trained_runs, corpus, tmp_path) -> None:
+    """Two real evaluations of one run (greedy, beam 3) written by nmt-eval compare by their
+    own hypothesis and reference files."""
+    run = trained_runs["transformer"]
+    reports = []
+    for beam in (1, 3):
+        out = tmp_path / f"beam{beam}"
+        cfg = compose_config("eval", [f"run={run}", f"test=[{corpus}.de:{corpus}.en]",
+                                      f"beam={beam}", f"out={out}", "progress=false"])  # fmt: skip
+        report = evaluate(cfg)
+        assert report["direction"] == "de-en"
+        entry = next(iter(report["sets"].values()))
+        refs = Path(entry["references"]).read_text(encoding="utf-8").splitlines()
+        assert refs == [line.strip() for line in Path(f"{corpus}.en").read_text().splitlines()]
+        reports.append(next(out.glob("scores.*.json")))
+    result = compare([reports[0]], reports[1], resamples=100)
+    (row,) = result["rows"]
+    hyps = [Path(json.loads(r.read_text())["sets"][row["set"]]["hypotheses"]) for r in reports]
+    lines = [h.read_text(encoding="utf-8").splitlines() for h in hyps]
+    _, (want,) = paired_bootstrap(lines[0], [lines[1]], refs, 100)
+    assert row["p_value"] == pytest.approx(want.p_value) and row["direction"] == "de-en"
+
+
+def test_a_zero_shot_direction_is_tested_against_its_pivot(multilingual_runs, tmp_path) -> None:
+    run = multilingual_runs("source")
+    cfg = compose_config("eval", [f"run={run}", "zero_shot=[de-fr]", "bootstrap=100",
+                                  f"out={tmp_path}", "progress=false"])  # fmt: skip
+    report = evaluate(cfg)
+    entry = next(e for e in report["directions"].values() if e["direction"] == "de-fr")
+    direct = Path(entry["hypotheses"]).read_text(encoding="utf-8").splitlines()
+    pivot = Path(entry["pivot"]["hypotheses"]).read_text(encoding="utf-8").splitlines()
+    refs = Path(entry["references"]).read_text(encoding="utf-8").splitlines()
+    base, (want,) = paired_bootstrap(pivot, [direct], refs, 100)
+    paired = entry["pivot"]["paired"]
+    assert paired["p_value"] == pytest.approx(want.p_value)
+    assert paired["direct_minus_pivot"] == pytest.approx(want.score - base.score)
+    trained = [e for e in report["directions"].values() if not e["zero_shot"]]
+    assert trained and all("paired" not in e and e["set"] for e in trained)
