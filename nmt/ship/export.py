@@ -22,6 +22,7 @@ import yaml
 from nmt.atomic import atomic_write_bytes, fsync_dir, sha256_file
 from nmt.cli import exit_on_error, setup_logging
 from nmt.config import ConfigError, to_container
+from nmt.data.multilingual import target_languages
 from nmt.decode.options import DecodeOptions
 from nmt.ship.card_languages import (
     card_directions,
@@ -215,18 +216,29 @@ def _card_hf_use(trained: Trained, decode: dict[str, Any], hf_arch: str) -> list
     """How an ``--format hf`` folder is used, and what transformers cannot express."""
     opts = DecodeOptions.of_run(decode)
     a, b = opts.max_output_len_a, opts.max_output_len_b
+    codes = [f">>{lang}<<" for lang in target_languages(trained.cfg.data)]
+    example = f"{codes[0]} <a source sentence>" if codes else "<a source sentence>"
+    multi = [
+        "",
+        "A multilingual model: each source starts with the target language's token, Marian's "
+        f"convention ({', '.join(f'`{c}`' for c in codes)}), which the tokenizer turns into "
+        "the model's language tag. Trained directions: "
+        f"{', '.join(card_directions(trained.cfg, []))}; another pair of its languages is "
+        "zero-shot.",
+    ] if codes else []  # fmt: skip
     return [
         "## Use with transformers",
         "",
         f"A `{hf_arch}` (no custom code): the same function as the nmt model, tested to 1e-4 in",
         "log-probability, and a `MarianTokenizer` over the model's sentencepiece model(s) that",
         "gives its token ids.",
+        *multi,
         "",
         "```python",
         "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
         'tok = AutoTokenizer.from_pretrained("<this folder>")',
         'model = AutoModelForSeq2SeqLM.from_pretrained("<this folder>")',
-        'batch = tok(["<a source sentence>"], return_tensors="pt", padding=True)',
+        f'batch = tok(["{example}"], return_tensors="pt", padding=True)',
         "print(tok.batch_decode(model.generate(**batch), skip_special_tokens=True))",
         "```",
         "",
@@ -419,13 +431,6 @@ def export_hf(source: Path, out: Path, *, licence: str | None = None) -> Path:
     source = Path(source)
     cpu = torch.device("cpu")
     trained = load_package(source, cpu) if is_package(source) else load_trained(source, cpu)
-    languages = package_languages(trained.cfg)
-    if languages:
-        raise ConfigError(
-            f"--format hf does not take a multilingual model ({', '.join(languages['directions'])}"
-            "): the transformers folder would translate without its target-language tag; "
-            "export a package (--format torch or ctranslate2), which keeps the directions"
-        )
     hf.check_exportable(trained.cfg, trained.tokenizers)
     decode = package_config(trained)["decode"]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -435,7 +440,7 @@ def export_hf(source: Path, out: Path, *, licence: str | None = None) -> Path:
         hf.write_folder(model, trained.tokenizers, trained.cfg, decode, tmp)
         card = model_card(trained, decode, licence, None, hf_arch=hf.architecture(model))
         atomic_write_bytes(tmp / CARD, card.encode("utf-8"))
-        hf.verify_folder(model, trained.tokenizers, tmp)
+        hf.verify_folder(model, trained.tokenizers, tmp, trained.cfg)
         for path in tmp.iterdir():  # what transformers wrote, durable before the rename
             with path.open("rb") as f:
                 os.fsync(f.fileno())

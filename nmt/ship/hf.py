@@ -24,6 +24,13 @@ What cannot be expressed is refused with the reason (:func:`check_exportable`).
 
 The tokenizer is ``MarianTokenizer`` over our sentencepiece model(s), with a vocabulary file
 that maps every piece to its sentencepiece id, so its ids are ours; see :func:`write_tokenizer`.
+
+A multilingual model (tag at source placement) follows Marian's convention for the target
+language: the text starts with ``>>fr<<``, the name its tag piece (``<2fr>``) takes in the
+exported vocabulary, for each language the model was trained to translate into. The tags are
+added tokens of the tokenizer that keep their ids and take the space after them, so that
+``">>fr<< Ein Hund."`` gives our ids for ``Ein Hund.`` after the tag. A tag at target placement
+(the first output token) has no counterpart in that convention, and is refused.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from nmt.config import ConfigError
+from nmt.data.multilingual import directions_of, placement_of, target_languages
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID, TokenizerPair
 
 if TYPE_CHECKING:  # `import nmt.ship.hf` needs neither PyTorch nor transformers
@@ -72,6 +80,14 @@ def refusal(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str | None:
             "--format hf: model.learned_positions=true cannot be exported: Marian and Pegasus "
             "compute their own sinusoidal position table and load no learned one "
             "(this model ships with --format torch or ctranslate2)"
+        )
+    if directions_of(cfg.data) and placement_of(cfg.data) != "source":
+        return (
+            "--format hf: a multilingual model with data.tag_placement=target cannot be "
+            "exported: transformers' Marian convention names the target language by a >>fr<< "
+            "token at the start of the source, and this model reads its tag as the first output "
+            "token (train with data.tag_placement=source, or export a package, --format torch "
+            "or ctranslate2, which keeps the directions)"
         )
     if m.norm_first and src_vocab != tgt_vocab:
         return (
@@ -237,11 +253,25 @@ def convert_model(model: Transformer) -> Any:
 # --------------------------------------------------------------------------------- tokenizer
 
 
-def piece_vocabulary(tokenizer: Any) -> dict[str, int]:
-    """Every sentencepiece piece to its id: MarianTokenizer looks ids up here, so they are
-    sentencepiece's (pieces are unique within a model)."""
-    sp = tokenizer._sp
-    vocab = {sp.IdToPiece(i): i for i in range(sp.GetPieceSize())}
+def marian_code(lang: str) -> str:
+    """The token that names ``lang`` as the target language in Marian's convention."""
+    return f">>{lang}<<"
+
+
+def language_codes(cfg: DictConfig, tokenizer: Any) -> dict[int, str]:
+    """Tag id -> Marian code of each language a multilingual model translates into (none for
+    a bilingual model)."""
+    if not directions_of(cfg.data):
+        return {}
+    return {tokenizer.tags[lang]: marian_code(lang) for lang in target_languages(cfg.data)}
+
+
+def piece_vocabulary(tokenizer: Any, codes: dict[int, str] | None = None) -> dict[str, int]:
+    """Every sentencepiece piece to its id, a tag under its Marian code (``codes``):
+    MarianTokenizer looks ids up here, so they are sentencepiece's (pieces are unique within a
+    model)."""
+    sp, codes = tokenizer._sp, codes or {}
+    vocab = {codes.get(i, sp.IdToPiece(i)): i for i in range(sp.GetPieceSize())}
     if len(vocab) != sp.GetPieceSize():
         raise ConfigError("--format hf: the sentencepiece model has repeated pieces")
     return vocab
@@ -254,11 +284,12 @@ def write_tokenizer(tokenizers: TokenizerPair, out: Path, cfg: DictConfig, max_l
     It encodes as ours: the pieces of sentencepiece (our models normalize nothing), EOS
     appended, no BOS; and decodes as ours, through sentencepiece's decoder."""
     transformers = require()
+    codes = language_codes(cfg, tokenizers.src)
     with tempfile.TemporaryDirectory(prefix=".hf-tokenizer.", dir=out) as scratch:
         tmp = Path(scratch)
         (tmp / "source.spm").write_bytes(tokenizers.src.proto)
         (tmp / "target.spm").write_bytes(tokenizers.tgt.proto)
-        src_vocab = piece_vocabulary(tokenizers.src)
+        src_vocab = piece_vocabulary(tokenizers.src, codes)
         (tmp / "vocab.json").write_text(json.dumps(src_vocab, ensure_ascii=False), "utf-8")
         extra: dict[str, Any] = {}
         if not tokenizers.joint:
@@ -279,7 +310,22 @@ def write_tokenizer(tokenizers: TokenizerPair, out: Path, cfg: DictConfig, max_l
             clean_up_tokenization_spaces=False,  # our detokenizer is sentencepiece's alone
             **extra,
         )
+        add_language_codes(tokenizer, codes)
         tokenizer.save_pretrained(str(out))
+
+
+def add_language_codes(tokenizer: Any, codes: dict[int, str]) -> None:
+    """Make each Marian code a token of its own that keeps its tag's id and takes the spaces
+    after it (our pieces of ``Ein`` and of `` Ein`` differ: the sentencepiece models keep
+    whitespace as it is)."""
+    from tokenizers import AddedToken
+
+    added = [AddedToken(c, rstrip=True, lstrip=False, normalized=False, special=True)
+             for c in codes.values()]  # fmt: skip
+    tokenizer.add_tokens(added, special_tokens=True)
+    for tag, code in codes.items():
+        if tokenizer.convert_tokens_to_ids(code) != tag:
+            raise ConfigError(f"--format hf: the tokenizer gave {code} another id than {tag}")
 
 
 # ------------------------------------------------------------------------------------ folder
@@ -334,18 +380,25 @@ def probe(tokenizers: TokenizerPair) -> tuple[list[str], list[str]]:
     return src, tgt
 
 
-def verify_folder(model: Transformer, tokenizers: TokenizerPair, out: Path) -> None:
-    """Load ``out`` as a user would (no custom code) and compare it with ``model``: the
-    tokenizer's ids and the teacher-forced log-probabilities. ConfigError on a difference."""
+def verify_folder(
+    model: Transformer, tokenizers: TokenizerPair, out: Path, cfg: DictConfig
+) -> None:
+    """Load ``out`` as a user would (no custom code) and compare it with ``model`` (trained
+    with ``cfg``): the tokenizer's ids and the teacher-forced log-probabilities, a multilingual
+    model's with each source under another target language's code. ConfigError on a
+    difference."""
     import torch
 
     transformers = require()
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(out)).float().eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
     sources, targets = probe(tokenizers)
-    enc = tok(sources, text_target=targets, padding=True, return_tensors="pt")
+    tags = list(language_codes(cfg, tokenizers.src).items())
+    heads = [tags[i % len(tags)] if tags else None for i in range(len(sources))]
+    texts = [f"{h[1]} {s}" if h else s for h, s in zip(heads, sources, strict=True)]
+    enc = tok(texts, text_target=targets, padding=True, return_tensors="pt")
     for i, (s, t) in enumerate(zip(sources, targets, strict=True)):
-        want_src = tokenizers.src.encode(s) + [EOS_ID]
+        want_src = ([heads[i][0]] if heads[i] else []) + tokenizers.src.encode(s) + [EOS_ID]
         want_tgt = tokenizers.tgt.encode(t) + [EOS_ID]
         got_src = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
         got_tgt = [x for x in enc["labels"][i].tolist() if x != PAD_ID]
