@@ -9,11 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from nmt.bench import recovery
-from nmt.bench.report import SetupError, write_json
+from nmt.bench.report import SetupError, json_out, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,12 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         except SetupError as e:
             print(f"bench-recovery: {e}", file=sys.stderr)
             return 2
-    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-    out = Path(args.out or REPO / "outputs" / "bench" / f"bench-recovery-{stamp}.json")
     result["command"] = "python scripts/bench_recovery.py " + " ".join(argv or sys.argv[1:])
-    write_json(out, result)
-    print(recovery.report(result))
-    print(f"wrote {out}")
+    write_result(json_out(args.out, "bench-recovery", REPO), result, recovery.report(result))
     return 0
 
 

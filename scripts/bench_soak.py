@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from nmt.bench import soak
-from nmt.bench.report import write_json
+from nmt.bench.report import json_out, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,11 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     s = soak.SoakSettings(args.minutes, args.early, args.interval, args.set, args.run_dir, REPO)
     result = soak.run(s)
-    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-    out = Path(args.out or REPO / "outputs" / "bench" / f"bench-soak-{stamp}.json")
-    write_json(out, result)
-    print(soak.report(result, args.early))
-    print(f"wrote {out}")
+    write_result(json_out(args.out, "bench-soak", REPO), result, soak.report(result, args.early))
     return 0
 
 

@@ -4,6 +4,7 @@ of its script."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from nmt.bench.flops import (
     model_kind,
     transformer_forward_flops,
 )
-from nmt.bench.report import SetupError
+from nmt.bench.report import SetupError, json_out, write_result
 from nmt.models.gru import GRUBahdanau
 from nmt.models.transformer import Transformer
 
@@ -233,3 +234,17 @@ def test_bench_settings_name_bad_values(tmp_path):
         speed.make_settings(device="cpu", models="transformer,nosuchmodel", data_root=tmp_path)
     with pytest.raises(SetupError, match="--steps=0 must be >= 1"):
         speed.make_settings(device="cpu", steps=0, data_root=tmp_path)
+
+
+def test_json_out_and_write_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The default JSON file is dated under outputs/bench; ``--out`` is kept as given; the
+    result is written whole, and its seconds are printed only where it has them."""
+    default = json_out(None, "bench-x", tmp_path)
+    assert default.parent == tmp_path / "outputs" / "bench"
+    assert re.fullmatch(r"bench-x-\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.json", default.name)
+    assert json_out(str(tmp_path / "mine.json"), "bench-x", tmp_path) == tmp_path / "mine.json"
+    for result, tail in (({"seconds": 41.6, "a": [1]}, "(42 s)"), ({"wall_s": 3.0}, default.name)):
+        write_result(default, result, "the report")
+        assert json.loads(default.read_text()) == result
+        out = capsys.readouterr().out
+        assert out.startswith("the report\n") and out.rstrip().endswith(tail)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -152,27 +154,44 @@ def test_the_tokenizer_gives_our_ids_and_our_text(
         assert tok.decode(ids, skip_special_tokens=True) == tokenizers.tgt.decode(ids) == t
 
 
+def reranking_model(
+    corpus: Path,
+    root: Path,
+    override: str,
+    seed: int,
+    eos_row: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[torch.nn.Module, TokenizerPair, Any, Any, list[str], Any]:
+    """A small model for the re-ranking tests, its output row of EOS replaced by
+    ``eos_row(row)``: the model, its tokenizers, its transformers conversion and tokenizer, and
+    the corpus's first 24 sentences (as text and as our batch)."""
+    cfg = compose_config(
+        "train",
+        [*corpus_overrides(corpus, root), *SMALL, *LAYERS, "model.dropout=0", override],
+    )
+    tokenizers = prepare_data(cfg.data).tokenizers
+    torch.manual_seed(seed)
+    model = build_model(cfg, tokenizers).eval()
+    with torch.no_grad():
+        weight = model.out_proj.weight
+        weight[EOS_ID] = eos_row(weight[EOS_ID])
+    converted = hf.convert_model(model)
+    hf.write_tokenizer(tokenizers, root, cfg, 1024)
+    tok = transformers.AutoTokenizer.from_pretrained(str(root))
+    sources = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[:24]
+    return model, tokenizers, converted, tok, sources, real_batch(corpus, tokenizers, 24)
+
+
 def test_re_ranking_transformers_n_best_by_our_penalty_gives_our_beam_output(
     corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A model whose EOS competes at the first steps: transformers' ``sum / n ** alpha`` then
     picks longer outputs than our ``sum / ((5 + n) / 6) ** alpha`` on many sentences, and its
     n-best re-ranked by ours gives our beam search's output on every one."""
-    cfg = compose_config(
-        "train",
-        [*corpus_overrides(corpus, tmp_path), *SMALL, *LAYERS, "model.dropout=0",
-         "model.tie_embeddings=false"],
+    model, tokenizers, converted, tok, sources, batch = reranking_model(
+        corpus, tmp_path, "model.tie_embeddings=false", 1,
+        # the EOS logit follows the decoder's position signal
+        lambda row: 4.0 * sinusoidal_positions(5, row.numel())[4],
     )  # fmt: skip
-    tokenizers = prepare_data(cfg.data).tokenizers
-    torch.manual_seed(1)
-    model = build_model(cfg, tokenizers).eval()
-    with torch.no_grad():  # the EOS logit follows the decoder's position signal
-        model.out_proj.weight[EOS_ID] = 4.0 * sinusoidal_positions(5, model.d_model)[4]
-    converted = hf.convert_model(model)
-    hf.write_tokenizer(tokenizers, tmp_path, cfg, 1024)
-    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
-    sources = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[:24]
-    batch = real_batch(corpus, tokenizers, 24)
     beam, alpha, cap = 4, 1.0, 30
     caps = torch.full((24,), cap)
     ours = [h.tokens for h in beam_search(
@@ -198,21 +217,10 @@ def test_re_ranking_scores_the_eos_at_the_cap_as_our_search(corpus: Path, tmp_pa
     """Every output cut at the cap: ``generate`` forces EOS there and scores it 0 (its logits
     processor leaves EOS alone), our search adds the model's log-probability of that EOS; the
     n-best's sums are the model's, so the re-ranking picks ours."""
-    cfg = compose_config(
-        "train",
-        [*corpus_overrides(corpus, tmp_path), *SMALL, *LAYERS, "model.dropout=0",
-         "model.norm_first=false"],
+    model, _, converted, tok, sources, batch = reranking_model(
+        corpus, tmp_path, "model.norm_first=false", 0,
+        lambda row: 3.0 * row,  # EOS likely enough to matter, never the best
     )  # fmt: skip
-    tokenizers = prepare_data(cfg.data).tokenizers
-    torch.manual_seed(0)
-    model = build_model(cfg, tokenizers).eval()
-    with torch.no_grad():
-        model.out_proj.weight[EOS_ID] *= 3.0  # EOS likely enough to matter, never the best
-    converted = hf.convert_model(model)
-    hf.write_tokenizer(tokenizers, tmp_path, cfg, 1024)
-    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
-    sources = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[:24]
-    batch = real_batch(corpus, tokenizers, 24)
     beam, alpha, caps = 4, 1.0, torch.full((24,), 12)
     ours = [h.tokens for h in beam_search(
         model, batch.src, batch.src_lens, caps, BOS_ID, EOS_ID, beam, alpha

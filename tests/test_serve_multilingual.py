@@ -19,10 +19,13 @@ import torch
 from aiohttp.test_utils import TestClient
 
 from nmt.data.tagged import tagged_dataset
+from nmt.decode.languages import forced_tokens, tagged_sources
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import decode_dataset
 from nmt.serve.app import make_app
 from nmt.serve.backend import load_backend
+from nmt.serve.languages import Languages
+from nmt.serve.native import BadRequest
 from nmt.store.loading import load_trained
 
 from .helpers import MULTI_DIRECTIONS, compose_config
@@ -207,3 +210,25 @@ def test_the_ctranslate2_engine_answers_each_target_as_the_torch_engine(
         run_app(make_app(backend, cfg), scenario)
     for target, (by_torch, by_ct2) in answers.items():
         assert by_ct2 == by_torch, target
+
+
+@pytest.mark.parametrize(
+    "placement,read,forced",
+    [("source", [[6, 1, 2], [6, 3]], None), ("target", [[1, 2], [3]], [6, 6]), (None, None, None)],
+)
+def test_the_ids_a_request_is_decoded_from(placement: str | None, read: Any, forced: Any) -> None:
+    """The target's tag first in each source at source placement, as the first output token
+    of each at target placement, and no tag for a bilingual model."""
+    sources = [[1, 2], [3]]
+    if placement is None:
+        languages = Languages((("de", "en"),))
+        assert languages.check(None, None) == ("de", "en")
+    else:
+        languages = Languages((("de", "en"), ("en", "fr")), placement, {"en": 5, "fr": 6})
+        with pytest.raises(BadRequest, match="'target' is missing: .* en, fr"):
+            languages.check("de", None)
+        assert languages.check(None, "fr") == ("auto", "fr")
+    direction = languages.target("fr" if placement else "en")
+    first = forced_tokens(len(sources), direction)
+    assert tagged_sources(sources, direction) == (read or sources)
+    assert (None if first is None else first.tolist()) == forced

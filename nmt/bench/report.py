@@ -40,11 +40,20 @@ def write_json(out: Path, result: dict[str, Any]) -> None:
     out.write_text(json.dumps(result, indent=2) + "\n")
 
 
+def json_out(out: str | Path | None, name: str, root: Path) -> Path:
+    """Where a benchmark writes its JSON: ``out``, else
+    ``root/outputs/bench/{name}-<date>_<time>.json``."""
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    return Path(out or root / "outputs" / "bench" / f"{name}-{stamp}.json")
+
+
 def write_result(out: Path, result: dict[str, Any], text: str) -> None:
-    """Write the JSON, then print the report and where the JSON went."""
+    """Write the JSON, then print the report and where the JSON went (with the seconds the
+    benchmark took, where the result has them: ``seconds``)."""
     write_json(out, result)
     print(text)
-    print(f"\nwritten: {out}  ({result['seconds']:.0f} s)")
+    took = f"  ({result['seconds']:.0f} s)" if "seconds" in result else ""
+    print(f"\nwritten: {out}{took}")
 
 
 def run_summary(run_dir: Path) -> dict[str, Any] | None:

@@ -30,7 +30,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -39,6 +39,8 @@ from nmt.data.corpus import DataError
 from nmt.data.splits import TrainSplit
 from nmt.data.tokenizer import _CACHE_VERSION as SPM_RECIPE_VERSION
 from nmt.data.tokenizer import Tokenizer, TokenizerPair
+
+SplitT = TypeVar("SplitT")  # what a preparation was asked for: TrainSplit or DirectionSplit
 
 FORMAT = "nmt-prepared/1"  # bump when the layout or the cleaning rules change
 HEADER_BYTES = 128  # the .npy header, written with room for any shape
@@ -178,23 +180,30 @@ def _input(c: TrainSplit, prints: InputFingerprints) -> dict:
 
 
 @dataclass
-class PreparedCache:
-    """An opened prepared directory: its manifest, tokenizers and memory-mapped arrays."""
+class OpenedCache(Generic[SplitT]):
+    """An opened preparation (bilingual or multilingual): its manifest, tokenizers and
+    memory-mapped arrays."""
 
     path: Path
     manifest: dict
     tokenizers: TokenizerPair
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # "src.tokens" -> memmap
-    splits: list[TrainSplit] = field(default_factory=list)  # the files it was asked for
+    splits: list[SplitT] = field(default_factory=list)  # the files it was asked for
 
     @property
     def corpora(self) -> list[dict]:
-        """Per corpus, in order: ``name``, ``start`` (first pair), ``pairs``, ``stats``."""
+        """Per corpus (and direction, in a multilingual preparation), in order: ``name``,
+        ``start`` (first pair), ``pairs``, ``stats`` (and ``direction``)."""
         return self.manifest["corpora"]
 
     @property
     def pairs(self) -> int:
         return int(self.manifest["pairs"])
+
+
+@dataclass
+class PreparedCache(OpenedCache[TrainSplit]):
+    """An opened prepared directory of one language pair."""
 
     def side(self, side: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens, offsets, lengths) of ``side`` ("src" or "tgt")."""

@@ -27,7 +27,7 @@ import os
 import shutil
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from nmt.data.cache import (
     SAMPLE_SEED,
     CacheError,
     InputFingerprints,
+    OpenedCache,
     _load_array,
     _recipe,
     _tokenizer_hashes,
@@ -126,23 +127,8 @@ def resolve_multi_train(cfg: Any, source: Multi30kSource | None = None) -> list[
 
 
 @dataclass
-class MultiCache:
+class MultiCache(OpenedCache[DirectionSplit]):
     """An opened multilingual preparation."""
-
-    path: Path
-    manifest: dict
-    tokenizers: TokenizerPair
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    splits: list[DirectionSplit] = field(default_factory=list)
-
-    @property
-    def corpora(self) -> list[dict]:
-        """Per corpus and direction: name, direction, start, pairs, stats."""
-        return self.manifest["corpora"]
-
-    @property
-    def pairs(self) -> int:
-        return int(self.manifest["pairs"])
 
     def direction_pairs(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each corpus's (source, target) sentence numbers into the text arrays."""

@@ -73,13 +73,12 @@ def choose_target(
                 )
         return Target(own_tgt, None, "source", own_src)
     targets = target_languages(data)
+    tgt_lang = named_target(targets, tgt_lang)
     if tgt_lang is None:
-        if len(targets) > 1:
-            raise DataError(
-                f"this multilingual model translates into {', '.join(targets)}: name the "
-                "target language with tgt_lang=LANG"
-            )
-        tgt_lang = targets[0]
+        raise DataError(
+            f"this multilingual model translates into {', '.join(targets)}: name the "
+            "target language with tgt_lang=LANG"
+        )
     tag = target_tag(tokenizers.tgt, str(tgt_lang), targets)
     if src_lang is not None:
         known = languages(directions)
@@ -90,6 +89,14 @@ def choose_target(
         if not any(d.src == src_lang and d.tgt == tgt_lang for d in directions):
             log.warning("%s-%s was not trained: a zero-shot direction", src_lang, tgt_lang)
     return Target(str(tgt_lang), tag, placement_of(data), src_lang)
+
+
+def named_target(targets: Sequence[str], tgt_lang: str | None) -> str | None:
+    """The language to translate into: ``tgt_lang``, else the model's only target language;
+    None when the model has several and none is named (the caller words that error)."""
+    if tgt_lang is None and len(targets) == 1:
+        return targets[0]
+    return tgt_lang
 
 
 def tagged_sources(sources: Sequence[Sequence[int]], target: Target) -> list[list[int]]:

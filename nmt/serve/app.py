@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from nmt.config import ConfigError
 from nmt.data.tokenizer import EOS_ID
+from nmt.decode.languages import forced_tokens, tagged_sources
 from nmt.serve import libre
 from nmt.serve.access import (
     OPEN_PATHS,
@@ -190,7 +191,10 @@ def make_app(
         """Source ids as the model reads them for ``target`` (with its tag where the model
         takes one), each within the model's position table (EOS included), and the first
         output token of each when the model is made to begin with the target's tag."""
-        ids, forced = backend.languages.tagged(src_tok.encode_batch(texts), target)
+        direction = backend.languages.target(target)
+        ids = tagged_sources(src_tok.encode_batch(texts), direction)
+        first = forced_tokens(len(ids), direction)
+        forced = None if first is None else first.tolist()
         most = backend.max_positions
         for name, sentence in zip(where, ids, strict=True):
             if most is not None and len(sentence) + 1 > most:

@@ -18,6 +18,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from nmt.config import ConfigError
+from nmt.data.multilingual import placement_of
 from nmt.data.tokenizer import TokenizerPair
 from nmt.decode.options import DecodeOptions
 from nmt.environment import disable_mkl_fast_mm
@@ -50,8 +51,7 @@ def languages_of(train_cfg: DictConfig, tokenizers: TokenizerPair, cfg: DictConf
     """The directions of a run's config (``data.directions``, or ``data.src_lang``/``tgt_lang``)
     with the tag ids of the tokenizer that reads them (``data.tag_placement``)."""
     data = train_cfg.get("data") or {}
-    placement = str(data.get("tag_placement", "source") or "source")
-    tokenizer = tokenizers.src if placement == "source" else tokenizers.tgt
+    tokenizer = tokenizers.src if placement_of(data) == "source" else tokenizers.tgt
     return Languages.of(data, tokenizer.tags, bool(cfg.get("allow_zero_shot", False)))
 
 

@@ -7,6 +7,9 @@ no tag. A multilingual one reads the target's tag first in the source, or is mad
 output with it (``data.tag_placement``); its source language needs no tag, so ``auto`` serves
 any source. A pair the model was not trained for (a zero-shot direction, de-fr of a model of
 de-en and en-fr) is refused unless the server was started with ``allow_zero_shot=true``.
+
+The default target, the tag on the sources and the forced first token are those of
+:mod:`nmt.decode.languages`, as for every command.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nmt.decode.languages import Target, named_target
 from nmt.serve.native import BadRequest
 
 AUTO = "auto"
@@ -88,12 +92,11 @@ class Languages:
         """The (source, target) of a request, ``source`` ``auto`` when not named; a
         :class:`BadRequest` (400) naming what the model has otherwise."""
         targets = self.targets
+        target = named_target(targets, target)
         if target is None:
-            if len(targets) > 1:
-                raise BadRequest(
-                    400, f"'target' is missing: this model translates into {', '.join(targets)}"
-                )
-            target = targets[0]
+            raise BadRequest(
+                400, f"'target' is missing: this model translates into {', '.join(targets)}"
+            )
         if target not in targets:
             raise BadRequest(
                 400,
@@ -119,14 +122,10 @@ class Languages:
             )
         return source, target
 
-    def tagged(
-        self, sources: list[list[int]], target: str
-    ) -> tuple[list[list[int]], list[int] | None]:
-        """The ids the model reads for ``target``, and the first output token each decode is
-        made to take (None: no forced token)."""
+    def target(self, lang: str) -> Target:
+        """The direction into ``lang`` (a target :meth:`check` let through), whose tag
+        :mod:`nmt.decode.languages` puts on the sources: the tag's id and placement for a
+        multilingual model, no tag for a bilingual one."""
         if not self.multilingual:
-            return sources, None
-        tag = self.tags[target]
-        if self.placement == "source":
-            return [[tag, *ids] for ids in sources], None
-        return sources, [tag] * len(sources)
+            return Target(lang, None, "source")
+        return Target(lang, self.tags[lang], str(self.placement))

@@ -52,8 +52,7 @@ def language_list(languages: Languages) -> list[dict[str, Any]]:
     """``GET /languages``: every language of the model, each with the codes it translates into
     (none for a language it only translates into), as LibreTranslate lists the languages it
     knows."""
-    codes = sorted({lang for pair in languages.directions for lang in pair})
-    codes = sorted(set(codes) | set(languages.source_choices))
+    codes = sorted({lang for pair in languages.directions for lang in pair})  # sources included
     return [
         {
             "code": code,
