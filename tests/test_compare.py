@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.evaluate.compare import CompareError, compare, main, markdown
+from nmt.evaluate.compare import CompareError, compare, main, markdown, run
 from nmt.evaluate.metrics import paired_bootstrap
 from nmt.evaluate.scoring import evaluate
 
@@ -93,14 +93,15 @@ def test_the_command_writes_json_and_refuses_bad_input_in_one_line(tmp_path, cap
     assert "| test_2016_flickr | de-en |" in capsys.readouterr().out
 
     def refused(*args: str) -> str:
-        with pytest.raises(SystemExit) as stop:
-            main([*args, "--system", str(system), "--resamples", "100"])
-        assert stop.value.code == 2
-        errors = [line for line in capsys.readouterr().err.splitlines() if "ERROR" in line]
-        assert len(errors) == 1
-        return errors[0]
+        with pytest.raises(CompareError) as err:
+            run([*args, "--system", str(system), "--resamples", "100"])
+        assert "\n" not in str(err.value)
+        return str(err.value)
 
     other = bilingual(tmp_path, "en-de", "en-de", BASE)
+    with pytest.raises(SystemExit) as stop:  # through exit_on_error: one logged line, status 2
+        main([str(other), "--system", str(system), "--resamples", "100"])
+    assert stop.value.code == 2
     assert "no test_2016_flickr in en-de" in refused(str(other))
     assert "it has: test_2016_flickr de-en" in refused(str(other))
     moved = bilingual(tmp_path, "moved", "de-en", BASE, refs=[*REFS[:5], "Someone else."])
