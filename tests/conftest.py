@@ -312,37 +312,66 @@ def threeway(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def multilingual_runs(threeway: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A getter: placement (source | target) -> the run directory of a tiny Transformer trained
-    by nmt-train for 12 steps on the MULTI_DIRECTIONS of ``threeway`` (made on first use)."""
-    import subprocess
-    import sys
+def threeway_test(threeway: Path) -> Path:
+    """The first 20 lines of ``threeway`` (a prefix): the test split of ``multilingual_runs``."""
+    prefix = threeway.parent / "test0_20"
+    for lang in ("de", "en", "fr"):
+        lines = Path(f"{threeway}.{lang}").read_text(encoding="utf-8").splitlines()[:20]
+        Path(f"{prefix}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return prefix
 
-    from .helpers import MULTI_DIRECTIONS, TINY_TRANSFORMER
+
+@pytest.fixture(scope="session")
+def shared_tmp(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A temporary folder of the whole run, the workers of ``make test`` included (beside their
+    own temporary folders): where ``helpers.made_once`` makes what one worker makes for all."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if hasattr(request.config, "workerinput") else base
+
+
+@pytest.fixture(scope="session")
+def multilingual_runs(threeway: Path, threeway_test: Path, shared_tmp: Path,
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:  # fmt: skip
+    """A getter: placement (source | target) -> the run directory of a tiny Transformer trained
+    by nmt-train (its function, in this process) for 12 steps on the MULTI_DIRECTIONS of
+    ``threeway``, tested on ``threeway_test`` (made on first use). Its validations draw one
+    sentence's cross-attention in each direction.
+
+    Each placement is trained once for the whole run (``made_once``), and each worker gets its
+    own copy of the run directory, so that what a test writes into a run (its eval folder)
+    meets no other worker's."""
+    from nmt.train.command import train
+
+    from .helpers import MULTI_DIRECTIONS, TINY_TRANSFORMER, made_once
 
     runs: dict[str, Path] = {}
 
+    def make(placement: str, folder: Path) -> None:
+        overrides = [
+            "data=parallel", f"data.directions=[{','.join(MULTI_DIRECTIONS)}]",
+            f"data.train={threeway}", f"data.valid={threeway}", f"data.test=[{threeway_test}]",
+            f"data.root={folder / 'data'}", "data.vocab_size=700", "data.max_tokens=800",
+            f"data.tag_placement={placement}", "data.sampling_temperature=5",
+            f"outputs={folder / 'outputs'}",
+            "trainer.max_steps=12", "trainer.val_every=6", "trainer.log_every=6",
+            "trainer.val_sentences=8", "trainer.progress=false", "trainer.attention_sentences=1",
+            "trainer.attention_layers=none", "trainer.attention_html=true",
+            "trainer.precision=32", "trainer.threads=1",
+            "optim.lr=1e-2", "optim.warmup_steps=6", "model.dropout=0.0",
+            *TINY_TRANSFORMER,
+        ]  # fmt: skip
+        threads = torch.get_num_threads()
+        try:
+            train(compose_config("train", overrides), folder / "run")
+        finally:
+            torch.set_num_threads(threads)
+
     def get(placement: str) -> Path:
-        if placement in runs:
-            return runs[placement]
-        tmp = tmp_path_factory.mktemp(f"multi-{placement}")
-        run_dir = tmp / "run"
-        done = subprocess.run(
-            [sys.executable, "-m", "nmt.train",
-             "data=parallel", f"data.directions=[{','.join(MULTI_DIRECTIONS)}]",
-             f"data.train={threeway}", f"data.valid={threeway}", f"data.test=[{threeway}]",
-             f"data.root={tmp / 'data'}", "data.vocab_size=700", "data.max_tokens=800",
-             f"data.tag_placement={placement}", "data.sampling_temperature=5",
-             f"outputs={tmp / 'outputs'}", f"hydra.run.dir={run_dir}",
-             "trainer.max_steps=12", "trainer.val_every=6", "trainer.log_every=6",
-             "trainer.val_sentences=8", "trainer.progress=false", "trainer.attention_sentences=1",
-             "trainer.attention_html=true", "trainer.precision=32", "trainer.threads=1",
-             "optim.lr=1e-2", "optim.warmup_steps=6", "model.dropout=0.0",
-             *TINY_TRANSFORMER],
-            cwd=REPO, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs[placement] = run_dir
-        return run_dir
+        if placement not in runs:
+            made = made_once(shared_tmp, f"multilingual-{placement}",
+                             lambda folder: make(placement, folder))  # fmt: skip
+            runs[placement] = tmp_path_factory.mktemp(f"multi-{placement}") / "run"
+            shutil.copytree(made / "run", runs[placement])
+        return runs[placement]
 
     yield get

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +131,21 @@ def run_in_process(prefix: Path, work: Path, name: str, *extra: str) -> dict[str
 
     cfg = compose_config("train", tiny_run_overrides(prefix, work, "trainer.threads=1", *extra))
     return train(cfg, work / "outputs" / "runs" / name)
+
+
+def made_once(root: Path, name: str, make: Callable[[Path], object]) -> Path:
+    """The folder ``root/name``, filled by ``make(folder)`` once: under a lock, by the first
+    process to ask (with ``root`` the folder of the whole run, ``shared_tmp``: the first
+    worker of ``make test``); the others wait for it and find it made."""
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".made").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            make(folder)
+            (folder / ".made").touch()
+    return folder
 
 
 def save_screenshot(page: Any, folder: Path, name: str, full_page: bool = True) -> Path:

@@ -30,7 +30,15 @@ from nmt.bench.recovery import (
 from nmt.store.checkpoint import load_checkpoint
 from nmt.train.runlog import of_kind, read_events
 
-from .helpers import REPO, assert_identical, tiny_run_overrides, training_outcome
+from .helpers import (
+    DETERMINISTIC,
+    REPO,
+    assert_identical,
+    made_once,
+    run_in_process,
+    tiny_run_overrides,
+    training_outcome,
+)
 from .test_distributed import free_port
 
 SEED = 20261202  # chooses the updates at which ranks are killed or signalled
@@ -69,22 +77,54 @@ def final(run_dir: Path) -> dict[str, Any]:
     return training_outcome(load_checkpoint(run_dir / "checkpoints" / "last.pt"))
 
 
+# The reference runs are made once for the whole run (made_once: by the first worker of
+# `make test` that needs one) and only read.
+
+
 @pytest.fixture(scope="module")
-def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """An uninterrupted 2-process run (one agent); returns its work folder and run dir."""
-    work = tmp_path_factory.mktemp("elastic")
-    run_dir = work / "reference"
-    cmd = torchrun_command(2, 0, *overrides(corpus, work), f"hydra.run.dir={run_dir}")
-    log = work / "reference.log"
-    assert torchrun(cmd, log) == 0, log.read_text()[-3000:]
-    return work, run_dir
+def reference(corpus: Path, shared_tmp: Path) -> Path:
+    """The run dir of an uninterrupted 2-process run (one agent)."""
+
+    def make(work: Path) -> None:
+        cmd = torchrun_command(2, 0, *overrides(corpus, work), f"hydra.run.dir={work / 'run'}")
+        log = work / "reference.log"
+        assert torchrun(cmd, log) == 0, log.read_text()[-3000:]
+
+    return made_once(shared_tmp, "elastic-reference", make) / "run"
+
+
+def in_process_reference(corpus: Path, shared_tmp: Path, name: str, *extra: str) -> Path:
+    """The run dir of an uninterrupted run in one process (``run_in_process``), made once."""
+    import torch
+
+    def make(work: Path) -> None:
+        threads = torch.get_num_threads()
+        try:
+            run_in_process(corpus, work, "run", *extra)
+        finally:
+            torch.set_num_threads(threads)
+
+    return made_once(shared_tmp, name, make) / "outputs" / "runs" / "run"
+
+
+@pytest.fixture(scope="module")
+def one_process_reference(corpus: Path, shared_tmp: Path) -> Path:
+    """The run of RUN in one process, with its dropout (the submitit and clock tests')."""
+    return in_process_reference(corpus, shared_tmp, "elastic-one-process", *RUN)
+
+
+@pytest.fixture(scope="module")
+def accumulated_reference(corpus: Path, shared_tmp: Path) -> Path:
+    """The run of RUN without dropout in one process accumulating 2 batches: the updates of
+    2 ranks (the tests of two-process runs that compare weights up to the order of sums)."""
+    return in_process_reference(corpus, shared_tmp, "elastic-accumulated", *RUN[:6],
+                                *DETERMINISTIC, "trainer.accumulate=2")  # fmt: skip
 
 
 @pytest.mark.slow(seconds=45)
 def test_a_rank_killed_at_a_seeded_update_restarts_and_ends_as_if_never_killed(
-    corpus: Path, reference: tuple[Path, Path], tmp_path: Path
+    corpus: Path, reference: Path, tmp_path: Path
 ) -> None:
-    work, ref_dir = reference
     kill_at = random.Random(SEED).randint(5, STEPS - 2)
     # no hydra.run.dir: the restarted workers make a new timestamped one unless the job's own
     # run directory is handed to them; the clock checkpoints every few updates, rank 0 decides
@@ -112,7 +152,7 @@ def test_a_rank_killed_at_a_seeded_update_restarts_and_ends_as_if_never_killed(
     resumed = re.findall(r"resuming from (.+) at step (\d+)", text)
     assert resumed and int(resumed[-1][1]) == starts[1]["step"] <= kill["step_logged"]
     assert of_kind(events, "end")[-1]["step"] == STEPS
-    assert_identical(final(run_dir), final(ref_dir))
+    assert_identical(final(run_dir), final(reference))
     assert not (tmp_path / "outputs" / ".restarts").exists() or not any(
         (tmp_path / "outputs" / ".restarts").iterdir()
     )  # the finished job's record is gone
@@ -131,7 +171,7 @@ def documented_multinode_command() -> tuple[dict[str, str], list[str]]:
 
 @pytest.mark.slow(seconds=25)
 def test_two_agents_with_c10d_rendezvous_equal_one_agent_with_two_processes(
-    corpus: Path, reference: tuple[Path, Path], tmp_path: Path
+    corpus: Path, reference: Path, tmp_path: Path
 ) -> None:
     variables, words = documented_multinode_command()
     assert words[-2:] == ["-m", "nmt.train"] and "--nproc-per-node=1" in words
@@ -158,12 +198,12 @@ def test_two_agents_with_c10d_rendezvous_equal_one_agent_with_two_processes(
     assert statuses == [0, 0], text
     start = of_kind(read_events(run_dir), "start")[0]
     assert start["world_size"] == 2
-    assert_identical(final(run_dir), final(reference[1]))
+    assert_identical(final(run_dir), final(reference))
 
 
 @pytest.mark.slow(seconds=45)
 def test_a_preemption_signal_checkpoints_exits_for_a_restart_and_loses_no_update(
-    corpus: Path, reference: tuple[Path, Path], tmp_path: Path
+    corpus: Path, reference: Path, tmp_path: Path
 ) -> None:
     at = random.Random(SEED + 1).choice([k for k in range(5, STEPS - 1) if k % 4])
     run_dir = tmp_path / "run"
@@ -197,7 +237,7 @@ def test_a_preemption_signal_checkpoints_exits_for_a_restart_and_loses_no_update
     resumed = re.findall(r"resuming from (.+) at step (\d+)", text)
     assert len(resumed) == 1 and f"step_{stopped:08d}.pt" in resumed[0][0], resumed
     assert of_kind(events, "end")[-1]["step"] == STEPS
-    assert_identical(final(run_dir), final(reference[1]))
+    assert_identical(final(run_dir), final(reference))
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
@@ -208,8 +248,6 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 def test_a_world_size_that_cannot_continue_the_data_order_is_refused(
     corpus: Path, tmp_path: Path
 ) -> None:
-    from .helpers import run_in_process
-
     one = run_in_process(corpus, tmp_path, "one", *RUN[1:], "trainer.max_steps=3")
     assert one["state"]["batch_in_epoch"] == 3
     log = tmp_path / "console.log"
@@ -262,13 +300,10 @@ def submitit_task(driver: int) -> int | None:
     return None
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=35)
 def test_submitit_requeues_a_signalled_job_which_continues_from_its_checkpoint(
-    corpus: Path, tmp_path: Path, threads_restored: None
+    corpus: Path, one_process_reference: Path, tmp_path: Path
 ) -> None:
-    from .helpers import run_in_process
-
-    ref = run_in_process(corpus, tmp_path, "reference", *RUN)
     # early enough that the signal lands several updates before the end (an update of this
     # run takes under 0.1 s), on a step that is not a validation's
     at = random.Random(SEED + 2).choice([k for k in range(3, STEPS // 2 + 1) if k % 4])
@@ -303,7 +338,7 @@ def test_submitit_requeues_a_signalled_job_which_continues_from_its_checkpoint(
     assert stopped >= at and stopped in [e["step"] for e in of_kind(events, "checkpoint")]
     assert "requeued submitit job: continuing" in (run_dir / "train.log").read_text()
     assert of_kind(events, "end")[-1]["step"] == STEPS
-    assert_identical(final(run_dir), final(Path(ref["run_dir"])))
+    assert_identical(final(run_dir), final(one_process_reference))
 
 
 def test_a_restart_skips_a_damaged_newest_checkpoint_and_says_which(
@@ -312,7 +347,7 @@ def test_a_restart_skips_a_damaged_newest_checkpoint_and_says_which(
     from nmt.train.command import train
     from nmt.train.elastic import RECORDS, _record_key
 
-    from .helpers import compose_config, run_in_process
+    from .helpers import compose_config
 
     first = run_in_process(corpus, tmp_path, "first", *RUN)
     run_dir = Path(first["run_dir"])
@@ -343,16 +378,15 @@ def test_a_restart_skips_a_damaged_newest_checkpoint_and_says_which(
 
 
 def test_checkpoints_by_the_clock_follow_rank_0_and_change_nothing_else(
-    corpus: Path, tmp_path: Path, threads_restored: None
+    corpus: Path, one_process_reference: Path, tmp_path: Path, threads_restored: None
 ) -> None:
     import itertools
 
     from nmt.train.command import train
     from nmt.train.loop import Functions
 
-    from .helpers import compose_config, run_in_process
+    from .helpers import compose_config
 
-    ref = run_in_process(corpus, tmp_path, "reference", *RUN)
     ticks = itertools.count(step=20.0)  # every look at the clock: 20 s later
     functions = Functions(wall=lambda: next(ticks))
     extra = ("trainer.threads=1", *RUN, "trainer.save_every_minutes=1", "trainer.keep_last=2")
@@ -364,20 +398,16 @@ def test_checkpoints_by_the_clock_follow_rank_0_and_change_nothing_else(
     # besides the validations' at 4, 8 and 12
     assert saved == [3, 4, 7, 8, 11, 12]
     assert len(list((run_dir / "checkpoints").glob("step_*.pt"))) == 2  # trainer.keep_last
-    assert_identical(final(run_dir), final(Path(ref["run_dir"])))
+    assert_identical(final(run_dir), final(one_process_reference))
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=25)
 def test_a_two_process_checkpoint_continues_its_epoch_exactly_in_one_process(
-    corpus: Path, tmp_path: Path, threads_restored: None
+    corpus: Path, accumulated_reference: Path, tmp_path: Path, threads_restored: None
 ) -> None:
     import torch
 
-    from .helpers import DETERMINISTIC, run_in_process
-
     plain = (*RUN[1:6], *DETERMINISTIC)  # no dropout: 2 ranks equal 1 process accumulating 2
-    ref = run_in_process(corpus, tmp_path, "ref", *plain, "trainer.accumulate=2",
-                         f"trainer.max_steps={STEPS}")  # fmt: skip
     two = tmp_path / "two"
     cmd = torchrun_command(2, 0, *tiny_run_overrides(corpus, tmp_path, *plain,
                            "trainer.max_steps=6"), f"hydra.run.dir={two}")  # fmt: skip
@@ -389,7 +419,7 @@ def test_a_two_process_checkpoint_continues_its_epoch_exactly_in_one_process(
                              f"trainer.max_steps={STEPS}", f"trainer.resume={two}")  # fmt: skip
     assert resumed["state"]["step"] == STEPS
     got = load_checkpoint(two / "checkpoints" / "last.pt")["model"]
-    want = load_checkpoint(Path(ref["run_dir"]) / "checkpoints" / "last.pt")["model"]
+    want = load_checkpoint(accumulated_reference / "checkpoints" / "last.pt")["model"]
     for key, value in want.items():  # the same batches: equal up to the order of sums
         torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-5, msg=key)
 
@@ -406,16 +436,13 @@ train(compose_config("train", sys.argv[3:]), Path(sys.argv[2]), Functions(wall=l
 """
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=25)
 def test_ranks_whose_clocks_disagree_checkpoint_together_by_rank_0s(
-    corpus: Path, tmp_path: Path, threads_restored: None
+    corpus: Path, accumulated_reference: Path, tmp_path: Path
 ) -> None:
     import torch
 
-    from .helpers import DETERMINISTIC, run_in_process
-
     plain = (*RUN[:6], *DETERMINISTIC, "trainer.save_every_minutes=1")
-    ref = run_in_process(corpus, tmp_path, "ref", *plain, "trainer.accumulate=2")
     run_dir = tmp_path / "two"
     args = tiny_run_overrides(corpus, tmp_path, "trainer.threads=1", *plain)
     port = str(free_port())
@@ -436,7 +463,9 @@ def test_ranks_whose_clocks_disagree_checkpoint_together_by_rank_0s(
     saved = [e["step"] for e in of_kind(read_events(run_dir), "checkpoint")]
     assert saved == [3, 4, 7, 8, 11, 12]  # as rank 0's clock says (see the test above)
     got = load_checkpoint(run_dir / "checkpoints" / "last.pt")["model"]
-    want = load_checkpoint(Path(ref["run_dir"]) / "checkpoints" / "last.pt")["model"]
+    # the reference checkpoints by no clock: the clocks change where checkpoints are, not
+    # the updates
+    want = load_checkpoint(accumulated_reference / "checkpoints" / "last.pt")["model"]
     for key, value in want.items():
         torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-5, msg=key)
 

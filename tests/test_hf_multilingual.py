@@ -27,7 +27,7 @@ pytestmark = [
 
 @pytest.mark.slow(seconds=25)
 def test_marian_codes_name_the_target_and_every_direction_decodes_as_ours(
-    multilingual_runs, threeway, tmp_path
+    multilingual_runs, threeway, threeway_test, tmp_path
 ) -> None:
     ckpt = checkpoint_path(multilingual_runs("source"), None)
     trained = load_trained(ckpt, "cpu")
@@ -48,7 +48,8 @@ def test_marian_codes_name_the_target_and_every_direction_decodes_as_ours(
     assert "`>>de<<`, `>>en<<`, `>>fr<<`" in card and 'tok([">>de<< <a source sentence>"]' in card
 
     report = check_run(ckpt, out, limit=12, beam=2)
-    assert sorted(report["directions"]) == sorted(f"{threeway.name}.{d}" for d in MULTI_DIRECTIONS)
+    names = sorted(f"{threeway_test.name}.{d}" for d in MULTI_DIRECTIONS)
+    assert sorted(report["directions"]) == names
     for direction, r in report["directions"].items():
         assert r["greedy"]["share"] == 1.0, direction  # the tokens
         # the text (a model of 12 updates may emit only word boundaries, which MarianTokenizer

@@ -1,8 +1,10 @@
 """The commands on a multilingual model (tiny runs of both tag placements, trained once per
-session by ``multilingual_runs``): nmt-translate's output for a direction equals nmt-eval's
-decoding of it; at target placement no output carries the tag; CTranslate2 decodes each
-direction as our greedy search does; a package keeps the directions; bad requests are refused
-in one line."""
+session by ``multilingual_runs``): nmt-translate prints a direction's translations (that they
+equal nmt-eval's: tests/test_multilingual_e2e.py); at target placement no output carries the
+tag; CTranslate2 decodes each direction as our greedy search does; a package keeps the
+directions; bad requests are refused in one line. The command lines run where they are the
+property (stdout, here; exit status 2 and a one-line error: test_multilingual_e2e.py), the
+commands' functions in this process elsewhere."""
 
 from __future__ import annotations
 
@@ -21,14 +23,16 @@ from nmt.decode import ct2
 from nmt.decode.engines import TorchEngine, make_ct2_engine
 from nmt.decode.languages import choose_target, decode_ids_into, target_dataset
 from nmt.decode.options import DecodeOptions
-from nmt.decode.translate import translate_lines
+from nmt.decode.translate import translate, translate_lines
+from nmt.evaluate.scoring import evaluate
 from nmt.ship.export import export_package
+from nmt.ship.export import main as export_main
 from nmt.store.gate import CheckpointError
 from nmt.store.loading import load_package, load_trained
 from nmt.store.package import MANIFEST, read_package
 from nmt.store.paths import checkpoint_path
 
-from .helpers import MULTI_DIRECTIONS, REPO
+from .helpers import MULTI_DIRECTIONS, REPO, compose_config
 
 CPU = torch.device("cpu")
 PLACEMENTS = ["source", "target"]
@@ -41,8 +45,10 @@ def command(module: str, *args: str, stdin: str | None = None) -> subprocess.Com
     )  # fmt: skip
 
 
-def errors(done: subprocess.CompletedProcess) -> list[str]:
-    return [line for line in done.stderr.splitlines() if "ERROR" in line]
+def greedy(trained, lines: list[str], lang: str, src_lang: str | None = None) -> list[str]:
+    target = choose_target(trained.cfg, trained.tokenizers, lang, src_lang)
+    opts = DecodeOptions(beam=1, length_penalty=1.0)
+    return [r[0][0] for r in translate_lines(trained, lines, opts, CPU, target=target)]
 
 
 @pytest.fixture(scope="module")
@@ -58,31 +64,25 @@ def packages(multilingual_runs, tmp_path_factory):
     return out
 
 
-@pytest.mark.slow(seconds=40)
-@pytest.mark.parametrize("placement", PLACEMENTS)
-def test_translate_equals_eval_in_every_direction(multilingual_runs, threeway, tmp_path, placement):
-    run = multilingual_runs(placement)
-    done = command("nmt.evaluate", f"run={run}", f"out={tmp_path}", "bootstrap=0",
-                   "off_target=false", "progress=false")  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    trained = load_trained(checkpoint_path(run, None), CPU)
-    opts = DecodeOptions(beam=1, length_penalty=1.0)
-    outputs = {}
-    for direction in MULTI_DIRECTIONS:
-        src_lang, tgt_lang = direction.split("-")
-        (hyp_file,) = tmp_path.glob(f"{threeway.name}.{direction}.*.hyp")
-        expected = read_lines(hyp_file)
-        lines = read_lines(Path(f"{threeway}.{src_lang}"))
-        target = choose_target(trained.cfg, trained.tokenizers, tgt_lang, src_lang)
-        got = [r[0][0] for r in translate_lines(trained, lines, opts, CPU, target=target)]
-        assert got == expected, direction
-        outputs[direction] = got
-    # the command itself, for one direction, reading stdin
+@pytest.mark.slow(seconds=10)
+def test_translate_prints_the_translations_of_a_direction(multilingual_runs, threeway, tmp_path,
+                                                          capsys):  # fmt: skip
     lines = read_lines(Path(f"{threeway}.en"))[:10]
+    # the command line, reading stdin (target placement: no tag in what it prints)
+    run = multilingual_runs("target")
     done = command("nmt.decode.translate", f"run={run}", "tgt_lang=fr", "src_lang=en",
                    "progress=false", "engine=torch", stdin="\n".join(lines) + "\n")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[:-1] == outputs["en-fr"][:10]
+    assert done.stdout.split("\n")[:-1] == greedy(load_trained(checkpoint_path(run, None), CPU),
+                                                  lines, "fr", "en")  # fmt: skip
+    # the command's function, reading a file (source placement)
+    run = multilingual_runs("source")
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    args = [f"run={run}", "tgt_lang=de", "src_lang=en", f"input={tmp_path / 'in.txt'}"]
+    translate(compose_config("translate", [*args, "progress=false"]))
+    expected = greedy(load_trained(checkpoint_path(run, None), CPU), lines, "de", "en")
+    assert capsys.readouterr().out.split("\n")[:-1] == expected
 
 
 @pytest.mark.slow(seconds=10)
@@ -109,9 +109,9 @@ def test_target_placement_never_emits_the_tag(multilingual_runs, threeway):
             assert all(language_tag(lang) not in text for text, _ in result)
 
 
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=4)
 @pytest.mark.parametrize("placement", PLACEMENTS)
-def test_ctranslate2_equals_torch_greedy(packages, threeway, placement):
+def test_ctranslate2_equals_torch_greedy(packages, threeway, tmp_path, capsys, placement):
     trained = load_package(packages[placement], CPU)
     torch_engine, ct2_engine = TorchEngine(trained.model, CPU), make_ct2_engine(trained, CPU)
     lines = read_lines(Path(f"{threeway}.en"))[:40] + [""]
@@ -123,13 +123,13 @@ def test_ctranslate2_equals_torch_greedy(packages, threeway, placement):
         theirs = decode_ids_into(ct2_engine, sources, target, opts)
         assert [h.tokens for h in theirs] == [h.tokens for h in ours], lang
         assert theirs[-1].tokens == [] and len(theirs) == len(lines)
-    # and through the command, on the package
-    done = command("nmt.decode.translate", f"model={packages[placement]}", "engine=ctranslate2",
-                   "tgt_lang=fr", "progress=false", stdin="\n".join(lines[:8]) + "\n")  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    target = choose_target(trained.cfg, trained.tokenizers, "fr")
-    expected = [r[0][0] for r in translate_lines(trained, lines[:8], opts, CPU, target=target)]
-    assert done.stdout.split("\n")[:-1] == expected
+    # and through the command's function, on the package
+    (tmp_path / "in.txt").write_text("\n".join(lines[:8]) + "\n")
+    capsys.readouterr()
+    translate(compose_config("translate", [f"model_dir={packages[placement]}", "tgt_lang=fr",
+                                           "engine=ctranslate2", f"input={tmp_path / 'in.txt'}",
+                                           "progress=false"]))  # fmt: skip
+    assert capsys.readouterr().out.split("\n")[:-1] == greedy(trained, lines[:8], "fr")
 
 
 @pytest.mark.slow(seconds=10)
@@ -154,11 +154,10 @@ def test_package_keeps_the_directions(packages, tmp_path):
         read_package(bad)
 
 
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=4)
 def test_card_lists_each_direction_with_its_scores(multilingual_runs, tmp_path):
     run = multilingual_runs("source")
-    done = command("nmt.evaluate", f"run={run}", "bootstrap=0", "progress=false")
-    assert done.returncode == 0, done.stderr[-3000:]
+    evaluate(compose_config("eval", [f"run={run}", "bootstrap=0", "progress=false"]))
     folder = export_package(checkpoint_path(run, None), tmp_path / "pkg")
     card = (folder / "README.md").read_text()
     report = json.loads(next((run / "eval").glob("scores.*.json")).read_text())
@@ -170,10 +169,12 @@ def test_card_lists_each_direction_with_its_scores(multilingual_runs, tmp_path):
     assert "off-target rate" in card
 
 
-@pytest.mark.slow(seconds=25)
-def test_bad_language_requests_are_refused_in_one_line(multilingual_runs, trained_runs):
+@pytest.mark.slow(seconds=4)
+def test_bad_language_requests_are_refused_in_one_line(multilingual_runs, trained_runs, caplog):
+    # the commands' functions; that a command line ends such an error with exit status 2 and
+    # one ERROR line: test_multilingual_e2e.py (nmt-translate, nmt-eval),
+    # test_multilingual_tools.py (nmt-attention), test_package.py (nmt-export)
     run = multilingual_runs("source")
-    stdin = "ein Hund\n"
     cases = [
         ([f"run={run}"], "translates into de, en, fr: name the target language with tgt_lang"),
         ([f"run={run}", "tgt_lang=cs"], "target language 'cs' was not trained: this model "
@@ -183,14 +184,16 @@ def test_bad_language_requests_are_refused_in_one_line(multilingual_runs, traine
          "tgt_lang='fr': this model is bilingual and translates de->en only"),
     ]  # fmt: skip
     for args, message in cases:
-        done = command("nmt.decode.translate", *args, "progress=false", stdin=stdin)
-        assert done.returncode == 2, (args, done.stderr[-2000:])
-        assert len(errors(done)) == 1 and message in errors(done)[0], (args, done.stderr)
+        with pytest.raises(DataError) as err:
+            translate(compose_config("translate", [*args, "progress=false"]))
+        assert message in str(err.value) and "\n" not in str(err.value), args
     trained = load_trained(checkpoint_path(run, None), CPU)
     with pytest.raises(DataError, match="translates into de, en, fr"):
         choose_target(trained.cfg, trained.tokenizers, None)
+    caplog.clear()
     target = multilingual_runs("target")  # Marian's convention has no tag on the output side
-    done = command("nmt.ship.export", str(target), "--out", str(target.parent / "hf"),
-                   "--format", "hf")  # fmt: skip
-    assert done.returncode == 2
-    assert "data.tag_placement=target cannot be exported" in errors(done)[0]
+    with pytest.raises(SystemExit) as stop:
+        export_main([str(target), "--out", str(target.parent / "hf"), "--format", "hf"])
+    assert stop.value.code == 2
+    (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "data.tag_placement=target cannot be exported" in error
