@@ -468,23 +468,3 @@ def test_ranks_whose_clocks_disagree_checkpoint_together_by_rank_0s(
     want = load_checkpoint(accumulated_reference / "checkpoints" / "last.pt")["model"]
     for key, value in want.items():
         torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-5, msg=key)
-
-
-def test_training_leaves_the_process_group_it_joined(
-    corpus: Path, tmp_path: Path, threads_restored: None
-) -> None:
-    """A gloo group left to interpreter shutdown can abort a rank after a finished run
-    (SIGABRT, which fails the torchrun job): train() destroys the group before it returns."""
-    import torch.distributed as dist
-
-    from .helpers import run_in_process
-
-    store = dist.HashStore()
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        result = run_in_process(corpus, tmp_path, "one", "trainer.max_steps=2")
-        assert result["state"]["step"] == 2
-        assert not dist.is_initialized()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()

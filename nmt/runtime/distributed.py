@@ -67,11 +67,3 @@ def init_distributed(device_name: str, launcher: Mapping[str, str]) -> DistInfo:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo")
     return info
-
-
-def leave_process_group() -> None:
-    """Destroy the process group this process joined, if any. Called at the end of a command
-    while the interpreter is whole: a gloo group left to interpreter shutdown can abort the
-    process (SIGABRT, "terminate called without an active exception") after a finished run."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()

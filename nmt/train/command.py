@@ -26,7 +26,6 @@ from omegaconf import DictConfig
 from nmt.cli import config_dir, exit_on_error, setup_logging
 from nmt.config import register_configs, to_container
 from nmt.data.batching import padding_share
-from nmt.runtime.distributed import leave_process_group
 from nmt.train.elastic import drop_record, requeue_status
 from nmt.train.loop import Functions, Trainer
 from nmt.train.runlog import write_summary
@@ -110,11 +109,8 @@ def train(cfg: DictConfig, run_dir: Path, functions: Functions | None = None) ->
     ``functions`` replaces the loss, validation, clock or precision probe (tests).
     """
     functions = functions or Functions()
-    try:
-        trainer = build_trainer(setup(cfg, run_dir, functions), functions)
-        return finish(trainer, run_training(trainer))
-    finally:
-        leave_process_group()  # the group setup() joined under torchrun, left while all is whole
+    trainer = build_trainer(setup(cfg, run_dir, functions), functions)
+    return finish(trainer, run_training(trainer))
 
 
 def _drop_if_unused(hydra_dir: Path) -> None:
