@@ -80,6 +80,11 @@ class DirectionSplit:
     tgt_path: Path
     weight: float = 1.0
 
+    @property
+    def set_name(self) -> str:
+        """The corpus' own name, without the direction or the folder (``test_2016_flickr``)."""
+        return Path(self.name.split(" ")[0]).name
+
 
 def direction_prefix(prefix: str | Path, d: Direction) -> str:
     """A corpus prefix for one direction: ``{src}`` and ``{tgt}`` replaced by its languages."""

@@ -29,11 +29,9 @@ from nmt.atomic import atomic_write_bytes
 from nmt.cli import UserError, exit_on_error, setup_logging
 from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from nmt.data.corpus import read_lines
-from nmt.evaluate.metrics import check_bootstrap, paired_bootstrap
+from nmt.evaluate.metrics import SIGNIFICANCE, check_bootstrap, paired_bootstrap
 
 log = logging.getLogger(__name__)
-
-SIGNIFICANCE = 0.05  # the p-value under which a difference is reported as significant
 
 
 class CompareError(UserError):

@@ -167,6 +167,9 @@ class Paired:
     p_value: float | None
 
 
+SIGNIFICANCE = 0.05  # the p-value under which a paired difference is reported as significant
+
+
 def paired_bootstrap(
     baseline: Sequence[str],
     systems: Sequence[Sequence[str]],

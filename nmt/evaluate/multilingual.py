@@ -37,7 +37,7 @@ from nmt.data.tagged import tagged_dataset
 from nmt.decode.engines import TorchEngine
 from nmt.decode.options import DecodeOptions
 from nmt.environment import multi30k_source
-from nmt.evaluate.metrics import all_scores, paired_bootstrap
+from nmt.evaluate.metrics import SIGNIFICANCE, all_scores, paired_bootstrap
 from nmt.store.loading import Trained
 
 log = logging.getLogger(__name__)
@@ -158,8 +158,7 @@ def evaluate_multilingual(
             src, refs = (strip_lines(x) for x in read_parallel(split.src_path, split.tgt_path))
             if not src:
                 raise DataError(f"test set {split.src_path} has no sentences")
-            set_name = Path(str(split.name).split(" ")[0]).name
-            name = f"{set_name}.{d}"
+            name = f"{split.set_name}.{d}"
             start = time.perf_counter()
             with progress.bar(name, len(src)) as advance:
                 hyps = _decode(engine, trained, opts, src, d.tgt, advance)
@@ -170,7 +169,7 @@ def evaluate_multilingual(
             _write(ref_file, refs)
             kind = "zero-shot" if d in zero else "trained"
             print(f"{name} ({kind}): {len(hyps)} sentences in {seconds:.1f}s -> {hyp_file}")
-            entry = {"set": set_name, "direction": str(d), "zero_shot": d in zero,
+            entry = {"set": split.set_name, "direction": str(d), "zero_shot": d in zero,
                      "sentences": len(hyps), "seconds": seconds, "hypotheses": str(hyp_file),
                      "references": str(ref_file),
                      **_scored(hyps, refs, d.tgt, cfg, identify)}  # fmt: skip
@@ -220,7 +219,7 @@ def _against_pivot(
     )
     assert direct.p_value is not None
     difference = direct.score - pivot.score
-    verdict = "significant" if direct.p_value < 0.05 else "not significant"
+    verdict = "significant" if direct.p_value < SIGNIFICANCE else "not significant"
     print(
         f"  direct - pivot: {difference:+.2f} BLEU, p = {direct.p_value:.4f} ({verdict}; "
         f"paired bootstrap, {cfg.bootstrap} resamples)"

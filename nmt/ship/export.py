@@ -32,7 +32,7 @@ from nmt.ship.card_languages import (
     index_metrics,
     package_languages,
 )
-from nmt.ship.hf import HF_FILES
+from nmt.ship.hf import HF_FILES, marian_code
 from nmt.store.loading import Trained, decode_defaults, load_package, load_trained, unique_weights
 from nmt.store.package import (
     CARD,
@@ -216,7 +216,7 @@ def _card_hf_use(trained: Trained, decode: dict[str, Any], hf_arch: str) -> list
     """How an ``--format hf`` folder is used, and what transformers cannot express."""
     opts = DecodeOptions.of_run(decode)
     a, b = opts.max_output_len_a, opts.max_output_len_b
-    codes = [f">>{lang}<<" for lang in target_languages(trained.cfg.data)]
+    codes = [marian_code(lang) for lang in target_languages(trained.cfg.data)]
     example = f"{codes[0]} <a source sentence>" if codes else "<a source sentence>"
     multi = [
         "",

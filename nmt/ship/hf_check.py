@@ -201,7 +201,7 @@ def test_sets(trained: Trained) -> list[tuple[str, str, EvalSet]]:
         (split,) = resolve_direction_splits(data_cfg, [data_cfg.test[0]], [d], multi30k_source())
         src, refs = (strip_lines(x) for x in read_parallel(split.src_path, split.tgt_path))
         data = tagged_dataset(tokenizers, src, refs, tokenizers.src.tags[d.tgt], "source")
-        name = f"{Path(str(split.name).split(' ')[0]).name}.{d}"
+        name = f"{split.set_name}.{d}"
         sets.append((name, f"{hf.marian_code(d.tgt)} ", EvalSet(name, src, refs, data)))
     return sets
 
