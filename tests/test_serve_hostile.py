@@ -5,9 +5,11 @@ limits the server enforces, and schemathesis finds every answer of the live serv
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -295,7 +297,7 @@ def test_the_openapi_document_follows_the_servers_limits(live: int) -> None:
     assert "at most 8 in a request" in libre["properties"]["q"]["description"]
     nine = json.dumps({"q": "\n".join(["a"] * 9), "source": "de", "target": "en"})
     status, _, body = raw_post(live, "/translate", nine.encode(), "application/json")
-    assert status == 400 and "more than 8 lines" in json.loads(body)["error"], body
+    assert status == 400 and "(max_segments=8)" in json.loads(body)["error"], body
 
 
 def test_schemathesis_finds_every_answer_of_the_live_server_in_the_document(live: int) -> None:
@@ -372,6 +374,9 @@ MALFORMED_HTTP = {
     "bad chunk size": b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
     "http/9": b"GET /health HTTP/9.1\r\nHost: x\r\n\r\n",
+    "request line too long": b"GET /" + b"a" * 10240 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    "invalid method": b"G(T /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    "space in a header name": b"GET /health HTTP/1.1\r\nHost: x\r\nBad Name: v\r\n\r\n",
 }
 
 
@@ -384,3 +389,56 @@ def test_malformed_http_gets_a_4xx_json_error_and_serving_goes_on(live: int, kin
     assert headers["content-type"].startswith("application/json"), (kind, headers, body[:200])
     assert json.loads(body)["error"], (kind, body[:200])
     assert get(live, "/health")["status"] == "ok"
+
+
+@pytest.fixture(scope="module")
+def bare_servers() -> Iterator[dict[str, int]]:
+    """The port of one small application served by aiohttp's own runner ("aiohttp") and by
+    nmt-serve's (``JsonErrorRunner``, "nmt"), on an event loop in a thread of its own."""
+    from aiohttp import web
+
+    from nmt.serve.protocol import JsonErrorRunner
+
+    async def health(request: Any) -> Any:
+        return web.json_response({"status": "ok"})
+
+    async def start(runner_class: type) -> Any:
+        app = web.Application()
+        app.router.add_get("/health", health)
+        runner = runner_class(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    runners = {}
+    try:
+        for name, runner_class in (("aiohttp", web.AppRunner), ("nmt", JsonErrorRunner)):
+            runners[name] = asyncio.run_coroutine_threadsafe(start(runner_class), loop).result(60)
+        yield {name: runner.addresses[0][1] for name, runner in runners.items()}
+    finally:
+        for runner in runners.values():
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(60)
+        loop.close()
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_HTTP))
+def test_malformed_http_keeps_aiohttps_status_and_words_in_a_json_body(
+    bare_servers: dict[str, int], kind: str
+) -> None:
+    """The same bytes to aiohttp's runner and to nmt-serve's: the status is aiohttp's, the
+    body JSON with aiohttp's message in place of its plain text, and both close the
+    connection (``raw_exchange`` reads until they do)."""
+    status, headers, body = raw_exchange(bare_servers["aiohttp"], MALFORMED_HTTP[kind])
+    ours, our_headers, our_body = raw_exchange(bare_servers["nmt"], MALFORMED_HTTP[kind])
+    assert ours == status and 400 <= status < 500, (kind, status, ours)
+    assert headers["content-type"].startswith("text/plain"), (kind, headers)  # what it replaces
+    assert our_headers["content-type"].startswith("application/json"), (kind, our_headers)
+    error = json.loads(our_body)["error"]
+    first = body.decode("utf-8").splitlines()[0]  # the parser's message, as aiohttp words it
+    assert error.startswith(f"malformed HTTP request: {first[:100]}"), (kind, error, first)
+    assert get(bare_servers["nmt"], "/health")["status"] == "ok"

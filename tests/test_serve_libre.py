@@ -188,6 +188,38 @@ def test_each_libretranslate_error_is_its_400_with_its_message(app_of: Any) -> N
     run_app(app_of(), scenario)
 
 
+def test_lines_and_text_nodes_are_capped_by_max_segments_alone(app_of: Any) -> None:
+    """max_segments caps the lines (or html text nodes) of one request, counted over all its
+    texts, with LibreTranslate's 400; max_batch_sentences (a decode's size) has no say."""
+    app = app_of("max_segments=3", "max_batch_sentences=2")
+
+    async def scenario(client: TestClient) -> None:
+        def body(q: Any, fmt: str = "text") -> dict:
+            return {"json": {"q": q, "source": "de", "target": "en", "format": fmt}}
+
+        refused = [
+            body("\n".join(SENTENCES[:2] * 2)),  # four lines
+            body([SENTENCES[0], "\n".join(SENTENCES[:2]), SENTENCES[1]]),  # four in three texts
+            body("<p>" + "</p><p>".join(SENTENCES[:2] * 2) + "</p>", "html"),  # four nodes
+        ]
+        for kw in refused:
+            error = (await libre(client, 400, **kw))["error"]
+            assert error == (
+                "Invalid request: request (4 lines or text nodes) exceeds segment limit "
+                "(max_segments=3)"
+            ), kw
+        three = await libre(client, **body("\n\n".join(SENTENCES[:2] + SENTENCES[:1])))
+        assert three["translatedText"].count("\n\n") == 2  # blank lines are not segments
+        health = await (await client.get("/health")).json()
+        assert health["limits"]["max_segments"] == 3
+        document = await (await client.get("/openapi.json")).json()
+        form = document["paths"]["/translate"]["post"]["requestBody"]["content"]
+        q = form["application/json"]["schema"]["properties"]["q"]
+        assert "at most 3 in a request" in q["description"]
+
+    run_app(app, scenario)
+
+
 def test_the_api_key_of_each_body_is_checked_by_the_key_ring(app_of: Any, tmp_path: Path) -> None:
     """LibreTranslate's clients send ``api_key`` in a JSON or form body; our header works too;
     /languages needs no key."""

@@ -237,6 +237,7 @@ def test_the_queue_must_hold_the_largest_request(package: Path) -> None:
         (["max_queued_sentences=10"], "max_queued_sentences=10 must be >= max_sentences=64"),
         (["request_timeout=0"], "request_timeout=0"),
         (["max_queued_sentences=0"], "max_queued_sentences=0 must be >= 1"),
+        (["max_segments=0"], "max_segments=0 must be >= 1"),
     ):
         with pytest.raises(ConfigError, match=words):
             check_config(serve_config(package, *extra))

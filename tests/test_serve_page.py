@@ -47,6 +47,7 @@ class Opened:
         self.page = page
         self.problems: list[str] = []
         self.requests: list[str] = []
+        self.sent: list[dict] = []  # the bodies of its translation requests
         page.on(
             "console",
             lambda m: (
@@ -56,7 +57,12 @@ class Opened:
             ),
         )
         page.on("pageerror", lambda e: self.problems.append(f"uncaught: {e}"))
-        page.on("request", lambda r: self.requests.append(r.url))
+        page.on("request", self.on_request)
+
+    def on_request(self, request: Any) -> None:
+        self.requests.append(request.url)
+        if request.url.endswith("/v1/translate"):
+            self.sent.append(json.loads(request.post_data))
 
 
 @pytest.fixture
@@ -110,6 +116,8 @@ def test_the_page_translates_from_the_keyboard(
     assert page.text_content("#target") == "English (en)"
     assert "German (de) \u2192 English (en)" in page.text_content("#meta")
     assert page.is_hidden("#key-box")  # this server asks no key
+    # one direction: no language to choose
+    assert page.is_hidden("#source-box") and page.is_hidden("#target-select")
 
     page.keyboard.press("Tab")  # the first stop: the text box, focus drawn
     assert focused(page) == "text"
@@ -122,6 +130,7 @@ def test_the_page_translates_from_the_keyboard(
     beam, n_best = int(page.input_value("#beam")), int(page.input_value("#nbest"))
     assert n_best == 3 and beam >= 3
     body = {"text": [SENTENCE], "beam": beam, "n_best": n_best, "attention": True}
+    assert opened.sent == [{**body, "target": "en"}]  # no source named
     expected = api(port, body)
     assert translations_shown(page) == expected["translations"]
     alternatives = page.eval_on_selector_all(
@@ -273,6 +282,87 @@ def test_the_page_offers_a_multilingual_models_target_languages(
         )
         assert columns[0] == "<2fr>"  # the model read the tag first
         assert problems == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0, server_log(proc)
+
+
+def options(page: Any, select: str) -> list[str]:
+    return page.eval_on_selector_all(f"{select} option", "os => os.map(o => o.value)")
+
+
+@pytest.mark.browser
+@pytest.mark.slow(seconds=10)
+def test_a_multilingual_models_source_and_target_are_chosen_from_the_keyboard(
+    runs: Any,  # noqa: F811
+    browser: Any,
+    tmp_path: Path,
+) -> None:
+    """A model of several sources (MULTI_DIRECTIONS: de-en, en-de, en-fr, fr-en): the page
+    offers each source (or none named), and for a named one only the targets it has."""
+    run = runs("source")
+    proc, port = start_server(run, "engine=torch", key="run")
+    try:
+        opened = Opened(browser.new_context().new_page())
+        page = opened.page
+        assert page.goto(f"http://127.0.0.1:{port}/").status == 200
+        page.wait_for_selector("#target-select option", state="attached")  # the script ran
+        assert page.is_visible("#source-select") and page.is_visible("#target-select")
+        # each selector is labelled: found by its label's text, as assistive technology names it
+        assert page.get_by_label("From").evaluate("e => e.id") == "source-select"
+        assert page.get_by_label("Into").evaluate("e => e.id") == "target-select"
+        assert options(page, "#source-select") == ["auto", "de", "en", "fr"]
+        assert options(page, "#target-select") == ["de", "en", "fr"]  # any source: every target
+        assert page.get_attribute("#text", "lang") is None
+
+        page.focus("#text")
+        page.keyboard.type(ENGLISH[0])
+        page.keyboard.press("Tab")
+        assert focused(page) == "source-select"
+        page.keyboard.press("ArrowDown")  # German: translated into English only
+        assert page.input_value("#source-select") == "de"
+        assert options(page, "#target-select") == ["en"]
+        page.keyboard.press("ArrowDown")  # English: into German or French
+        assert page.input_value("#source-select") == "en"
+        assert options(page, "#target-select") == ["de", "fr"]
+        assert page.get_attribute("#text", "lang") == "en"
+        assert page.text_content("#text-label") == "Text in English (en)"
+        page.keyboard.press("Tab")
+        assert focused(page) == "target-select"
+        page.keyboard.press("ArrowDown")
+        assert page.input_value("#target-select") == "fr"
+        for _ in range(3):  # beam, alternatives, the button
+            page.keyboard.press("Tab")
+        assert focused(page) == "go"
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#translations li")
+
+        beam, n_best = int(page.input_value("#beam")), int(page.input_value("#nbest"))
+        body = {"text": [ENGLISH[0]], "source": "en", "target": "fr", "beam": beam,
+                "n_best": n_best, "attention": True}  # fmt: skip
+        assert opened.sent == [body]
+        expected = api(port, body)
+        shown = page.eval_on_selector_all(
+            "#translations li .text", "els => els.map(e => [e.textContent, e.lang])"
+        )
+        assert shown == [[expected["translations"][0], "fr"]]
+        columns = page.eval_on_selector_all(
+            "#heatmap thead th:not(.corner)", "ths => ths.map(th => th.textContent)"
+        )
+        assert columns == expected["attention"][0]["source"] and columns[0] == "<2fr>"
+        save_screenshot(page, tmp_path, "serve-page-multilingual.png")
+
+        page.focus("#source-select")
+        page.keyboard.press("ArrowDown")  # French: into English only, chosen for the person
+        assert page.input_value("#source-select") == "fr"
+        assert options(page, "#target-select") == ["en"]
+        assert page.input_value("#target-select") == "en"
+        page.keyboard.press("Home")  # back to naming none: every target again
+        assert page.input_value("#source-select") == "auto"
+        assert options(page, "#target-select") == ["de", "en", "fr"]
+        assert page.get_attribute("#text", "lang") is None
+        assert opened.problems == []
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)

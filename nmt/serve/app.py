@@ -362,7 +362,8 @@ def make_app(
         state["rejected"] += 1
         return refusal_response(web, refusal)
 
-    sources = backend.languages.sources
+    langs = backend.languages
+    sources, choices = langs.sources, langs.source_choices
     html, policy = render_page(
         {
             "model": Path(backend.model).name,
@@ -370,7 +371,11 @@ def make_app(
             "engine": backend.engine,
             # one source language is named; a multilingual model reads any of its sources
             "src_lang": sources[0] if len(sources) == 1 else None,
-            "targets": backend.languages.targets,
+            "targets": langs.targets,
+            # the sources a request may name (several: the page offers them), and the targets
+            # of each
+            "sources": choices,
+            "pairs": {source: langs.targets_of(source) for source in choices},
             "beam": backend.defaults.beam,
             "max_beam": limits.max_beam,
             "keys": ring is not None,

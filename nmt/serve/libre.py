@@ -180,10 +180,13 @@ def plan(req: LibreRequest, limits: Limits) -> Plan:
                     sentences.append(line.strip())
                     where.append(name if len(lines) == 1 else f"{name} line {k + 1}")
             shapes.append(lines)
-        if len(sentences) > limits.max_segments:
-            raise invalid(
-                f"more than {limits.max_segments} lines or text nodes to translate in one request"
-            )
+    # counted whole (each text is within max_chars), and refused as LibreTranslate refuses a
+    # request over one of its limits
+    if len(sentences) > limits.max_segments:
+        raise invalid(
+            f"request ({len(sentences)} lines or text nodes) exceeds segment limit "
+            f"(max_segments={limits.max_segments})"
+        )
     return Plan(sentences, where, shapes)
 
 

@@ -4,9 +4,17 @@ refusal.
 aiohttp answers a request line, header or chunk it cannot parse (and a handler that fails outside
 our middleware) with a plain-text body before any handler runs. The runner here builds its
 connections with a request handler whose error page is ``{"error": message}`` with the same
-status, so that a client reads one format from every answer of the server. aiohttp has no public
-hook for this page; ``tests/test_serve_hostile.py`` sends malformed bytes over a raw socket, so a
-change of aiohttp that bypasses it fails there.
+status, so that a client reads one format from every answer of the server.
+
+aiohttp has no documented hook for this page: the parser's errors never reach the application
+(its middlewares and signals), and neither ``AppRunner`` nor ``web.Server`` takes a handler
+class. What this relies on is as little as aiohttp allows, and no private attribute: the runner's
+public ``setup()`` and ``server``, the server being the connections' factory (``__call__``), and
+``RequestHandler.handle_error(request, status, exc, message)`` making the error answer; the
+server and each connection's handler are given a subclass that changes nothing else (no state of
+its own). ``tests/test_serve_hostile.py`` sends malformed bytes over a raw socket to a bare
+aiohttp server and to this one (same status, JSON body), so a change of aiohttp that bypasses it
+fails there.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import json
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web import RequestHandler
 
 # the parser's message can quote the offending bytes: enough of them to see what was wrong
 MAX_MESSAGE = 200
@@ -23,6 +31,8 @@ MAX_MESSAGE = 200
 
 class JsonErrorHandler(RequestHandler):
     """A connection's handler whose error pages are JSON."""
+
+    __slots__ = ()  # aiohttp's handler, its layout unchanged
 
     def handle_error(
         self,
@@ -50,13 +60,18 @@ class JsonErrorServer(web.Server):
     """aiohttp's low-level server, its connections handled by :class:`JsonErrorHandler`."""
 
     def __call__(self) -> RequestHandler:
-        return JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+        handler = super().__call__()  # made by aiohttp, with the runner's arguments
+        handler.__class__ = JsonErrorHandler
+        return handler
 
 
 class JsonErrorRunner(web.AppRunner):
     """``web.AppRunner`` whose server answers malformed HTTP with a JSON error."""
 
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        server.__class__ = JsonErrorServer  # the same object and state; only its factory differs
-        return server
+    async def setup(self) -> None:
+        await super().setup()
+        server = self.server
+        if server is None:  # pragma: no cover - setup() made it
+            raise RuntimeError("the runner has no server after setup()")
+        # the same object and state, before any site listens; only its factory differs
+        server.__class__ = JsonErrorServer
