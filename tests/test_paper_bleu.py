@@ -3,7 +3,10 @@ Moses-tokenized BLEU, reported by nmt-eval beside sacreBLEU's cased BLEU and nev
 
 from __future__ import annotations
 
+import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ from nmt.evaluate.metrics import (
 )
 from nmt.evaluate.scoring import evaluate
 
-from .helpers import compose_config
+from .helpers import REPO, compose_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -147,3 +150,32 @@ def test_multilingual_report_has_the_papers_bleu_in_each_direction(
             pivot = {**entry["pivot"], "references": entry["references"]}
             check_paper_field(pivot, lang, 0)
     assert out.count(f"  {PAPER_NAME} = ") == len(report["directions"]) + 1  # + the pivot
+
+
+def test_the_agreement_script_compares_with_the_official_files(tmp_path: Path) -> None:
+    """scripts/paper_metric_agreement.py on a dataset checkout of two lines per language (and
+    without the Moses scripts: the Perl comparison is left out)."""
+    task = tmp_path / "dataset" / "data" / "task1"
+    (task / "raw").mkdir(parents=True)
+    (task / "tok").mkdir()
+    for lang, pairs in OFFICIAL.items():
+        raw = "".join(r + "\n" for r, _ in pairs).encode()
+        (task / "raw" / f"test_2016_flickr.{lang}.gz").write_bytes(gzip.compress(raw))
+        tok = [t for _, t in pairs]
+        if lang == "de":  # one line of the official file differs from ours
+            tok[1] = tok[1].replace(" , ", ", ")
+        (task / "tok" / f"test_2016_flickr.lc.norm.tok.{lang}").write_text(
+            "".join(t + "\n" for t in tok), encoding="utf-8"
+        )
+    hyp = tmp_path / "out.hyp"
+    hyp.write_text("".join(r + "\n" for r, _ in OFFICIAL["en"]), encoding="utf-8")
+    script = [sys.executable, str(REPO / "scripts" / "paper_metric_agreement.py")]
+    args = [str(tmp_path / "dataset"), "--hyp", str(hyp), "--ref", str(hyp), "--lang", "en"]
+    proc = subprocess.run([*script, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split("|")[2].strip(): line for line in proc.stdout.splitlines()[2:6]}
+    assert set(rows) == set(OFFICIAL)
+    assert "| 2/2 (100.0%) | 100.00 |" in rows["en"] and "| 1/2 (50.0%) |" in rows["de"]
+    assert "papers' metric (nmt-eval bleu_paper):            100.00" in proc.stdout
+    assert "same hypotheses, official references:            100.00" in proc.stdout
+    assert "Moses Perl" not in proc.stdout
