@@ -114,6 +114,12 @@ def test_the_command_writes_json_and_refuses_bad_input_in_one_line(tmp_path, cap
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"sets": {}}))
     assert "old.json: no 'direction'" in refused(str(old))
+    for field, value, kind in [("sets", [], "array"), ("sets", "x", "string"),
+                               ("directions", ["a"], "array"), ("directions", 3, "number"),
+                               ("directions", None, "null")]:  # fmt: skip
+        flat = tmp_path / f"flat-{field}-{kind}.json"
+        flat.write_text(json.dumps({"direction": "de-en", field: value}))
+        assert f"{flat.name}: '{field}' is a JSON {kind}, not an object" in refused(str(flat))
     Path(json.loads(base.read_text())["sets"]["test_2016_flickr"]["hypotheses"]).unlink()
     assert "de-en.hyp is missing" in refused(str(base))
     with pytest.raises(CompareError, match="resamples 0"):

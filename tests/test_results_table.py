@@ -55,9 +55,11 @@ def fake_run(
     evaluated: bool = True,
     ci: float = 0.0,
     alpha: float = 1.0,
+    paper: bool = True,
 ) -> Path:
     """A finished run as training and `make eval` leave it (only the files the table reads);
-    ``ci`` > 0: eval's 95% intervals of BLEU and chrF2, score ± ci."""
+    ``ci`` > 0: eval's 95% intervals of BLEU, chrF2 and the papers' BLEU, score ± ci;
+    ``paper=False``: a report written before nmt-eval gave the papers' BLEU."""
     run = root / name
     (run / "eval").mkdir(parents=True)
     overrides = ["experiment=cpu_quick", "trainer.progress=false"]
@@ -77,10 +79,17 @@ def fake_run(
     (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if evaluated:
         scores = {k: {"score": bleu + d} for k, d in (("BLEU", 0), ("chrF2", 20), ("BLEU-lc", 1))}
-        for key in ("BLEU", "chrF2") if ci else ():
-            score = scores[key]["score"]
-            scores[key]["ci"] = {"low": score - ci, "high": score + ci, "half_width": ci}
-        report = {"sets": {"test_2016_flickr": {"scores": scores}}}
+        entry: dict = {"scores": scores}
+        if paper:
+            entry["bleu_paper"] = {
+                "name": "BLEU (lowercased, Moses-tokenized)",
+                "score": bleu + 0.5,
+            }
+        for score in [scores["BLEU"], scores["chrF2"], entry.get("bleu_paper")] if ci else ():
+            if score is not None:
+                low, high = score["score"] - ci, score["score"] + ci
+                score["ci"] = {"low": low, "high": high, "half_width": ci}
+        report = {"sets": {"test_2016_flickr": entry}}
         (run / "eval" / f"scores.averaged.beam5.lp{alpha:g}.json").write_text(json.dumps(report))
     return run
 
@@ -95,7 +104,9 @@ def test_seeds_form_one_row_with_mean_and_std(table, tmp_path: Path, capsys) -> 
     assert table.main([*map(str, runs), "--json", str(out_json)]) == 0
     captured = capsys.readouterr()
     (row,) = [line for line in captured.out.splitlines() if line.startswith("| Transformer")]
-    assert "| de→en | 41.0 ± 1.4 | 61.0 ± 1.4 | 42.0 ± 1.4 | 2 | 1600 | 30 min |" in row
+    assert (
+        "| de→en | 41.0 ± 1.4 | 61.0 ± 1.4 | 42.0 ± 1.4 | 41.5 ± 1.4 | 2 | 1600 | 30 min |" in row
+    )
     assert "Some CPU, 2 threads, bf16 | beam 5, alpha 1 (run config) |" in row
     assert '`make train ARGS="experiment=cpu_quick" && make eval`' in row
     assert "skipped" in captured.err and "scores.averaged.beam5.lp1.json" in captured.err
@@ -133,7 +144,7 @@ def test_intervals_beside_the_scores(table, tmp_path: Path, capsys) -> None:
     one = fake_run(tmp_path / "one", "a", 1234, 41.9, ci=1.2)
     assert table.main([str(one)]) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "| Trans" in line]
-    assert "| de→en | 41.9 [40.7, 43.1] | 61.9 [60.7, 63.1] | 42.9 | 1 |" in row
+    assert "| de→en | 41.9 [40.7, 43.1] | 61.9 [60.7, 63.1] | 42.9 | 42.4 [41.2, 43.6] | 1 |" in row
     seeds = [fake_run(tmp_path / "two", n, s, b, ci=c) for n, s, b, c in
              (("a", 1234, 42.0, 1.0), ("b", 7, 40.0, 1.5))]  # fmt: skip
     out_json = tmp_path / "rows.json"
@@ -146,6 +157,21 @@ def test_intervals_beside_the_scores(table, tmp_path: Path, capsys) -> None:
     assert table.main(list(map(str, mixed))) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "| Trans" in line]
     assert "| de→en | 41.0 ± 1.4 | 61.0 ± 1.4 |" in row and "[" not in row.split("|")[3]
+
+
+def test_the_papers_bleu_has_its_own_column(table, tmp_path: Path, capsys) -> None:
+    """The report's bleu_paper under "papers' BLEU", after BLEU-lc; a run evaluated before it
+    was reported leaves the row's cell empty ("–") rather than pooling fewer seeds."""
+    assert table.main([str(fake_run(tmp_path / "one", "a", 1234, 40.0))]) == 0
+    header, _, row = capsys.readouterr().out.splitlines()[:3]
+    columns = [c.strip() for c in header.split("|")]
+    assert columns[3:7] == ["BLEU", "chrF2", "BLEU-lc", "papers' BLEU"]
+    assert [c.strip() for c in row.split("|")][3:7] == ["40.0", "60.0", "41.0", "40.5"]
+    mixed = [fake_run(tmp_path / "two", "a", 1234, 40.0),
+             fake_run(tmp_path / "two", "b", 7, 42.0, paper=False)]  # fmt: skip
+    assert table.main(list(map(str, mixed))) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "| Trans" in line]
+    assert "| 42.0 ± 1.4 | – | 2 |" in row
 
 
 def test_decoding_column_says_how_tune_decode_settled_it(table, tmp_path: Path, capsys) -> None:

@@ -10,10 +10,12 @@ differ only in ``trainer.seed`` form one row, with the mean and standard deviati
 
 The score of a run is the one of its own decoding (``decode`` in its config: checkpoint, beam,
 length penalty), the way ``make eval`` scores it without options; runs not evaluated that way
-are listed as skipped. BLEU and chrF2 carry the 95% bootstrap confidence interval ``make eval``
-wrote beside them, in brackets: ``41.9 [40.7, 43.1]`` for one run; for several seeds the mean
-± the standard deviation over seeds, then each run's interval in seed order. The decoding
-column says how each run decodes and who chose it: its config (a preset or an override), or
+are listed as skipped. The column "papers' BLEU" is the Multi30k papers' lowercased,
+Moses-tokenized BLEU (``bleu_paper`` in the report; "–" for runs evaluated before it was
+reported). BLEU, chrF2 and the papers' BLEU carry the 95% bootstrap confidence interval
+``make eval`` wrote beside them, in brackets: ``41.9 [40.7, 43.1]`` for one run; for several
+seeds the mean ± the standard deviation over seeds, then each run's interval in seed order. The
+decoding column says how each run decodes and who chose it: its config (a preset or an override), or
 ``make tune-decode ARGS="--apply"`` (which then also appears in the command), either by the
 paired significance test (a significant winner, or the default kept) or, for reports written
 before that test, by the highest validation BLEU.
@@ -48,12 +50,12 @@ class RunResult:
     steps: int
     train_minutes: float
     hardware: str
-    scores: dict[str, float]  # BLEU, chrF2, BLEU-lc
+    scores: dict[str, float]  # BLEU, chrF2, BLEU-lc, PAPER
     tuned: bool = False  # decoding chosen on validation by tune-decode --apply
     # how tune-decode --apply chose it (TUNED_BY), "" when it did not
     tuned_by: str = ""
     decoding: str = ""  # "beam 5, alpha 1" or "greedy"
-    # 95% bootstrap confidence interval [low, high] of BLEU and chrF2, where eval wrote one
+    # 95% bootstrap confidence interval [low, high] of BLEU, chrF2 and PAPER, where eval wrote it
     intervals: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -83,6 +85,9 @@ class Row:
         runs = sorted(self.runs, key=lambda r: r.seed)
         texts = [f"{r.decoding} ({TUNED_BY[r.tuned_by]})" for r in runs]
         return "; ".join(dict.fromkeys(texts))
+
+
+PAPER = "papers' BLEU"  # the key and column of a report's bleu_paper (lowercased, Moses-tokenized)
 
 
 # who chose a run's decoding, by what decode_applied finds in its tune-decode reports
@@ -139,11 +144,13 @@ def load_run(run: Path, checkpoint: str | None = None) -> RunResult | str:
     sets = json.loads(scores_file.read_text())["sets"]
     if TEST_SET not in sets:
         return f"{scores_file.name} has no {TEST_SET}"
-    raw = sets[TEST_SET]["scores"]
-    scores = {k: raw[k]["score"] for k in ("BLEU", "chrF2", "BLEU-lc") if k in raw}
+    raw = dict(sets[TEST_SET]["scores"])
+    if "bleu_paper" in sets[TEST_SET]:
+        raw[PAPER] = sets[TEST_SET]["bleu_paper"]
+    scores = {k: raw[k]["score"] for k in ("BLEU", "chrF2", "BLEU-lc", PAPER) if k in raw}
     intervals = {
         k: [raw[k]["ci"]["low"], raw[k]["ci"]["high"]]
-        for k in ("BLEU", "chrF2")
+        for k in ("BLEU", "chrF2", PAPER)
         if k in raw and raw[k].get("ci")
     }
     tuned_by = decode_applied(run)
@@ -207,18 +214,21 @@ def group(results: list[RunResult]) -> list[Row]:
 
 def markdown(rows: list[Row]) -> str:
     lines = [
-        "| model | direction | BLEU | chrF2 | BLEU-lc | seeds | updates | training time | "
-        "hardware | decoding | command |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| model | direction | BLEU | chrF2 | BLEU-lc | {PAPER} | seeds | updates | "
+        "training time | hardware | decoding | command |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         minutes = statistics.mean(r.train_minutes for r in row.runs)
         steps = statistics.mean(r.steps for r in row.runs)
         hardware = "; ".join(sorted({r.hardware for r in row.runs}))
-        lc = row.stat("BLEU-lc") if all("BLEU-lc" in r.scores for r in row.runs) else "–"
+        lc, paper = (
+            row.stat(key) if all(key in r.scores for r in row.runs) else "–"
+            for key in ("BLEU-lc", PAPER)
+        )
         lines.append(
             f"| {row.model} | {row.direction} | {row.stat('BLEU')} | {row.stat('chrF2')} | "
-            f"{lc} | {len(row.runs)} | {steps:.0f} | {minutes:.0f} min | {hardware} | "
+            f"{lc} | {paper} | {len(row.runs)} | {steps:.0f} | {minutes:.0f} min | {hardware} | "
             f"{row.decoding()} | `{row.command}` |"
         )
     return "\n".join(lines)

@@ -55,6 +55,22 @@ def _field(entry: dict[str, Any], key: str, where: str) -> Any:
     return entry[key]
 
 
+def _entries(report: dict[str, Any], key: str, path: Path) -> dict[str, Any]:
+    """The report's ``sets`` or ``directions``: a JSON object of entries by name."""
+    entries = _field(report, key, str(path))
+    if not isinstance(entries, dict):
+        raise CompareError(
+            f"{path}: '{key}' is a JSON {_json_type(entries)}, not an object of entries by name "
+            "(not an nmt-eval report?)"
+        )
+    return entries
+
+
+def _json_type(value: Any) -> str:
+    names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
 def scored_sets(path: Path) -> list[ScoredSet]:
     """The sets of a report: a multilingual report's directions, or a bilingual one's sets in
     its direction."""
@@ -68,7 +84,7 @@ def scored_sets(path: Path) -> list[ScoredSet]:
         raise CompareError(f"{path}: not an nmt-eval report (a JSON object expected)")
     sets = []
     if "directions" in report:
-        for key, entry in report["directions"].items():
+        for key, entry in _entries(report, "directions", path).items():
             where = f"{path}: directions.{key}"
             sets.append(ScoredSet(
                 path, _field(entry, "set", where), _field(entry, "direction", where),
@@ -76,7 +92,7 @@ def scored_sets(path: Path) -> list[ScoredSet]:
             ))  # fmt: skip
         return sets
     direction = _field(report, "direction", str(path))
-    for key, entry in _field(report, "sets", str(path)).items():
+    for key, entry in _entries(report, "sets", path).items():
         where = f"{path}: sets.{key}"
         sets.append(ScoredSet(path, key, direction, Path(_field(entry, "hypotheses", where)),
                               Path(_field(entry, "references", where))))  # fmt: skip

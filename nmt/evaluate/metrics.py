@@ -3,14 +3,21 @@
 BLEU and chrF come with sacreBLEU's bootstrap 95% confidence interval when asked
 (``resamples`` > 0), and :func:`paired_bootstrap` runs sacreBLEU's paired bootstrap
 resampling test of several systems against a baseline on the same sentences.
+
+:func:`paper_bleu` is the BLEU of the Multi30k literature (multi-bleu.perl or fairseq's BLEU4
+over the official ``*.lc.norm.tok`` files): hypotheses and references lowercased, normalized
+and tokenized by Moses' rules for the target language (:func:`moses_tokenize`, sacremoses),
+then scored as they are. It is reported beside the sacreBLEU figures, never in their place.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
@@ -155,6 +162,76 @@ def all_scores(
         ter(hyps, refs),
         bleu(hyps, refs, lowercase=True),
     ]
+
+
+PAPER_NAME = "BLEU (lowercased, Moses-tokenized)"
+PAPER_DESCRIPTION = (
+    "the metric of the Multi30k papers (multi-bleu.perl / fairseq BLEU4 on the official "
+    "*.lc.norm.tok files), not sacreBLEU's: hypotheses and references lowercased, "
+    "Moses-normalized and Moses-tokenized (sacremoses, the target language's rules, escaped "
+    "as the official files are), then corpus BLEU on those tokens (sacreBLEU, tokenize=none)"
+)
+
+
+@functools.lru_cache(maxsize=16)
+def _moses(lang: str) -> Callable[[str], str]:
+    """Moses' preprocessing of one line as the Multi30k ``*.lc.norm.tok`` files were made:
+    ``lowercase.perl | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG``."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+
+    def run(line: str) -> str:
+        # the Perl script reads each line with its newline, which some of its rules match (a
+        # quote after a sentence's final full stop is moved before it in French or German)
+        text = normalizer.normalize(line.strip().lower() + "\n")
+        return str(tokenizer.tokenize(text, return_str=True, escape=True)).strip()
+
+    return run
+
+
+def moses_tokenize(lines: Sequence[str], lang: str) -> list[str]:
+    """``lines`` lowercased, punctuation-normalized and tokenized by Moses' rules for ``lang``
+    (a language Moses has no rules for gets its defaults), with its HTML escapes (``&apos;``,
+    ``&quot;``, ...) as in the official files: tokens joined by single spaces."""
+    run = _moses(lang)
+    return [run(line) for line in lines]
+
+
+def paper_bleu(
+    hyp_tokens: Sequence[str],
+    ref_tokens: Sequence[str],
+    lang: str,
+    resamples: int = 0,
+    seed: int = BOOTSTRAP_SEED,
+) -> Score:
+    """:data:`PAPER_NAME` of hypotheses and references already put through
+    :func:`moses_tokenize` in ``lang`` (the references once per test set): lowercased BLEU on
+    the Moses tokens as they are, with its bootstrap interval when ``resamples`` > 0."""
+    metric = BLEU(lowercase=True, tokenize="none", force=True)  # force: tokenized on purpose
+    score = _score(metric, PAPER_NAME, hyp_tokens, ref_tokens, resamples, seed)
+    score.signature += f"|moses:lc+norm+tok-{lang}|sacremoses:{version('sacremoses')}"
+    return score
+
+
+def paper_entry(
+    hyps: Sequence[str],
+    ref_tokens: Sequence[str],
+    lang: str,
+    resamples: int = 0,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict:
+    """A report's ``bleu_paper`` field: :func:`paper_bleu` of the detokenized ``hyps`` with
+    its description and language."""
+    score = paper_bleu(moses_tokenize(hyps, lang), ref_tokens, lang, resamples, seed)
+    return {**score.as_dict(), "language": lang, "description": PAPER_DESCRIPTION}
+
+
+def paper_line(entry: dict) -> str:
+    """The printed line of a ``bleu_paper`` field."""
+    ci = entry["ci"]
+    interval = f"  95% CI [{ci['low']:.2f}, {ci['high']:.2f}]" if ci else ""
+    return f"{entry['name']} = {entry['score']:.2f}{interval}  (the papers' metric)"
 
 
 @dataclass

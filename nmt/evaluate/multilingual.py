@@ -2,6 +2,7 @@
 named by ``zero_shot=[de-fr]``, each on the run's test split(s) in that direction.
 
 Each direction gets BLEU, chrF (with bootstrap intervals, as the bilingual evaluation), TER,
+the papers' lowercased Moses-tokenized BLEU (``bleu_paper``, as the bilingual evaluation),
 and its off-target rate: the share of non-empty outputs that a language identifier
 (``py3langid``, whose model ships inside its wheel; the ``multilingual`` extra) does not
 assign to the target language, choosing among the model's own languages. A zero-shot
@@ -37,7 +38,14 @@ from nmt.data.tagged import tagged_dataset
 from nmt.decode.engines import TorchEngine
 from nmt.decode.options import DecodeOptions
 from nmt.environment import multi30k_source
-from nmt.evaluate.metrics import SIGNIFICANCE, all_scores, paired_bootstrap
+from nmt.evaluate.metrics import (
+    SIGNIFICANCE,
+    all_scores,
+    moses_tokenize,
+    paired_bootstrap,
+    paper_entry,
+    paper_line,
+)
 from nmt.store.loading import Trained
 
 log = logging.getLogger(__name__)
@@ -92,14 +100,22 @@ def _decode(
 
 
 def _scored(
-    hyps: list[str], refs: list[str], lang: str, cfg: DictConfig, identify: Any
+    hyps: list[str],
+    refs: list[str],
+    ref_tokens: list[str],
+    lang: str,
+    cfg: DictConfig,
+    identify: Any,
 ) -> dict[str, Any]:
+    """The scores of ``hyps`` (``ref_tokens``: the references Moses-tokenized in ``lang``)."""
     scores = all_scores(hyps, refs, cfg.bootstrap, cfg.bootstrap_seed)
-    entry: dict[str, Any] = {"scores": {s.name: s.as_dict() for s in scores}}
+    paper = paper_entry(hyps, ref_tokens, lang, cfg.bootstrap, cfg.bootstrap_seed)
+    entry: dict[str, Any] = {"scores": {s.name: s.as_dict() for s in scores}, "bleu_paper": paper}
     if identify is not None:
         entry["off_target"] = off_target_rate(hyps, lang, identify)
     for s in scores:
         print(f"  {s.line()}")
+    print(f"  {paper_line(paper)}")
     if identify is not None:
         print(f"  off-target rate: {100 * entry['off_target']:.1f}% (py3langid)")
     return entry
@@ -167,16 +183,17 @@ def evaluate_multilingual(
             _write(hyp_file, hyps)
             ref_file = out_dir / f"{name}.ref"  # what nmt-compare pairs hypotheses with
             _write(ref_file, refs)
+            ref_tokens = moses_tokenize(refs, d.tgt)  # once, for the direct and pivot outputs
             kind = "zero-shot" if d in zero else "trained"
             print(f"{name} ({kind}): {len(hyps)} sentences in {seconds:.1f}s -> {hyp_file}")
             entry = {"set": split.set_name, "direction": str(d), "zero_shot": d in zero,
                      "sentences": len(hyps), "seconds": seconds, "hypotheses": str(hyp_file),
                      "references": str(ref_file),
-                     **_scored(hyps, refs, d.tgt, cfg, identify)}  # fmt: skip
+                     **_scored(hyps, refs, ref_tokens, d.tgt, cfg, identify)}  # fmt: skip
             if d in zero:
                 pivot_file = out_dir / f"{name}.pivot-{cfg.pivot}.{tag}.hyp"
                 entry["pivot"], pivot_hyps = _pivot(
-                    engine, trained, opts, src, refs, d, cfg, identify, pivot_file
+                    engine, trained, opts, src, (refs, ref_tokens), d, cfg, identify, pivot_file
                 )
                 if cfg.bootstrap:
                     entry["pivot"]["paired"] = _against_pivot(hyps, pivot_hyps, refs, cfg)
@@ -189,14 +206,14 @@ def _pivot(
     trained: Trained,
     opts: DecodeOptions,
     src: list[str],
-    refs: list[str],
+    refs: tuple[list[str], list[str]],
     d: Direction,
     cfg: DictConfig,
     identify: Any,
     hyp_file: Path,
 ) -> tuple[dict[str, Any], list[str]]:
     """The zero-shot direction's baseline: source -> pivot -> target, two decodes; its report
-    entry and its hypotheses."""
+    entry and its hypotheses (``refs``: the references, raw and Moses-tokenized)."""
     start = time.perf_counter()
     middle = _decode(engine, trained, opts, src, cfg.pivot, lambda _: None)
     hyps = _decode(engine, trained, opts, middle, d.tgt, lambda _: None)
@@ -205,7 +222,7 @@ def _pivot(
     entry = {
         "via": cfg.pivot,
         "hypotheses": str(hyp_file),
-        **_scored(hyps, refs, d.tgt, cfg, identify),
+        **_scored(hyps, *refs, d.tgt, cfg, identify),
     }
     return entry, hyps
 

@@ -4,10 +4,12 @@ Decodes test sets with a trained checkpoint (greedy, or beam search with ``beam=
 length_penalty=ALPHA``) and scores the detokenized output against the raw references with
 sacreBLEU (BLEU, chrF, TER, each with its signature; BLEU and chrF with sacreBLEU's bootstrap
 95% confidence interval: ``bootstrap=1000`` resamples drawn with ``bootstrap_seed=12345``, 0
-for none). By default the test split(s) of the run's own data config are used;
-``test=[src:ref,...]`` names other file pairs, several at once. A multilingual run is scored
-in each direction (:mod:`nmt.evaluate.multilingual`; ``zero_shot=[de-fr]`` adds directions it
-never trained, with a pivot baseline).
+for none). Beside them, in a field of its own (``bleu_paper``), the BLEU the Multi30k papers
+report: lowercased and Moses-tokenized (:func:`nmt.evaluate.metrics.paper_bleu`). By default
+the test split(s) of the run's own data config are used; ``test=[src:ref,...]`` names other
+file pairs, several at once. A multilingual run is scored in each direction
+(:mod:`nmt.evaluate.multilingual`; ``zero_shot=[de-fr]`` adds directions it never trained,
+with a pivot baseline).
 On a terminal a bar counts each test set's sentences as they are decoded (``progress=false``:
 none). Hypotheses and a JSON of scores, signatures, decoding options and checkpoint go into
 ``<run>/eval`` (``out=DIR`` elsewhere), named after the checkpoint and the search.
@@ -35,7 +37,13 @@ from nmt.data.tokenizer import TokenizerPair
 from nmt.decode.engines import make_engine, translate_texts
 from nmt.decode.options import DecodeOptions
 from nmt.environment import multi30k_source
-from nmt.evaluate.metrics import all_scores, check_bootstrap
+from nmt.evaluate.metrics import (
+    all_scores,
+    check_bootstrap,
+    moses_tokenize,
+    paper_entry,
+    paper_line,
+)
 from nmt.evaluate.multilingual import evaluate_multilingual
 from nmt.runtime.device import pick_device
 from nmt.store.loading import Trained, decode_defaults, load_model
@@ -126,6 +134,7 @@ def evaluate(cfg: DictConfig) -> dict:
         "sets": {},
     }
     tag = options_tag(path, opts, engine.name)
+    lang = trained.cfg.data.tgt_lang
     progress = Progress(cfg.progress)
     for ds in sets:
         start = time.perf_counter()
@@ -133,6 +142,8 @@ def evaluate(cfg: DictConfig) -> dict:
             hyps = translate_texts(engine, ds.data, trained, opts, advance=advance)
         seconds = time.perf_counter() - start
         scores = all_scores(hyps, ds.ref_text, cfg.bootstrap, cfg.bootstrap_seed)
+        ref_tokens = moses_tokenize(ds.ref_text, lang)
+        paper = paper_entry(hyps, ref_tokens, lang, cfg.bootstrap, cfg.bootstrap_seed)
         hyp_file = out_dir / f"{ds.name}.{tag}.hyp"
         atomic_write_bytes(hyp_file, "".join(h + "\n" for h in hyps).encode("utf-8"))
         ref_file = out_dir / f"{ds.name}.ref"  # what nmt-compare pairs hypotheses with
@@ -140,12 +151,14 @@ def evaluate(cfg: DictConfig) -> dict:
         print(f"{ds.name}: {len(hyps)} sentences in {seconds:.1f}s -> {hyp_file}")
         for s in scores:
             print(f"  {s.line()}")
+        print(f"  {paper_line(paper)}")
         report["sets"][ds.name] = {
             "sentences": len(hyps),
             "seconds": seconds,
             "hypotheses": str(hyp_file),
             "references": str(ref_file),
             "scores": {s.name: s.as_dict() for s in scores},
+            "bleu_paper": paper,
         }
     score_file = out_dir / f"scores.{tag}.json"
     atomic_write_bytes(score_file, json.dumps(report, indent=2).encode("utf-8"))
