@@ -5,6 +5,7 @@ python scripts/bench.py --quick              # about a minute: a smoke run, nois
 python scripts/bench.py --models transformer --precision bf16 --device cuda
 python scripts/bench.py --models transformer --compile both      # eager and torch.compile
 python scripts/bench.py --set model.attn_dropout=0               # any config override
+python scripts/bench.py --profile            # where the time goes: phases, modules, operators
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from pathlib import Path
 
 import torch
 
-from nmt.bench import speed
-from nmt.bench.report import SetupError, write_result
+from nmt.bench import profiling, speed
+from nmt.bench.report import SetupError, json_out, write_result
 
 REPO = Path(__file__).resolve().parents[1]
+PROFILE_SENTENCES = 200  # the profile decodes the first test sentences, not the whole set
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,6 +77,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="measure decoding too (--no-decode: training only)",
     )
     p.add_argument("--quick", action="store_true", help="few steps and sentences (~1 minute)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile instead of timing: where a training step and a batched decode spend "
+        "their time, by phase, module and operator (nmt.bench.profiling; JSON "
+        f"outputs/bench/profile-<time>.json; decodes {PROFILE_SENTENCES} sentences unless "
+        "--sentences)",
+    )
     return p.parse_args(argv)
 
 
@@ -83,13 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.pop("threads")
     if threads > 0:
         torch.set_num_threads(threads)
+    profile_run = args.pop("profile")
+    if profile_run:
+        args["out"] = str(json_out(args["out"], "profile", REPO))
+        if args["sentences"] is None:
+            args["sentences"] = PROFILE_SENTENCES // (4 if args["quick"] else 1)
     try:
         s = speed.make_settings(**args)
     except SetupError as err:
         print(err, file=sys.stderr)
         return 2
-    result = speed.run(s)
-    write_result(s.out, result, speed.report(result))
+    bench = profiling if profile_run else speed
+    result = bench.run(s)
+    write_result(s.out, result, bench.report(result))
     return 0
 
 

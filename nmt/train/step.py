@@ -12,12 +12,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
+from torch.profiler import record_function
 
 from nmt.data.batching import Batch
 from nmt.runtime.device import autocast
 from nmt.runtime.distributed import DistInfo
 
 MAX_BAD_STEPS = 5  # consecutive non-finite updates before the run is stopped
+# the parts of an update are profiler ranges "phase::forward", ... (nmt.bench.profiling); a
+# range costs a few microseconds when no profiler runs
+PHASE_PREFIX = "phase::"
 
 
 @dataclass
@@ -96,20 +100,23 @@ def train_step(
         last = i == len(micro_batches) - 1
         sync = contextlib.nullcontext() if last or not dist_info.enabled else model.no_sync()
         with sync:
-            with autocast(str(t.precision), device):
+            with record_function(PHASE_PREFIX + "forward"), autocast(str(t.precision), device):
                 loss = loss_fn(model, batch, t.label_smoothing)
             scaled = loss * scale
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+            with record_function(PHASE_PREFIX + "backward"):
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
         loss_total += loss.detach()
     if scaler is not None:
         scaler.unscale_(optimizer)
     max_norm = t.clip_grad_norm if t.clip_grad_norm > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss_total))
-    if scaler is not None:
-        scaler.step(optimizer)  # skips the update itself when fp16 gradients overflowed
-        scaler.update()
-        finite = True  # the scaler handles overflow by lowering its scale
-    elif finite:
-        optimizer.step()
+    with record_function(PHASE_PREFIX + "clip"):
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss_total))
+    with record_function(PHASE_PREFIX + "optimizer"):
+        if scaler is not None:
+            scaler.step(optimizer)  # skips the update itself when fp16 gradients overflowed
+            scaler.update()
+            finite = True  # the scaler handles overflow by lowering its scale
+        elif finite:
+            optimizer.step()
     return StepResult(loss_total, tokens, grad_norm, finite)
