@@ -185,7 +185,7 @@ def profile_training(
     torch.manual_seed(cfg.trainer.seed)
     model = build_model(cfg, data.tokenizers).to(s.device)
     model.train()
-    optimizer = build_optimizer(model, cfg.optim, fused=s.device.type == "cuda")
+    optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.trainer.max_steps)
 
     def step(idx: list[int]) -> None:

@@ -143,7 +143,7 @@ def time_training_steps(
     model = build_model(cfg, data.tokenizers).to(device)
     model.train()
     step_model: torch.nn.Module = torch.compile(model) if compiled else model
-    optimizer = build_optimizer(model, cfg.optim, fused=device.type == "cuda")
+    optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.trainer.max_steps)
     seconds = []
     for idx in batches:

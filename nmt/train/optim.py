@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -90,12 +91,19 @@ def schedule_fn(
     return fns[cfg.schedule]
 
 
+FUSED_DEVICES = ("cpu", "cuda")  # where torch has a fused Adam/AdamW kernel
+
+
 def build_optimizer(
-    model: nn.Module, cfg: DictConfig, fused: bool = False
+    model: nn.Module, cfg: DictConfig, fused: bool | None = None
 ) -> torch.optim.Optimizer:
     """Adam or AdamW over the model's parameters.
 
     Weight decay (AdamW) is not applied to biases, norms and embeddings' 1-d parameters.
+    ``fused`` (default: where the parameters' device has it, CPU and CUDA) updates all
+    parameters in one kernel; on a CPU that is about six times faster than torch's default
+    loop over the parameters, and it computes the same update up to float rounding. Its state
+    is the default's, so a checkpoint of either loads into the other.
     """
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -103,9 +111,25 @@ def build_optimizer(
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    if fused is None:
+        fused = all(p.device.type in FUSED_DEVICES for p in decay + no_decay)
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[cfg.name]
     kwargs = {"fused": True} if fused else {}
     return cls(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **kwargs)
+
+
+IMPLEMENTATION_KEYS = ("fused", "foreach")  # how an update runs, not what it computes
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a checkpoint's optimizer state but keep the kernel this optimizer was built with:
+    ``load_state_dict`` would also restore the checkpoint's ``fused``/``foreach`` flags, so a
+    checkpoint from a run with the default loop (or from a device without a fused kernel) would
+    turn the fused update off, and a fused one could turn it on where it does not exist."""
+    chosen = [{k: g.get(k) for k in IMPLEMENTATION_KEYS} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, keys in zip(optimizer.param_groups, chosen, strict=True):
+        group.update(keys)
 
 
 def build_scheduler(

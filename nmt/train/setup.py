@@ -49,7 +49,7 @@ from nmt.train.elastic import (
     write_record,
 )
 from nmt.train.loop import Checkpointer, Functions, Setup, Trainer
-from nmt.train.optim import build_optimizer, build_scheduler
+from nmt.train.optim import build_optimizer, build_scheduler, load_optimizer_state
 from nmt.train.runlog import RunLog
 from nmt.train.start import Origin, find_origin, log_origin
 from nmt.train.step import TrainState, loss_sum
@@ -96,7 +96,7 @@ def restore(
 ) -> None:
     """Load a checkpoint's weights, optimizer, schedule, loss scale and random state."""
     model.load_state_dict(payload["model"])
-    optimizer.load_state_dict(payload["optimizer"])
+    load_optimizer_state(optimizer, payload["optimizer"])
     scheduler.load_state_dict(payload["scheduler"])
     if scaler is not None and payload["scaler"] is not None:
         scaler.load_state_dict(payload["scaler"])
@@ -152,7 +152,7 @@ def build_trainer(run: Setup, functions: Functions) -> Trainer:
         )
     if run.init_info:
         state.init_from = run.init_info
-    optimizer = build_optimizer(run.model, cfg.optim, fused=run.device.type == "cuda")
+    optimizer = build_optimizer(run.model, cfg.optim)
     scheduler = build_lr_scheduler(optimizer, cfg, state, run.time_limit)
     scaler = build_scaler(str(t.precision), run.device)
     if run.resumed is not None:
