@@ -135,7 +135,7 @@ def run_rank(tmp_path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow(seconds=10)
+@pytest.mark.slow(seconds=12)
 def test_a_rank_ends_with_its_status_and_outputs_without_the_group_teardown(corpus, tmp_path):
     run_dir = tmp_path / "run"
     done = run_rank(tmp_path, *tiny_run_overrides(corpus, tmp_path, "trainer.max_steps=2",
