@@ -107,3 +107,55 @@ def test_slurm_tasks_map_to_torchrun_variables(monkeypatch):
     env = slurm_dist_env(launcher_variables())
     assert env["RANK"] == "5" and env["WORLD_SIZE"] == "8" and env["LOCAL_RANK"] == "1"
     assert env["MASTER_ADDR"] == "gpu07"
+
+
+# A rank in a gloo process group must end without the group's teardown: the teardown joins the
+# group's worker threads while holding the GIL, and one that still frees a finished collective's
+# tensors waits for the GIL forever (a hung rank); at interpreter exit the same thread is ended
+# inside a destructor and aborts the process (SIGABRT).
+RANK_SCRIPT = """
+import atexit, sys
+from pathlib import Path
+import torch.distributed as dist
+from nmt.train.command import main
+work = Path(sys.argv[1])
+dist.init_process_group("gloo", init_method=f"file://{work / 'store'}", rank=0, world_size=1)
+atexit.register((work / "finalized").touch)  # run only by an interpreter that finalizes
+print("printed before training")  # stdout is a file here: block-buffered, unflushed
+sys.argv = ["nmt-train", *sys.argv[2:]]
+main()
+"""
+
+
+def run_rank(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """``nmt-train ARGS`` in a process that joined a one-process gloo group first."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-c", RANK_SCRIPT, str(tmp_path), *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow(seconds=12)
+def test_a_rank_ends_with_its_status_and_outputs_without_the_group_teardown(corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    done = run_rank(tmp_path, *tiny_run_overrides(corpus, tmp_path, "trainer.max_steps=2",
+                                                  f"hydra.run.dir={run_dir}"))  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not (tmp_path / "finalized").exists()  # ended before the interpreter's teardown
+    assert "printed before training" in done.stdout  # flushed
+    assert json.loads((run_dir / "summary.json").read_text())["step"] == 2
+    assert (run_dir / "train.log").read_text().rstrip().endswith(f"run directory: {run_dir}")
+    assert f"run directory: {run_dir}" in done.stdout + done.stderr
+    # an error's status (a user error: 2) and message are kept too
+    missing = tmp_path / "missing"
+    failed = run_rank(tmp_path, *tiny_run_overrides(corpus, tmp_path, f"trainer.resume={missing}",
+                                                    f"hydra.run.dir={tmp_path / 'h'}"))  # fmt: skip
+    assert failed.returncode == 2, failed.stdout[-3000:] + failed.stderr[-3000:]
+    assert str(missing) in failed.stderr
+
+
+def test_the_exit_status_of_a_system_exit() -> None:
+    from nmt.runtime.distributed import exit_status
+
+    assert [exit_status(c) for c in (None, 0, 2, 138, 256 + 3, -1)] == [0, 0, 2, 138, 3, 255]
+    assert exit_status("a message") == 1

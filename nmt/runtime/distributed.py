@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -67,3 +71,42 @@ def init_distributed(device_name: str, launcher: Mapping[str, str]) -> DistInfo:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo")
     return info
+
+
+def exit_status(code: object) -> int:
+    """The status a process ends with for ``SystemExit(code)``, as Python sets it: None is 0,
+    an integer is itself, anything else (a message, printed by the caller) is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    return 1
+
+
+def exit_joined(code: object = None) -> None:
+    """End a process that joined a process group now, with ``SystemExit(code)``'s status, its
+    logs and standard streams flushed, and without tearing the group down; return at once in a
+    process that joined none (its caller exits as usual).
+
+    Why not ``dist.destroy_process_group()`` or the teardown at interpreter exit: a gloo
+    worker thread frees each finished collective's work after the caller's ``wait()`` returned,
+    and freeing a tensor that has a Python object takes the GIL. The group's destructor joins
+    those threads while the GIL is held (it runs when the last reference goes, from Python:
+    DDP's reducer or the group registry), so a worker still freeing the last collective's work
+    waits for the GIL forever and the join never ends (a hung rank); at interpreter exit the
+    same worker, refused the GIL of a finalizing interpreter, is ended inside a destructor and
+    aborts the process ("terminate called without an active exception", SIGABRT). Nothing in
+    torch lets the caller wait for the workers to finish freeing, so a rank whose outputs are
+    all written (checkpoints, metrics, the TensorBoard writer closed) ends with ``os._exit``,
+    which stops those threads with the process.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+    status = exit_status(code)
+    logging.shutdown()  # flushes and closes the log files (train.log)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing to keep
+            stream.flush()
+    os._exit(status)

@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from nmt.cli import config_dir, exit_on_error, setup_logging
 from nmt.config import register_configs, to_container
 from nmt.data.batching import padding_share
+from nmt.runtime.distributed import exit_joined
 from nmt.train.elastic import drop_record, requeue_status
 from nmt.train.loop import Functions, Trainer
 from nmt.train.runlog import write_summary
@@ -147,7 +148,15 @@ def exit_for_requeue(signal_name: str, previous: Any) -> NoReturn:
 
 
 def main() -> None:
-    _main()
+    """``nmt-train``. A process in a process group (a torchrun rank) ends through
+    :func:`~nmt.runtime.distributed.exit_joined`, with the status it would have had, without
+    tearing the group down: the gloo group's teardown can hang or abort a rank at the end."""
+    try:
+        _main()
+    except SystemExit as e:  # the preemption status, an error's, or Hydra's
+        exit_joined(e.code)
+        raise
+    exit_joined(0)
 
 
 if __name__ == "__main__":
