@@ -51,25 +51,42 @@ def slow_seconds(item: pytest.Item) -> float:
 SHARED = ("trained_runs", "serve_package", "real_corpus", "multilingual_runs")
 
 
+def shared_fixture(item: pytest.Item) -> str | None:
+    """The first costly session fixture (SHARED) that ``item`` uses, if any."""
+    names = [name for name in SHARED if name in getattr(item, "fixturenames", ())]
+    return names[0] if names else None
+
+
 def worker_groups(items: list[pytest.Item], workers: int) -> dict[str, str]:
     """Which worker group each test joins (by node id) under ``--dist loadgroup``.
 
     The tests marked ``slow(seconds=N)`` are dealt into one group per worker, the longest first,
     each to the group with the fewest seconds so far, so that the groups take about as long as
-    each other; every other test goes with the tests of its module, so that a module-scoped
-    fixture is made once, and the tests of a costly session fixture (SHARED) go together, so
-    that one worker makes it."""
-    load = [0.0] * workers
-    groups = {}
-    for item in sorted(items, key=lambda item: -slow_seconds(item)):
+    each other. The tests of a costly session fixture (SHARED) go together, so that one worker
+    makes it and the other never waits for it: where some of them are slow, all of them are
+    dealt as one, with their summed seconds. Every other test goes with the tests of its
+    module, so that a module-scoped fixture is made once."""
+    clusters: dict[str, float] = {}  # a SHARED fixture's slow tests, or one slow test
+    for item in items:
         seconds = slow_seconds(item)
         if seconds > 0:
-            least = load.index(min(load))
-            load[least] += seconds
-            groups[item.nodeid] = f"slow-{least}"
+            key = shared_fixture(item) or item.nodeid
+            clusters[key] = clusters.get(key, 0.0) + seconds
+    load = [0.0] * workers
+    dealt = {}
+    for key, seconds in sorted(clusters.items(), key=lambda kv: -kv[1]):
+        least = load.index(min(load))
+        load[least] += seconds
+        dealt[key] = f"slow-{least}"
+    groups = {}
+    for item in items:
+        shared = shared_fixture(item)
+        if slow_seconds(item) > 0:
+            groups[item.nodeid] = dealt[shared or item.nodeid]
+        elif shared:
+            groups[item.nodeid] = dealt.get(shared, shared)
         else:
-            shared = [name for name in SHARED if name in getattr(item, "fixturenames", ())]
-            groups[item.nodeid] = shared[0] if shared else item.nodeid.split("::")[0]
+            groups[item.nodeid] = item.nodeid.split("::")[0]
     return groups
 
 

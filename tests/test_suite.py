@@ -96,6 +96,28 @@ def test_the_tests_of_a_costly_session_fixture_share_a_worker() -> None:
     assert groups["tests/test_a.py::two"] == "tests/test_a.py"
 
 
+def test_the_slow_tests_of_a_costly_session_fixture_are_dealt_as_one() -> None:
+    """One worker makes the fixture for all its tests, slow or not; the other never waits."""
+
+    def item(nodeid: str, seconds: float = 0, *fixtures: str) -> Item:
+        marks = {"slow": pytest.mark.slow(seconds=seconds).mark} if seconds else {}
+        return Item(nodeid=nodeid, marks=marks, fixturenames=list(fixtures))
+
+    items = [
+        item("tests/test_m.py::a", 25, "multilingual_runs"),
+        item("tests/test_m.py::b", 10, "multilingual_runs", "tmp_path"),
+        item("tests/test_n.py::c", 0, "multilingual_runs"),
+        item("tests/test_q.py::long", 30),
+        item("tests/test_q.py::short", 20),
+    ]
+    groups = worker_groups(items, 2)
+    # the fixture's 35 s go as one, the longest first: slow-0; then 30 s and 20 s fill in
+    assert groups["tests/test_m.py::a"] == groups["tests/test_m.py::b"] == "slow-0"
+    assert groups["tests/test_n.py::c"] == "slow-0"
+    assert groups["tests/test_q.py::long"] == "slow-1"
+    assert groups["tests/test_q.py::short"] == "slow-1"
+
+
 @pytest.mark.slow(seconds=6)
 def test_the_installed_pytest_and_xdist_keep_a_group_on_one_worker(tmp_path: Path) -> None:
     """``make test``'s groups reach the scheduler only if pytest keeps the group that xdist's
