@@ -51,10 +51,21 @@ def slow_seconds(item: pytest.Item) -> float:
 SHARED = ("trained_runs", "serve_package", "real_corpus", "multilingual_runs")
 
 
-def shared_fixture(item: pytest.Item) -> str | None:
-    """The first costly session fixture (SHARED) that ``item`` uses, if any."""
-    names = [name for name in SHARED if name in getattr(item, "fixturenames", ())]
-    return names[0] if names else None
+def shared_fixtures(items: list[pytest.Item]) -> dict[str, str]:
+    """Each costly session fixture (SHARED) mapped to the one that stands for it: fixtures
+    that some test uses together are one (a test of both needs both on its worker)."""
+    lead = {name: name for name in SHARED}
+
+    def find(name: str) -> str:
+        while lead[name] != name:
+            name = lead[name]
+        return name
+
+    for item in items:
+        used = [find(name) for name in SHARED if name in getattr(item, "fixturenames", ())]
+        for name in used[1:]:
+            lead[name] = used[0]
+    return {name: find(name) for name in SHARED}
 
 
 def worker_groups(items: list[pytest.Item], workers: int) -> dict[str, str]:
@@ -63,9 +74,16 @@ def worker_groups(items: list[pytest.Item], workers: int) -> dict[str, str]:
     The tests marked ``slow(seconds=N)`` are dealt into one group per worker, the longest first,
     each to the group with the fewest seconds so far, so that the groups take about as long as
     each other. The tests of a costly session fixture (SHARED) go together, so that one worker
-    makes it and the other never waits for it: where some of them are slow, all of them are
-    dealt as one, with their summed seconds. Every other test goes with the tests of its
+    makes it and the other never waits for it (with those of any fixture that a test uses
+    beside it): where some of them are slow, all of them are dealt as one, with their summed
+    seconds. Every other test goes with the tests of its
     module, so that a module-scoped fixture is made once."""
+    leads = shared_fixtures(items)
+
+    def shared_fixture(item: pytest.Item) -> str | None:
+        names = [leads[name] for name in SHARED if name in getattr(item, "fixturenames", ())]
+        return names[0] if names else None
+
     clusters: dict[str, float] = {}  # a SHARED fixture's slow tests, or one slow test
     for item in items:
         seconds = slow_seconds(item)

@@ -109,11 +109,13 @@ def test_the_slow_tests_of_a_costly_session_fixture_are_dealt_as_one() -> None:
         item("tests/test_n.py::c", 0, "multilingual_runs"),
         item("tests/test_q.py::long", 30),
         item("tests/test_q.py::short", 20),
+        item("tests/test_r.py::both", 0, "trained_runs", "multilingual_runs"),
+        item("tests/test_r.py::trained", 5, "trained_runs"),
     ]
     groups = worker_groups(items, 2)
-    # the fixture's 35 s go as one, the longest first: slow-0; then 30 s and 20 s fill in
-    assert groups["tests/test_m.py::a"] == groups["tests/test_m.py::b"] == "slow-0"
-    assert groups["tests/test_n.py::c"] == "slow-0"
+    # the two fixtures' 40 s go as one, the longest first: slow-0; then 30 s and 20 s fill in
+    together = ("m.py::a", "m.py::b", "n.py::c", "r.py::both", "r.py::trained")
+    assert {groups[f"tests/test_{t}"] for t in together} == {"slow-0"}
     assert groups["tests/test_q.py::long"] == "slow-1"
     assert groups["tests/test_q.py::short"] == "slow-1"
 
