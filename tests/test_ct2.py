@@ -312,11 +312,12 @@ def test_without_length_penalty_beam_search_decodes_per_cap(trained: dict) -> No
     ]
 
 
-# BLEU bounds of the quantized models on the 120 training pairs of a 64-wide model (measured:
-# int8 -1.3 greedy and +0.1 beam 5, int16 +0.3 and 0.0); narrow models lose the most to int8
-# On 120 sentences a handful of changed words moves BLEU by a point or two: two trainings of
-# the fixture that differ only in float rounding put int8 greedy search 1.3 and 2.2 below float.
-BLEU_BOUND = {"int8": 3.0, "int16": 0.5}
+# BLEU bounds of the quantized models on the 120 training pairs of a 64-wide model. On 120
+# sentences a handful of changed words moves BLEU by a point or more, and narrow models lose
+# the most to int8. Seven trainings of the fixture (seeds 1234 and 0-4) put int8 between 3.11
+# below and 1.42 above float (greedy and beam 5, the int8 package and an int16 one run as
+# int8_float32 on a CPU without int16); a broken quantization loses tens of points.
+BLEU_BOUND = {"int8": 4.5, "int16": 0.5}
 
 
 def bleu_bound(quantization: str) -> float:
