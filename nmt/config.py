@@ -154,6 +154,9 @@ class DataConfig:
     # where the target-language tag <2xx> goes: source (the source's first token) or target
     # (the first target token, forced when decoding)
     tag_placement: TagPlacement = TagPlacement.source
+    # multilingual: directions not trained (each language in some trained direction) that
+    # nmt-eval also scores, each against pivoting, unless its zero_shot=[...] says otherwise
+    zero_shot: list[str] = field(default_factory=list)
     # multilingual: a direction's share of an epoch follows pairs ** (1 / T): 1 by size,
     # 5 flatter, inf uniform
     sampling_temperature: float = 1.0
@@ -337,8 +340,9 @@ class EvalConfig(DecodeConfig):
     bootstrap: int = BOOTSTRAP_RESAMPLES
     bootstrap_seed: int = BOOTSTRAP_SEED
     # a multilingual run: directions it never trained to score as well ([de-fr]), each also
-    # through the pivot language (two decodes) as its baseline
-    zero_shot: list[str] = field(default_factory=list)
+    # through the pivot language (two decodes) as its baseline; unset: the run's
+    # data.zero_shot; [] scores the trained directions only
+    zero_shot: list[str] | None = None
     pivot: str = "en"  # the language a zero-shot direction is pivoted through
     # a multilingual run: the share of outputs not in the target language (py3langid)
     off_target: bool = True

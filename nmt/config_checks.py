@@ -34,6 +34,10 @@ def _check_data(d: DictConfig) -> None:
     directions = parse_directions(d.directions)
     if directions:
         _check_multilingual(d, directions)
+    elif d.get("zero_shot"):
+        raise ConfigError(
+            f"data.zero_shot={list(d.zero_shot)} needs a multilingual run: set data.directions"
+        )
     elif d.src_lang == d.tgt_lang:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {d.src_lang!r}")
     if d.corpus == "multi30k" and not directions:
@@ -67,6 +71,23 @@ def _check_multilingual(d: DictConfig, directions: list[Direction]) -> None:
             "data.directions: a multilingual model has one sentencepiece model over all its "
             "languages; set data.joint_vocab=true"
         )
+    _check_zero_shot(d.get("zero_shot"), directions)
+
+
+def _check_zero_shot(value: object, directions: list[Direction]) -> None:
+    """``data.zero_shot``: directions not trained whose languages the model reads and writes."""
+    known = sorted({lang for d in directions for lang in (d.src, d.tgt)})
+    targets = sorted({d.tgt for d in directions})
+    for i, d in enumerate(parse_directions(value, "data.zero_shot")):
+        where = f"data.zero_shot[{i}]={d}"
+        if d in directions:
+            raise ConfigError(f"{where} is a trained direction (data.directions)")
+        if d.src not in known:
+            raise ConfigError(f"{where}: {d.src!r} is in no trained direction: {', '.join(known)}")
+        if d.tgt not in targets:
+            raise ConfigError(
+                f"{where}: {d.tgt!r} is not a trained target language: {', '.join(targets)}"
+            )
 
 
 def _check_optim(o: DictConfig, t: DictConfig) -> None:

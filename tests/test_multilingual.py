@@ -235,6 +235,10 @@ def test_missing_file_and_unequal_lengths_name_the_file(fourway, tmp_path):
         ("data.directions=[de-it]", r"data\.directions\[0\] \(de-it\)='it' is not one of"),
         ("data.sampling_temperature=0", r"data\.sampling_temperature=0.0 must be > 0"),
         ("data.joint_vocab=false", r"one sentencepiece model over all its languages"),
+        ("data.zero_shot=[de_fr]", r"data\.zero_shot\[0\]='de_fr' is not a direction"),
+        ("data.zero_shot=[de-en]", r"data\.zero_shot\[0\]=de-en is a trained direction"),
+        ("data.zero_shot=[it-de]", r"data\.zero_shot\[0\]=it-de: 'it' is in no trained"),
+        ("data.zero_shot=[de-it]", r"data\.zero_shot\[0\]=de-it: 'it' is not a trained target"),
     ],
 )
 def test_bad_multilingual_config(override, message):
@@ -243,10 +247,17 @@ def test_bad_multilingual_config(override, message):
         check_train_config(cfg)
 
 
+def test_zero_shot_needs_directions():
+    cfg = compose_config("train", ["data.zero_shot=[de-fr]"])
+    with pytest.raises(ConfigError, match=r"data\.zero_shot=\['de-fr'\] needs a multilingual run"):
+        check_train_config(cfg)
+
+
 def test_preset_and_data_config_compose():
     cfg = compose_config("train", ["experiment=multilingual_cpu"])
     check_train_config(cfg)
     assert list(cfg.data.directions) == SIX.strip("[]").split(",")
+    assert list(cfg.data.zero_shot) == ["de-fr", "fr-de"]  # what make eval adds
     assert cfg.data.tag_placement == "source" and cfg.trainer.max_time > 0
     inf = compose_config("train", ["data=multi30k_multilingual", "data.sampling_temperature=inf"])
     assert math.isinf(inf.data.sampling_temperature)

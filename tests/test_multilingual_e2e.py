@@ -113,3 +113,28 @@ def test_untrained_target_language_is_refused(trained):
     errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1
     assert "translates into de, en, fr: name the target language with tgt_lang" in errors[0]
+
+
+@pytest.mark.slow(seconds=3)
+def test_eval_scores_the_runs_zero_shot_directions_unless_told(trained):
+    """nmt-eval without zero_shot= takes the run's data.zero_shot; zero_shot=[] none; a run
+    written before the field has none."""
+    from omegaconf import open_dict
+
+    from nmt.config import Direction
+    from nmt.evaluate.multilingual import eval_directions
+
+    run_dir = trained("source")
+    model = load_trained(checkpoint_path(run_dir, None), torch.device("cpu"))
+    assert "zero_shot" not in model.cfg.data or not model.cfg.data.zero_shot
+    assert eval_directions(compose_config("eval", [f"run={run_dir}"]), model)[1] == []
+    with open_dict(model.cfg):
+        model.cfg.data.zero_shot = ["de-fr"]
+    chosen = {
+        "": [Direction("de", "fr")],
+        "zero_shot=[]": [],
+        "zero_shot=[fr-de]": [Direction("fr", "de")],
+    }
+    for override, zero in chosen.items():
+        cfg = compose_config("eval", [f"run={run_dir}", *([override] if override else [])])
+        assert eval_directions(cfg, model)[1] == zero, override

@@ -126,10 +126,14 @@ def _write(path: Path, lines: list[str]) -> None:
 
 
 def eval_directions(cfg: DictConfig, trained: Trained) -> tuple[list[Direction], list[Direction]]:
-    """The trained directions and the zero-shot ones asked for (``zero_shot``), checked: a
-    target language the model has no tag for is refused, naming the languages it has."""
+    """The trained directions and the zero-shot ones asked for (``zero_shot``; unset, the
+    run's ``data.zero_shot``), checked: a target language the model has no tag for is refused,
+    naming the languages it has."""
     trained_dirs = directions_of(trained.cfg.data)
-    zero = [d for d in parse_directions(list(cfg.zero_shot), "zero_shot") if d not in trained_dirs]
+    key, names = "zero_shot", cfg.zero_shot
+    if names is None:
+        key, names = "data.zero_shot", trained.cfg.data.get("zero_shot") or []
+    zero = [d for d in parse_directions(list(names), key) if d not in trained_dirs]
     targets = target_languages(trained.cfg.data)
     for d in trained_dirs + zero:
         target_tag(trained.tokenizers.tgt, d.tgt, targets)
