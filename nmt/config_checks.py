@@ -16,6 +16,7 @@ from nmt.config import (
     parse_directions,
     train_corpora,
 )
+from nmt.data.multilingual import languages, target_languages
 
 
 def check_train_config(cfg: DictConfig) -> None:
@@ -71,14 +72,13 @@ def _check_multilingual(d: DictConfig, directions: list[Direction]) -> None:
             "data.directions: a multilingual model has one sentencepiece model over all its "
             "languages; set data.joint_vocab=true"
         )
-    _check_zero_shot(d.get("zero_shot"), directions)
+    _check_zero_shot(d, directions)
 
 
-def _check_zero_shot(value: object, directions: list[Direction]) -> None:
+def _check_zero_shot(data: DictConfig, directions: list[Direction]) -> None:
     """``data.zero_shot``: directions not trained whose languages the model reads and writes."""
-    known = sorted({lang for d in directions for lang in (d.src, d.tgt)})
-    targets = sorted({d.tgt for d in directions})
-    for i, d in enumerate(parse_directions(value, "data.zero_shot")):
+    known, targets = languages(directions), target_languages(data)
+    for i, d in enumerate(parse_directions(data.get("zero_shot"), "data.zero_shot")):
         where = f"data.zero_shot[{i}]={d}"
         if d in directions:
             raise ConfigError(f"{where} is a trained direction (data.directions)")

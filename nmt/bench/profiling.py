@@ -30,10 +30,10 @@ import torch
 from omegaconf import DictConfig
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from nmt.bench.machine import MatmulSettings, load_average_or_none, machine_info, synchronize
+from nmt.bench.machine import MatmulSettings, machine_info, synchronize
 from nmt.bench.report import say as _say
 from nmt.bench.report import table
-from nmt.bench.speed import DataCache, Settings, train_config
+from nmt.bench.speed import DataCache, Settings, envelope, train_config
 from nmt.bench.timing import (
     StepSettings,
     WeightSource,
@@ -328,20 +328,12 @@ def run(s: Settings) -> dict[str, Any]:
                 model, cfg, data, s.device, source, s.decode_sentences, say
             )
         models[model] = m
-    return {
-        "schema": SCHEMA,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "quick": s.quick,
-        "settings": {
-            "models": s.models,
-            "precisions": s.precisions,
-            "overrides": s.overrides,
-            "steps": s.steps,
-            "warmup": s.warmup,
-            "decode_sentences": s.decode_sentences,
-        },
-        "definitions": DEFINITIONS,
-        "machine": {**machine, "load_average_end": load_average_or_none()},
-        "models": models,
-        "seconds": time.perf_counter() - start,
+    settings = {
+        "models": s.models,
+        "precisions": s.precisions,
+        "overrides": s.overrides,
+        "steps": s.steps,
+        "warmup": s.warmup,
+        "decode_sentences": s.decode_sentences,
     }
+    return envelope(SCHEMA, s, settings, DEFINITIONS, machine, models, start)

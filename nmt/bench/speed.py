@@ -394,23 +394,38 @@ def run(s: Settings) -> dict[str, Any]:
     machine = machine_info(s.device, matmul, say)
     data_cache = DataCache()
     models = {m: bench_model(m, data_cache, s, machine) for m in s.models}
+    settings = {
+        "models": s.models,
+        "precisions": s.precisions,
+        "compile": s.compile_modes,
+        "overrides": s.overrides,
+        "steps": s.steps,
+        "warmup": s.warmup,
+        "decode_sentences": s.decode_sentences,
+        "single_sentences": s.single_sentences,
+        "decode_precision": s.decode_precision,
+        "beam": BEAM,
+    }
+    return envelope(SCHEMA, s, settings, DEFINITIONS, machine, models, start)
+
+
+def envelope(
+    schema: str,
+    s: Settings,
+    settings: dict[str, Any],
+    definitions: dict[str, str],
+    machine: dict[str, Any],
+    models: dict[str, Any],
+    start: float,
+) -> dict[str, Any]:
+    """A result of ``scripts/bench.py`` (timing or profile): what was measured, how, on which
+    machine (with its load average now), and the seconds since ``start``."""
     return {
-        "schema": SCHEMA,
+        "schema": schema,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "quick": s.quick,
-        "settings": {
-            "models": s.models,
-            "precisions": s.precisions,
-            "compile": s.compile_modes,
-            "overrides": s.overrides,
-            "steps": s.steps,
-            "warmup": s.warmup,
-            "decode_sentences": s.decode_sentences,
-            "single_sentences": s.single_sentences,
-            "decode_precision": s.decode_precision,
-            "beam": BEAM,
-        },
-        "definitions": DEFINITIONS,
+        "settings": settings,
+        "definitions": definitions,
         "machine": {**machine, "load_average_end": load_average_or_none()},
         "models": models,
         "seconds": time.perf_counter() - start,
