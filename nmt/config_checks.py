@@ -16,7 +16,6 @@ from nmt.config import (
     parse_directions,
     train_corpora,
 )
-from nmt.data.multilingual import languages, target_languages
 
 
 def check_train_config(cfg: DictConfig) -> None:
@@ -76,8 +75,10 @@ def _check_multilingual(d: DictConfig, directions: list[Direction]) -> None:
 
 
 def _check_zero_shot(data: DictConfig, directions: list[Direction]) -> None:
-    """``data.zero_shot``: directions not trained whose languages the model reads and writes."""
-    known, targets = languages(directions), target_languages(data)
+    """``data.zero_shot``: directions not trained whose languages the model reads and writes.
+    (The ground floor: ``nmt.data.multilingual``'s helpers are a layer above.)"""
+    known = sorted({lang for d in directions for lang in (d.src, d.tgt)})
+    targets = sorted({d.tgt for d in directions})
     for i, d in enumerate(parse_directions(data.get("zero_shot"), "data.zero_shot")):
         where = f"data.zero_shot[{i}]={d}"
         if d in directions:
