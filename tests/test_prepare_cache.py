@@ -154,7 +154,9 @@ def test_reading_a_large_mapped_side_keeps_its_pages_unmapped(
             make_batch(ds, idx)
         growth[bound] = pss_parts(os.getpid())[2] - before
         del ds
-    assert growth[1 << 40] > 20 << 20  # the whole of both sides' files became mapped
+    # most of the files both sides read became mapped (the sides share them: about 22 MB)
+    files = sum((tmp_path / f"{n}.npy").stat().st_size for n in ("tokens", "offsets", "lengths"))
+    assert growth[1 << 40] > 0.8 * files
     assert growth[16 << 20] < 2 << 20
 
 
