@@ -423,6 +423,7 @@ class ServeConfig(DecodeConfig):
     max_queued_sentences: int = 512  # sentences waiting for a decode; a request beyond: 503
     request_timeout: float = 30.0  # seconds from a request's arrival to its answer; then 504
     decode_nice: int = 0  # niceness added to the decoding threads, Linux (0: none)
+    decode_process: bool = True  # our search decodes in a child process (false: on a thread)
     allow_zero_shot: bool = False  # a multilingual model: serve pairs it was not trained on
 
 

@@ -83,6 +83,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="overload this code with a server setting (A) and without it (B), alternating",
     )
     p.add_argument("--setting-rounds", type=int, default=3, help="its A B rounds (medians)")
+    p.add_argument(
+        "--setting-levels",
+        action="store_true",
+        help="the setting A/B also runs the load levels (--levels), on a fresh server each round",
+    )
     p.add_argument("--work", default="outputs/bench/serve-work", help="packages and caches")
     p.add_argument("--out", help="JSON (default outputs/bench/bench-serve-<timestamp>.json)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 40 sentences, few requests")

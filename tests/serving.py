@@ -72,6 +72,24 @@ def stop_server(proc: subprocess.Popen) -> int:
     return proc.returncode
 
 
+def decoding_process(pid: int) -> int:
+    """The process in which the server ``pid`` runs our search (Linux: read from /proc): its
+    child started by multiprocessing's spawn that is not the resource tracker."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, IndexError, ValueError):  # it ended meanwhile
+            continue
+        if ppid == pid and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            found.append(int(entry.name))
+    assert len(found) == 1, f"the server {pid} has decoding processes {found}"
+    return found[0]
+
+
 def server_log(proc: subprocess.Popen) -> str:
     return proc.log.read_text()  # type: ignore[attr-defined]
 

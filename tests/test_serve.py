@@ -26,6 +26,7 @@ from nmt.store.loading import load_package
 
 from .serving import (
     SENTENCES,
+    decoding_process,
     get,
     post,
     run_app,
@@ -241,7 +242,7 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(
         return load_backend(cfg)
 
     monkeypatch.setattr(nmt.serve.backend, "load_backend", load)
-    cfg = serve_config(package, "engine=torch")
+    cfg = serve_config(package, "engine=torch", "decode_process=false")
     backend, executor = nmt.serve.backend.start_backend(cfg)
     decoded_on = []
 
@@ -263,9 +264,61 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(
     assert all(isinstance(o.attention, np.ndarray) for o in outputs)
 
 
+def test_our_search_decodes_in_a_process_of_its_own_that_is_replaced_if_it_dies(
+    package: Path,
+) -> None:
+    """The default for our search: the model loads and decodes in a child process, with the
+    same outputs as on a thread of the server; the child ignores SIGINT and SIGTERM (the
+    server's graceful stop decides when it ends), and a killed one fails only the decode it
+    was running: the next request starts a new one and is answered."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from nmt.serve.backend import DecodeProcess, start_backend
+
+    cfg = serve_config(package, "engine=torch")
+    backend, executor = start_backend(cfg)
+    try:
+        assert isinstance(executor, DecodeProcess)
+        child = executor.pid()
+        assert child != os.getpid()
+        ids = backend.tokenizers.src.encode_batch(SENTENCES)
+        here = load_backend(serve_config(package, "engine=torch", "decode_process=false"))
+        for opts in (DecodeOptions(beam=1), DecodeOptions(beam=2)):
+            theirs = executor.submit(backend.decode, ids, opts, True).result()
+            ours = here.decode(ids, opts, True)
+            for a, b in zip(theirs, ours, strict=True):
+                assert a.tokens == b.tokens and a.score == pytest.approx(b.score, abs=1e-6)
+                np.testing.assert_allclose(a.attention, b.attention, atol=1e-6)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            os.kill(child, sig)
+        assert executor.submit(backend.decode, ids, DecodeOptions(), False).result()
+        assert executor.pid() == child and executor.restarts == 0
+
+        # killed in the middle of a decode: that decode fails, the next one gets a new process
+        long = [ids[0] * 12] * 32
+        running = executor.submit(backend.decode, long, DecodeOptions(beam=4), False)
+        os.kill(child, signal.SIGKILL)
+        with pytest.raises(BrokenProcessPool):
+            running.result(timeout=60)
+
+        async def scenario(client: TestClient) -> None:
+            response = await client.post("/v1/translate", json={"text": SENTENCES})
+            body = await response.json()
+            assert response.status == 200, body
+            expected = here.decode(ids, backend.defaults, False)
+            assert body["translations"] == [here.tokenizers.tgt.decode(o.tokens) for o in expected]
+
+        run_app(make_app(backend, cfg, executor=executor), scenario)  # shuts the executor down
+        assert executor.restarts == 1
+    finally:
+        executor.shutdown(wait=True)
+
+
 # ------------------------------------------------------------------------- the process
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux's /proc finds the child")
 def test_sigterm_finishes_the_request_in_flight(package: Path) -> None:
     # a long request on a busy machine may take more than the default request_timeout
     proc, port = start_server(package, "engine=torch", "request_timeout=600")
@@ -281,6 +334,9 @@ def test_sigterm_finishes_the_request_in_flight(package: Path) -> None:
                 break
         else:
             raise AssertionError("the request never arrived")
+        # as a terminal's Ctrl-C or a service manager's stop, every process of the server gets
+        # the signal: the decoding process goes on with the request in flight
+        os.kill(decoding_process(proc.pid), signal.SIGTERM)
         proc.send_signal(signal.SIGTERM)
         worker.join(120)
         if "answer" not in result:  # the server's own account of what happened
@@ -339,6 +395,9 @@ def test_the_decoding_runs_on_threads_less_urgent_than_the_event_loop(
             status, body = post(port, {"text": SENTENCES * 4, "beam": 3})
             assert status == 200 and len(body["translations"]) == 4 * len(SENTENCES)
         threads = _threads(proc.pid)
+        if engine == "torch":  # our search runs in a process of its own
+            threads |= _threads(decoding_process(proc.pid))
+        assert get(port, "/health")["pytorch_loaded"] is False  # in the server's process
     finally:
         assert stop_server(proc) == 0, server_log(proc)
     assert threads[proc.pid][0] == base  # the event loop's thread

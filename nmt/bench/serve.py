@@ -105,6 +105,7 @@ class ServeSettings:
     ab_rounds: int = 3  # A B rounds
     setting_ab: str | None = None  # a server setting (KEY=VALUE) against the default, overloaded
     setting_rounds: int = 3  # its A B rounds
+    setting_levels: bool = False  # the setting A/B also runs the load levels (levels)
     overload_engines: str = "torch,ctranslate2"  # the engines of the overload phases
     work: str = "outputs/bench/serve-work"
     out: str | None = None
@@ -464,6 +465,9 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
             out[f"overload {engine}"]["A/B medians"] = over["ab"]["medians"]
         if "setting_ab" in over:
             out[f"overload {engine}"]["setting A/B medians"] = over["setting_ab"]["medians"]
+            if "level_medians" in over["setting_ab"]:
+                levels = over["setting_ab"]["level_medians"]
+                out[f"overload {engine}"]["setting A/B level medians"] = levels
     for engine in ("torch", "ctranslate2"):
         server = result.get("server", {}).get(engine)
         if server:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nmt.bench.memory import rss
+from nmt.bench.memory import descendants, rss
 from nmt.bench.report import say as _say
 
 if TYPE_CHECKING:
@@ -20,10 +20,17 @@ if TYPE_CHECKING:
 
 
 def rss_kib(pid: int, peak: bool = False) -> int | None:
-    """Resident memory of a process in KiB, now or at its peak (None once it is gone)."""
-    now, high = rss(pid)
-    value = high if peak else now
-    return value // 1024 if value else None
+    """Resident memory of a server in KiB, now or at its peak (None once it is gone): summed
+    over its process and the processes it started (our search decodes in one of its own).
+    Pages they share (Python's libraries) count once per process; a peak is the sum of each
+    process's own peak."""
+    if not rss(pid)[0]:
+        return None
+    total = 0
+    for p in descendants(pid):
+        now, high = rss(p)
+        total += high if peak else now
+    return total // 1024
 
 
 async def post(session: Any, url: str, body: Any, raw: bool = False) -> tuple[int, float]:

@@ -203,6 +203,8 @@ async def open_loop(
             await asyncio.sleep(0.2)
 
     connector = aiohttp.TCPConnector(limit=0)
+    # the clients share the machine's cores with the server: the cores they used are reported
+    cpu, wall = time.process_time(), time.perf_counter()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         stop = asyncio.Event()
         prober = asyncio.ensure_future(probe(session, stop))
@@ -214,6 +216,7 @@ async def open_loop(
         await asyncio.gather(*tasks)
         stop.set()
         await prober
+    client_cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
     statuses: dict[str, int] = {}
     for status, _ in results:
         statuses[status] = statuses.get(status, 0) + 1
@@ -234,6 +237,7 @@ async def open_loop(
             if t
         },
         "probes_failed": probe_failures,
+        "load_generator_cores": round(client_cores, 3),  # its CPU seconds per second
     }
 
 
@@ -341,7 +345,12 @@ def overload_engine(
 
 
 # the figures of an overload run compared by the setting A/B (medians over its rounds)
-SETTING_FIGURES = ("answered_200_share", "latency_503_p50_s", "latency_503_p99_s")
+SETTING_FIGURES = (
+    "answered_200_share",
+    "latency_503_p50_s",
+    "latency_503_p99_s",
+    "load_generator_cores",
+)
 
 
 def setting_ab(
@@ -350,6 +359,7 @@ def setting_ab(
     """The overload at ``rate`` with ``s.setting_ab`` given to the server (A) and without (B),
     alternating A B, ``s.setting_rounds`` times each."""
     runs: dict[str, list[dict]] = {"A": [], "B": []}
+    levels: dict[str, list[list[dict]]] = {"A": [], "B": []}
     deadline = f"request_timeout={s.patience}"
     for r in range(s.setting_rounds):
         for side, extra in (("A", (deadline, s.setting_ab)), ("B", (deadline,))):
@@ -360,6 +370,15 @@ def setting_ab(
                         open_loop(server.url, sentences, rate, s.overload_seconds, beam, s.patience)
                     )
                 )
+            if s.setting_levels:
+                with Server(package, engine, s.threads, s.cwd, extra=extra) as server:
+                    url, n, limit = server.url, s.requests, s.level_seconds
+                    levels[side].append(
+                        [
+                            asyncio.run(load_level(url, sentences, c, n, limit, beam))
+                            for c in s.clients
+                        ]
+                    )
     medians: dict[str, dict[str, float | None]] = {}
     for side, rounds in runs.items():
         figures = {k: [r[k] for r in rounds if r[k] is not None] for k in SETTING_FIGURES}
@@ -371,7 +390,25 @@ def setting_ab(
                     if path in r["probes_while_loaded"]
                 ]
         medians[side] = {k: statistics.median(v) if v else None for k, v in figures.items()}
-    return {"A": s.setting_ab, "B": "the default", "rate": rate, "runs": runs, "medians": medians}
+    result = {"A": s.setting_ab, "B": "the default", "rate": rate, "runs": runs, "medians": medians}
+    if s.setting_levels:
+        result["levels"] = levels
+        result["level_medians"] = level_medians(levels, s.clients)
+    return result
+
+
+def level_medians(runs: dict[str, list[list[dict]]], clients: list[int]) -> dict:
+    """Per side and load level, the medians over the rounds of throughput and latency."""
+    return {
+        side: {
+            f"{c}_clients": {
+                key: statistics.median(rnd[i][key] for rnd in rounds)
+                for key in ("sentences_per_s", "latency_p50_s", "latency_p99_s")
+            }
+            for i, c in enumerate(clients)
+        }
+        for side, rounds in runs.items()
+    }
 
 
 def ab_levels(
@@ -392,15 +429,7 @@ def ab_levels(
                         for c in s.clients
                     ]
                 )
-    medians = {}
-    for side, rounds in runs.items():
-        medians[side] = {
-            f"{c}_clients": {
-                key: statistics.median(rnd[i][key] for rnd in rounds)
-                for key in ("sentences_per_s", "latency_p50_s", "latency_p99_s")
-            }
-            for i, c in enumerate(s.clients)
-        }
+    medians = level_medians(runs, s.clients)
     return {"A": str(s.ab_base), "B": "this code", "beam": beam, "runs": runs, "medians": medians}
 
 

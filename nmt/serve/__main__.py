@@ -2,4 +2,5 @@
 
 from nmt.serve.main import main
 
-main()
+if __name__ == "__main__":  # a decoding process imports this module again: it must not serve
+    main()

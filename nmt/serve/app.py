@@ -18,7 +18,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -81,10 +81,11 @@ def make_app(
     backend: Backend,
     cfg: DictConfig,
     state: dict[str, Any] | None = None,
-    executor: ThreadPoolExecutor | None = None,
+    executor: Executor | None = None,
 ) -> Any:
-    """The aiohttp application over ``backend``, decoding on ``executor`` (the thread that
-    loaded the backend), with the keys of ``api_keys_file`` and CORS for ``cors_origins``.
+    """The aiohttp application over ``backend``, decoding on ``executor`` (where the backend
+    was loaded: :func:`nmt.serve.backend.start_backend`), with the keys of ``api_keys_file``
+    and CORS for ``cors_origins``.
     ``state`` (filled here) gives the caller the batcher, the metrics and the counters of
     requests in flight and rejected; ``state["stopping"] = True`` makes /ready answer 503."""
     web = require_aiohttp()

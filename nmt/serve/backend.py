@@ -1,14 +1,17 @@
-"""What the server decodes with: the model of a package on one engine, loaded on the thread that
-runs its decodes."""
+"""What the server decodes with: the model of a package on one engine, loaded where its
+decodes run (a process of its own for our search, the server's threads for CTranslate2)."""
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -145,9 +148,17 @@ def torch_backend(cfg: DictConfig) -> Backend:
     )
 
 
-def start_backend(cfg: DictConfig) -> tuple[Backend, ThreadPoolExecutor]:
-    """The backend, loaded on the thread that will run its decodes (:func:`decode_thread`);
-    a backend that runs several decodes at once gets as many threads."""
+def start_backend(cfg: DictConfig) -> tuple[Backend, Executor]:
+    """The backend, loaded where its decodes will run: our search in a child process
+    (:class:`DecodeProcess`, unless ``decode_process=false``), CTranslate2 on the thread that
+    loads it (:func:`decode_thread`), with as many threads as it runs decodes at once."""
+    if cfg.decode_process and cfg.engine != "ctranslate2":
+        process = DecodeProcess(cfg)
+        try:
+            return process.start(), process
+        except BaseException:
+            process.shutdown(wait=False)
+            raise
     executor = decode_thread(nice=cfg.decode_nice)
     try:
         backend = executor.submit(load_backend, cfg).result()
@@ -177,7 +188,8 @@ def load_backend(cfg: DictConfig) -> Backend:
 
 def decode_thread(threads: int = 1, nice: int = 0) -> ThreadPoolExecutor:
     """The one thread that loads the model and runs every decode (``threads`` for a backend
-    that runs several decodes at once).
+    that runs several decodes at once): CTranslate2's, or our search's with
+    ``decode_process=false``.
 
     The event loop's thread (the main one) never runs a PyTorch operation: once the main thread
     has run one on a team of OpenMP threads, another thread's decodes keep only part of the
@@ -210,3 +222,111 @@ def lower_priority(nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
     except OSError as e:  # a sandbox may forbid it: the server runs, less promptly under load
         log.warning("could not lower the decoding thread's priority: %s", e)
+
+
+# The backend of a decoding process (:class:`DecodeProcess`), loaded by _load_in_child.
+_CHILD_BACKEND: Backend | None = None
+
+
+class DecodeProcess(Executor):
+    """The process that loads the model and runs every decode of our search.
+
+    Our search holds the interpreter's lock between its tensor operations, so on a thread of
+    the server's process it delays the event loop: under 4x overload on a trained model, the
+    503s' p99 was 72-90 ms and one ``/health`` probe in about 130 took 140-270 ms
+    (docs/bench/serving.md). In a process of its own the search shares only the cores with the
+    event loop. Sources go to it and outputs come back pickled (ids, scores and numpy
+    attention: small beside a decode).
+
+    The process ignores SIGINT and SIGTERM (the server's graceful stop, which a terminal or a
+    service manager also sends to it, finishes the requests in flight first) and ends when the
+    server shuts it down. If it dies (killed, out of memory), the decode it was running fails
+    and the next one starts a new process, which loads the model again.
+    """
+
+    def __init__(self, cfg: DictConfig) -> None:
+        from omegaconf import OmegaConf
+
+        self._cfg = OmegaConf.to_container(cfg, resolve=True)
+        self._lock = threading.Lock()
+        self._pool = self._new_pool()
+        self.restarts = 0
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        # spawn: a fresh interpreter, with no copy of the server's threads or event loop
+        return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+
+    def start(self) -> Backend:
+        """Load the model in the process; the server's view of it (``decode`` runs there)."""
+        view = self._pool.submit(_load_in_child, self._cfg).result()
+        view["tokenizers"] = TokenizerPair.from_state_dict(view["tokenizers"])
+        return Backend(decode=_decode_in_child, **view)
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+        with self._lock:
+            try:
+                return self._pool.submit(fn, *args, **kwargs)
+            except BrokenProcessPool:
+                log.error("the decoding process ended; starting a new one")
+                self._pool.shutdown(wait=False)
+                self._pool = self._new_pool()
+                self.restarts += 1
+                # the new process loads the model before it takes the decode (one worker:
+                # its tasks run in order)
+                self._pool.submit(_load_in_child, self._cfg)
+                return self._pool.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    def pid(self) -> int:
+        """The decoding process's id (it is started if it had ended)."""
+        return self.submit(os.getpid).result()
+
+
+def _load_in_child(cfg: dict) -> dict[str, Any]:
+    """In the decoding process: load the backend and describe it to the server."""
+    global _CHILD_BACKEND
+    from omegaconf import OmegaConf
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    lower_priority(int(cfg.get("decode_nice", 0)))
+    from nmt.config import ServeConfig
+
+    backend = torch_backend(OmegaConf.merge(OmegaConf.structured(ServeConfig), cfg))
+    _CHILD_BACKEND = backend
+    return {
+        "engine": backend.engine,
+        "tokenizers": backend.tokenizers.state_dict(),
+        "defaults": backend.defaults,
+        "model": backend.model,
+        "step": backend.step,
+        "languages": backend.languages,
+        "max_positions": backend.max_positions,
+    }
+
+
+def _decode_in_child(
+    sources: list[list[int]],
+    opts: DecodeOptions,
+    keep_attention: bool,
+    forced: list[int] | None = None,
+) -> list[Any]:
+    """In the decoding process: the outputs of the backend loaded there, as plain data (a
+    class of PyTorch's modules would import PyTorch in the server's process to unpickle)."""
+    from nmt.decode.ct2 import Decoded
+
+    if _CHILD_BACKEND is None:
+        raise RuntimeError("the decoding process has no model loaded")
+    outputs = _CHILD_BACKEND.decode(sources, opts, keep_attention, forced=forced)
+    return [
+        Decoded(
+            [int(t) for t in o.tokens],
+            float(o.score),
+            o.attention,
+            [([int(t) for t in tokens], float(score)) for tokens, score in o.nbest],
+        )
+        for o in outputs
+    ]

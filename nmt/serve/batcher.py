@@ -7,7 +7,7 @@ import contextlib
 import logging
 import math
 from collections import defaultdict, deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Protocol
@@ -57,8 +57,9 @@ class Batcher:
     up to ``max_sentences`` sentences; with several decodes, up to an equal share of the
     sentences in the server (waiting or decoding), so that the decodes stay about equal and a
     lone request starts at once on an idle worker. Requests that arrive while every decode is
-    busy wait for the next free one. Decodes run on ``executor`` (:func:`decode_thread`; a new
-    one if not given). Counters: ``batches`` (decodes run), ``sentences``, ``requests``.
+    busy wait for the next free one. Decodes run on ``executor`` (a :class:`DecodeProcess` or a
+    :func:`decode_thread`; a new thread if not given). Counters: ``batches`` (decodes run),
+    ``sentences``, ``requests``.
 
     At most ``max_queued`` sentences wait: :meth:`submit` refuses a request beyond that with
     :class:`Overloaded` at once. A request leaves the queue when its caller stops waiting (its
@@ -71,7 +72,7 @@ class Batcher:
         backend: Backend,
         wait_s: float,
         max_sentences: int,
-        executor: ThreadPoolExecutor | None = None,
+        executor: Executor | None = None,
         max_queued: int = 1 << 62,
         hooks: Hooks | None = None,
     ) -> None:

@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any
 
 import hydra
@@ -26,9 +26,7 @@ log = logging.getLogger(__name__)
 register_configs()
 
 
-async def serve(
-    cfg: DictConfig, backend: Backend, executor: ThreadPoolExecutor | None = None
-) -> None:
+async def serve(cfg: DictConfig, backend: Backend, executor: Executor | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then finish the requests in flight and return."""
     web = require_aiohttp()
     from nmt.serve.protocol import JsonErrorRunner  # aiohttp's, once it is known to be there
