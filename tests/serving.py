@@ -16,6 +16,8 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from nmt.bench.memory import cmdline, descendants
+
 from .helpers import REPO, compose_config
 
 SENTENCES = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest."]
@@ -75,17 +77,11 @@ def stop_server(proc: subprocess.Popen) -> int:
 def decoding_process(pid: int) -> int:
     """The process in which the server ``pid`` runs our search (Linux: read from /proc): its
     child started by multiprocessing's spawn that is not the resource tracker."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-        except (OSError, IndexError, ValueError):  # it ended meanwhile
-            continue
-        if ppid == pid and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-            found.append(int(entry.name))
+    found = [
+        p
+        for p in descendants(pid)[1:]
+        if "spawn_main" in cmdline(p) and "resource_tracker" not in cmdline(p)
+    ]
     assert len(found) == 1, f"the server {pid} has decoding processes {found}"
     return found[0]
 

@@ -211,7 +211,7 @@ def test_bench_serve_overload_quick_run(runs: dict[str, Path], tmp_path: Path) -
         "--overload-seconds", "1", "--patience", "5", "--burst-clients", "3",
         "--burst-patience", "1", "--recovery-cap", "3", "--ab-base", str(REPO),
         "--ab-rounds", "1", "--levels", "1", "--requests", "4", "--level-seconds", "5",
-        "--setting-ab", "decode_nice=0", "--setting-rounds", "1",
+        "--setting-ab", "decode_nice=0", "--setting-rounds", "1", "--setting-levels",
         "--work", str(tmp_path / "work"), "--out", str(out),
     ]  # fmt: skip
     result = run_bench(cmd, out)
@@ -240,3 +240,7 @@ def test_bench_serve_overload_quick_run(runs: dict[str, Path], tmp_path: Path) -
             (run,) = setting["runs"][side]
             assert sum(run["statuses"].values()) == run["sent"] > 0
             assert setting["medians"][side]["answered_200_share"] is not None
+            assert run["load_generator_cores"] > 0
+            (levels,) = setting["levels"][side]  # --setting-levels: a fresh server per round
+            assert [lv["clients"] for lv in levels] == [1]
+            assert setting["level_medians"][side]["1_clients"]["sentences_per_s"] > 0

@@ -143,6 +143,11 @@ class TokenizerPair:
             state["tgt"] = self.tgt.proto
         return state
 
+    def __reduce__(self) -> tuple:
+        """Pickled as :meth:`state_dict` (a SentencePiece processor does not pickle): the
+        server's decoding process hands its tokenizers to the server this way."""
+        return (TokenizerPair.from_state_dict, (self.state_dict(),))
+
     @classmethod
     def from_state_dict(cls, state: dict) -> TokenizerPair:
         """Inverse of :meth:`state_dict`."""

@@ -258,9 +258,7 @@ class DecodeProcess(Executor):
 
     def start(self) -> Backend:
         """Load the model in the process; the server's view of it (``decode`` runs there)."""
-        view = self._pool.submit(_load_in_child, self._cfg).result()
-        view["tokenizers"] = TokenizerPair.from_state_dict(view["tokenizers"])
-        return Backend(decode=_decode_in_child, **view)
+        return self._pool.submit(_load_in_child, self._cfg).result()
 
     def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
         with self._lock:
@@ -285,27 +283,20 @@ class DecodeProcess(Executor):
         return self.submit(os.getpid).result()
 
 
-def _load_in_child(cfg: dict) -> dict[str, Any]:
-    """In the decoding process: load the backend and describe it to the server."""
+def _load_in_child(cfg: dict) -> Backend:
+    """In the decoding process: load the backend; the server gets it with the decode function
+    that runs here."""
     global _CHILD_BACKEND
     from omegaconf import OmegaConf
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
-    lower_priority(int(cfg.get("decode_nice", 0)))
     from nmt.config import ServeConfig
 
-    backend = torch_backend(OmegaConf.merge(OmegaConf.structured(ServeConfig), cfg))
-    _CHILD_BACKEND = backend
-    return {
-        "engine": backend.engine,
-        "tokenizers": backend.tokenizers.state_dict(),
-        "defaults": backend.defaults,
-        "model": backend.model,
-        "step": backend.step,
-        "languages": backend.languages,
-        "max_positions": backend.max_positions,
-    }
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    serve_cfg = OmegaConf.merge(OmegaConf.structured(ServeConfig), cfg)
+    lower_priority(serve_cfg.decode_nice)  # before PyTorch starts its threads
+    _CHILD_BACKEND = torch_backend(serve_cfg)
+    return replace(_CHILD_BACKEND, decode=_decode_in_child)
 
 
 def _decode_in_child(
