@@ -72,7 +72,7 @@ average: install ## Average the weights of a run's last N step checkpoints: RUN=
 tune-decode: install ## Keep a run's decoding unless another beam/length penalty is significantly better on validation: RUN=<run dir> ARGS="--apply"
 	$(BIN)/nmt-tune-decode $(RUN) $(if $(CKPT),--ckpt $(CKPT)) $(ARGS)
 
-compare: install ## Paired bootstrap of eval reports, set by set and direction by direction: ARGS="BASE.json ... --system SYS.json"
+compare: install ## Paired bootstrap of eval reports, set by set and direction by direction: ARGS="BASE.json ... --system SYS.json [--metric paper]"
 	$(BIN)/nmt-compare $(ARGS)
 
 attention: install ## Attention of a run as heatmap PNGs, or ARGS="format=html ..." as one explorer page: ARGS="sentence='Ein Mann fährt Fahrrad.'" (or input=FILE)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nmt.evaluate.compare import CompareError, compare, main, markdown, run
-from nmt.evaluate.metrics import paired_bootstrap
+from nmt.evaluate.metrics import moses_tokenize, paired_bootstrap, paper_bleu
 from nmt.evaluate.scoring import evaluate
 
 from .helpers import compose_config
@@ -82,6 +82,37 @@ def test_each_baseline_set_is_tested_against_the_systems_same_direction(tmp_path
     assert second["difference"] == 0 and second["p_value"] == 1.0 and not second["significant"]
     table = markdown(result)
     assert "| test_2016_flickr | fr-en |" in table and f"{first['difference']:+.2f}" in table
+
+
+def test_the_papers_metric_is_tested_on_lowercased_moses_tokens(tmp_path, capsys) -> None:
+    """``--metric paper``: the same paired test on lowercased, Moses-tokenized text in the
+    direction's target language, so outputs that differ from the baseline only in case and
+    spacing are equal there, though sacreBLEU's cased BLEU tells them apart."""
+    recased = [line.upper().replace(".", " .") for line in BASE]
+    base = bilingual(tmp_path, "base", "de-en", BASE)
+    system = bilingual(tmp_path, "recased", "de-en", recased)
+    cased = compare([base], system, resamples=100, seed=7)["rows"][0]
+    assert cased["difference"] < -10 and cased["significant"]
+    main([str(base), "--system", str(system), "--resamples", "100", "--metric", "paper"])
+    assert "| baseline BLEU (lowercased, Moses-tokenized) [95% CI] |" in capsys.readouterr().out
+    result = compare([base], system, resamples=100, seed=7, metric="paper")
+    assert result["metric"] == "BLEU (lowercased, Moses-tokenized)"
+    (row,) = result["rows"]
+    assert row["difference"] == 0 and row["p_value"] == 1.0 and not row["significant"]
+    better = bilingual(tmp_path, "better", "de-en", BETTER)
+    (row,) = compare([base], better, resamples=100, seed=7, metric="paper")["rows"]
+    refs = moses_tokenize(REFS, "en")
+    want = paper_bleu(moses_tokenize(BETTER, "en"), refs, "en").score
+    assert row["system"]["bleu"] == pytest.approx(want)
+    base_score = paper_bleu(moses_tokenize(BASE, "en"), refs, "en").score
+    assert row["baseline"]["bleu"] == pytest.approx(base_score)
+    _, (paired,) = paired_bootstrap(BASE, [BETTER], REFS, 100, 7, paper_lang="en")
+    assert row["p_value"] == pytest.approx(paired.p_value)
+    odd = bilingual(tmp_path, "odd", "deen", BASE)
+    with pytest.raises(CompareError, match="direction 'deen' is not 'source-target'"):
+        compare([odd], bilingual(tmp_path, "odd2", "deen", BETTER), resamples=100, metric="paper")
+    with pytest.raises(CompareError, match="--metric chrf: one of bleu, paper"):
+        compare([base], system, resamples=100, metric="chrf")
 
 
 def test_the_command_writes_json_and_refuses_bad_input_in_one_line(tmp_path, capsys) -> None:

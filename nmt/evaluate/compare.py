@@ -11,8 +11,11 @@ evaluations wrote, which must be the same references line for line::
         --system outputs/runs/multi/eval/scores.averaged.beam5.lp1.json --json compare.json
 
 A row per compared set: both BLEU scores with their bootstrap intervals, the difference and
-its two-sided p-value. A zero-shot direction's report entry already carries its own paired
-test against pivoting (:mod:`nmt.evaluate.multilingual`).
+its two-sided p-value. ``--metric paper`` runs the same test on the papers' metric
+(:data:`~nmt.evaluate.metrics.PAPER_NAME`: both sides and the references lowercased and
+Moses-tokenized in the direction's target language), the figure to set beside the Multi30k
+literature's; sacreBLEU's cased BLEU is the default. A zero-shot direction's report entry
+already carries its own paired test against pivoting (:mod:`nmt.evaluate.multilingual`).
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from nmt.atomic import atomic_write_bytes
 from nmt.cli import UserError, exit_on_error, setup_logging
 from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from nmt.data.corpus import read_lines
-from nmt.evaluate.metrics import SIGNIFICANCE, check_bootstrap, paired_bootstrap
+from nmt.evaluate.metrics import PAPER_NAME, SIGNIFICANCE, check_bootstrap, paired_bootstrap
 
 log = logging.getLogger(__name__)
+
+METRICS = {"bleu": "BLEU", "paper": PAPER_NAME}  # --metric: its name in the table and JSON
 
 
 class CompareError(UserError):
@@ -105,8 +110,23 @@ def _lines(path: Path, report: Path) -> list[str]:
     return read_lines(path)
 
 
-def compare_sets(base: ScoredSet, system: ScoredSet, resamples: int, seed: int) -> dict[str, Any]:
-    """One row: the paired bootstrap test of ``system`` against ``base``."""
+def target_language(direction: str, report: Path) -> str:
+    """The target language of a ``src-tgt`` direction, whose Moses rules the papers' metric
+    tokenizes with."""
+    src, sep, tgt = direction.partition("-")
+    if not (src and sep and tgt) or "-" in tgt:
+        raise CompareError(
+            f"{report}: direction {direction!r} is not 'source-target' (e.g. 'en-de'), so the "
+            "papers' metric has no target language to tokenize in"
+        )
+    return tgt
+
+
+def compare_sets(
+    base: ScoredSet, system: ScoredSet, resamples: int, seed: int, metric: str = "bleu"
+) -> dict[str, Any]:
+    """One row: the paired bootstrap test of ``system`` against ``base`` on ``metric``
+    (:data:`METRICS`)."""
     refs = _lines(base.references, base.report)
     if _lines(system.references, system.report) != refs:
         raise CompareError(
@@ -120,7 +140,10 @@ def compare_sets(base: ScoredSet, system: ScoredSet, resamples: int, seed: int) 
             raise CompareError(
                 f"{s.hypotheses}: {len(hyps[s.report])} hypotheses for {len(refs)} references"
             )
-    b, (s,) = paired_bootstrap(hyps[base.report], [hyps[system.report]], refs, resamples, seed)
+    lang = target_language(base.direction, base.report) if metric == "paper" else None
+    b, (s,) = paired_bootstrap(
+        hyps[base.report], [hyps[system.report]], refs, resamples, seed, paper_lang=lang
+    )
     assert s.p_value is not None
     return {
         "set": base.name,
@@ -139,8 +162,12 @@ def compare(
     system: Path,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
+    metric: str = "bleu",
 ) -> dict[str, Any]:
-    """Every set of every baseline report against the system report's same set and direction."""
+    """Every set of every baseline report against the system report's same set and direction,
+    on ``metric`` (``bleu``: sacreBLEU's; ``paper``: the papers' metric)."""
+    if metric not in METRICS:
+        raise CompareError(f"--metric {metric}: one of {', '.join(METRICS)} expected")
     check_bootstrap(resamples, seed, "--resamples", "--seed")
     if resamples == 0:
         raise CompareError("--resamples 0: the paired test needs resamples (at least 100)")
@@ -155,8 +182,14 @@ def compare(
                     f"{system}: no {base.name} in {base.direction} to compare with {path} "
                     f"(it has: {have})"
                 )
-            rows.append(compare_sets(base, other, resamples, seed))
-    return {"resamples": resamples, "seed": seed, "significance": SIGNIFICANCE, "rows": rows}
+            rows.append(compare_sets(base, other, resamples, seed, metric))
+    return {
+        "metric": METRICS[metric],
+        "resamples": resamples,
+        "seed": seed,
+        "significance": SIGNIFICANCE,
+        "rows": rows,
+    }
 
 
 def _ci(side: dict[str, Any]) -> str:
@@ -166,8 +199,10 @@ def _ci(side: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     """The rows as a markdown table."""
+    name = result.get("metric", "BLEU")
     lines = [
-        "| test set | direction | baseline BLEU [95% CI] | system BLEU [95% CI] | difference | p |",
+        f"| test set | direction | baseline {name} [95% CI] | system {name} [95% CI] | "
+        "difference | p |",
         "|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
@@ -188,6 +223,13 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("baselines", nargs="+", type=Path, help="baseline scores.*.json reports")
     parser.add_argument("--system", type=Path, required=True, help="the compared report")
+    parser.add_argument(
+        "--metric",
+        choices=sorted(METRICS),
+        default="bleu",
+        help="bleu: sacreBLEU (cased, detokenized; the default); paper: BLEU on lowercased, "
+        "Moses-tokenized text, the Multi30k papers' metric",
+    )
     parser.add_argument("--resamples", type=int, default=BOOTSTRAP_RESAMPLES)
     parser.add_argument("--seed", type=int, default=BOOTSTRAP_SEED)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
@@ -197,7 +239,7 @@ def make_parser() -> argparse.ArgumentParser:
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Compare as the command line asks; prints the table, returns the result."""
     args = make_parser().parse_args(argv)
-    result = compare(args.baselines, args.system, args.resamples, args.seed)
+    result = compare(args.baselines, args.system, args.resamples, args.seed, args.metric)
     print(markdown(result), end="")
     if args.json is not None:
         atomic_write_bytes(args.json, json.dumps(result, indent=2).encode("utf-8"))

@@ -253,6 +253,7 @@ def paired_bootstrap(
     refs: Sequence[str],
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
+    paper_lang: str | None = None,
 ) -> tuple[Paired, list[Paired]]:
     """sacreBLEU's paired bootstrap resampling test (Koehn 2004, as the Moses script does it)
     of each system's BLEU against the baseline's.
@@ -261,16 +262,25 @@ def paired_bootstrap(
     The p-value is two-sided: how often the resampled difference, centred on its mean, is at
     least as large as the observed one. A system whose hypotheses equal the baseline's gets
     p = 1 (sacreBLEU's formula would give its smallest p-value to a difference of exactly 0).
+
+    With ``paper_lang`` the test is on :data:`PAPER_NAME` instead: every side, references
+    included, goes through :func:`moses_tokenize` in that language and is scored as
+    :func:`paper_bleu` scores it.
     """
     _check_lengths(baseline, refs)
     for hyps in systems:
         _check_lengths(hyps, refs)
+    metric = BLEU()
+    if paper_lang is not None:
+        baseline, refs = moses_tokenize(baseline, paper_lang), moses_tokenize(refs, paper_lang)
+        systems = [moses_tokenize(h, paper_lang) for h in systems]
+        metric = BLEU(lowercase=True, tokenize="none", force=True)
     named = [("baseline", list(baseline))] + [
         (f"system{i}", list(h)) for i, h in enumerate(systems)
     ]
     with _sacrebleu_seed(seed):
         _, results = PairedTest(
-            named, {"BLEU": BLEU()}, [list(refs)], test_type="bs", n_samples=resamples
+            named, {"BLEU": metric}, [list(refs)], test_type="bs", n_samples=resamples
         )()
     base, *rest = results["BLEU"]
     out = []
