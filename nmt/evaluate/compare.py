@@ -30,7 +30,7 @@ from typing import Any
 
 from nmt.atomic import atomic_write_bytes
 from nmt.cli import UserError, exit_on_error, setup_logging
-from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
+from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, ConfigError, parse_directions
 from nmt.data.corpus import read_lines
 from nmt.evaluate.metrics import PAPER_NAME, SIGNIFICANCE, check_bootstrap, paired_bootstrap
 
@@ -113,13 +113,14 @@ def _lines(path: Path, report: Path) -> list[str]:
 def target_language(direction: str, report: Path) -> str:
     """The target language of a ``src-tgt`` direction, whose Moses rules the papers' metric
     tokenizes with."""
-    src, sep, tgt = direction.partition("-")
-    if not (src and sep and tgt) or "-" in tgt:
+    try:
+        (parsed,) = parse_directions([direction], "direction")
+    except ConfigError:
         raise CompareError(
             f"{report}: direction {direction!r} is not 'source-target' (e.g. 'en-de'), so the "
             "papers' metric has no target language to tokenize in"
-        )
-    return tgt
+        ) from None
+    return parsed.tgt
 
 
 def compare_sets(

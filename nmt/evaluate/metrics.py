@@ -198,6 +198,12 @@ def moses_tokenize(lines: Sequence[str], lang: str) -> list[str]:
     return [run(line) for line in lines]
 
 
+def _paper_metric() -> BLEU:
+    """sacreBLEU's BLEU as the papers' metric scores Moses tokens: lowercased, split on spaces
+    only (``force``: the input is tokenized on purpose)."""
+    return BLEU(lowercase=True, tokenize="none", force=True)
+
+
 def paper_bleu(
     hyp_tokens: Sequence[str],
     ref_tokens: Sequence[str],
@@ -208,8 +214,7 @@ def paper_bleu(
     """:data:`PAPER_NAME` of hypotheses and references already put through
     :func:`moses_tokenize` in ``lang`` (the references once per test set): lowercased BLEU on
     the Moses tokens as they are, with its bootstrap interval when ``resamples`` > 0."""
-    metric = BLEU(lowercase=True, tokenize="none", force=True)  # force: tokenized on purpose
-    score = _score(metric, PAPER_NAME, hyp_tokens, ref_tokens, resamples, seed)
+    score = _score(_paper_metric(), PAPER_NAME, hyp_tokens, ref_tokens, resamples, seed)
     score.signature += f"|moses:lc+norm+tok-{lang}|sacremoses:{version('sacremoses')}"
     return score
 
@@ -274,7 +279,7 @@ def paired_bootstrap(
     if paper_lang is not None:
         baseline, refs = moses_tokenize(baseline, paper_lang), moses_tokenize(refs, paper_lang)
         systems = [moses_tokenize(h, paper_lang) for h in systems]
-        metric = BLEU(lowercase=True, tokenize="none", force=True)
+        metric = _paper_metric()
     named = [("baseline", list(baseline))] + [
         (f"system{i}", list(h)) for i, h in enumerate(systems)
     ]
