@@ -246,11 +246,12 @@ class TrainerConfig:
     # also write those sentences' attention explorer, every validation one step of it, into
     # <run>/attention/validation.html (nmt.viz.explorer)
     attention_html: bool = False
-    keep_last: int = 5  # step checkpoints kept (for averaging), besides last.pt and best.pt
+    keep_last: int = 5  # validations' step_N.pt kept (for averaging), besides last.pt, best.pt
     # also checkpoint when this many minutes passed since the last checkpoint (rank 0's clock,
-    # every rank follows it); 0 = off: only validations and a stop write one
+    # every rank follows it); 0 = off: only validations and a stop write one. The clock's and a
+    # stop's are resume_N.pt, deleted by the next checkpoint and never kept or averaged
     save_every_minutes: float = 0.0
-    average_last: int = 0  # > 0: at the end, average the last N step checkpoints (averaged.pt)
+    average_last: int = 0  # > 0: at the end, average the last N validations' step_N.pt files
     resume: str | None = None  # run dir, checkpoint file, or "auto"
     # fine-tuning: a checkpoint file or run dir whose weights and tokenizers start a new run
     # (fresh optimizer, schedule and step count); see nmt.train.start.find_init_checkpoint

@@ -197,6 +197,24 @@ def test_missing_last_uses_the_newest_step_file(small_run: Path, tmp_path: Path)
     assert find_resume_checkpoint(str(run), tmp_path) == run / "checkpoints/step_00000006.pt"
 
 
+def test_a_damaged_last_falls_back_to_a_newer_resume_file_before_the_step_files(
+    small_run: Path, tmp_path: Path
+) -> None:
+    run = clone_run(small_run, tmp_path / "run")
+    ckpts = run / "checkpoints"
+    resume = ckpts / "resume_00000007.pt"  # the clock's or a stop's, after step 6's validation
+    payload = load_checkpoint(ckpts / "step_00000006.pt")
+    payload["state"]["step"] = 7
+    save_checkpoint(payload, resume)
+    (ckpts / "last.pt").unlink()
+    os.link(resume, ckpts / "last.pt")
+    truncate(ckpts / "last.pt", -1000)  # the resume file is torn with it
+    assert find_resume_checkpoint(str(run), tmp_path) == ckpts / "step_00000006.pt"
+    save_checkpoint(payload, resume)  # a whole one again, no longer last.pt's file
+    truncate(ckpts / "last.pt", 100)
+    assert find_resume_checkpoint(str(run), tmp_path) == resume
+
+
 def test_explicitly_named_damaged_file_is_not_replaced(small_run: Path, tmp_path: Path) -> None:
     run = clone_run(small_run, tmp_path / "run")
     named = run / "checkpoints" / "step_00000004.pt"

@@ -389,15 +389,25 @@ def test_checkpoints_by_the_clock_follow_rank_0_and_change_nothing_else(
 
     ticks = itertools.count(step=20.0)  # every look at the clock: 20 s later
     functions = Functions(wall=lambda: next(ticks))
-    extra = ("trainer.threads=1", *RUN, "trainer.save_every_minutes=1", "trainer.keep_last=2")
+    extra = ("trainer.threads=1", *RUN, "trainer.save_every_minutes=1", "trainer.keep_last=2",
+             "trainer.average_last=2")  # fmt: skip
     cfg = compose_config("train", tiny_run_overrides(corpus, tmp_path, *extra))
     run_dir = tmp_path / "clock"
     train(cfg, run_dir, functions)
-    saved = [e["step"] for e in of_kind(read_events(run_dir), "checkpoint")]
+    events = read_events(run_dir)
+    saved = [(e["step"], e["path"]) for e in of_kind(events, "checkpoint")]
     # a minute is three looks at the clock after a checkpoint: 3 updates after the last one,
-    # besides the validations' at 4, 8 and 12
-    assert saved == [3, 4, 7, 8, 11, 12]
-    assert len(list((run_dir / "checkpoints").glob("step_*.pt"))) == 2  # trainer.keep_last
+    # besides the validations' at 4, 8 and 12; the clock's are only to resume from
+    assert saved == [
+        (n, f"checkpoints/{'step' if n % 4 == 0 else 'resume'}_{n:08d}.pt")
+        for n in (3, 4, 7, 8, 11, 12)
+    ]
+    ckpts = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("*_*.pt")) == [  # trainer.keep_last validations
+        "step_00000008.pt", "step_00000012.pt",
+    ]  # fmt: skip
+    # the average is of the validations' checkpoints, whatever the clock added between them
+    assert of_kind(events, "averaged")[-1]["checkpoints"] == ["step_00000008", "step_00000012"]
     assert_identical(final(run_dir), final(one_process_reference))
 
 

@@ -267,8 +267,8 @@ def test_whole_check_on_cpu(tmp_path, multi30k):
         "data.max_tokens=600",
         "trainer.precision=32",
         "trainer.threads=1",
-        "trainer.val_every=25",
-        "trainer.log_every=10",
+        "trainer.val_every=5",
+        "trainer.log_every=2",
         "optim.warmup_steps=30",
     ]
     out = tmp_path / "check" / "gpu_check.json"

@@ -22,7 +22,7 @@ from nmt.store.checkpoint import load_checkpoint
 from nmt.store.paths import checkpoint_path
 from nmt.train import optim
 from nmt.train.command import train
-from nmt.train.loop import Functions
+from nmt.train.loop import Checkpointer, Functions
 from nmt.train.runlog import of_kind, read_events, summarize
 from nmt.train.step import loss_sum, train_step
 from nmt.train.validation import validation_scores
@@ -292,8 +292,30 @@ def test_sigterm_finishes_the_step_saves_and_exits_for_a_restart(corpus, tmp_pat
     assert proc.returncode == 128 + signal.SIGTERM, out  # what a restarting launcher expects
     assert "stopped by SIGTERM" in out
     assert "trainer.resume=" in out
-    payload = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
-    assert payload["state"]["step"] > 0
+    ckpts = tmp_path / "run" / "checkpoints"
+    payload = load_checkpoint(ckpts / "last.pt")
+    step = payload["state"]["step"]
+    assert step > 0
+    # no validation at that step: the file is one to resume from, outside keep_last/averaging
+    assert sorted(p.name for p in ckpts.glob("*_*.pt")) == [f"resume_{step:08d}.pt"]
+    assert (ckpts / "last.pt").samefile(ckpts / f"resume_{step:08d}.pt")
+
+
+def test_resume_files_are_dropped_once_a_newer_checkpoint_is_complete(tmp_path):
+    ckpts = Checkpointer(tmp_path, keep_last=2)
+    for step, validated in [(2, True), (3, False), (4, True), (5, False), (6, False)]:
+        ckpts.save({"state": {"step": step}}, is_best=step == 2, validated=validated)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "best.pt", "last.pt", "resume_00000006.pt", "step_00000002.pt", "step_00000004.pt",
+    ]  # fmt: skip
+    for step in (8, 10):
+        ckpts.save({"state": {"step": step}}, is_best=False)
+    # keep_last counts validations only; the resume file went with the first newer checkpoint
+    assert sorted(p.name for p in tmp_path.glob("*_*.pt")) == [
+        "step_00000008.pt", "step_00000010.pt",
+    ]  # fmt: skip
+    assert load_checkpoint(tmp_path / "last.pt")["state"]["step"] == 10
+    assert load_checkpoint(tmp_path / "best.pt")["state"]["step"] == 2  # a link outlives pruning
 
 
 @pytest.mark.parametrize("name", ["inverse_sqrt", "noam", "constant"])

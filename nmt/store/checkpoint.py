@@ -30,7 +30,8 @@ from nmt.store.gate import CheckpointError  # defined without PyTorch, for the g
 
 MAGIC = b"NMTCKPT1"
 _TRAILER = struct.Struct("<8sQ32s")
-STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+STEP_FILE = re.compile(r"^step_(\d+)\.pt$")  # a validation's checkpoint
+RESUME_FILE = re.compile(r"^resume_(\d+)\.pt$")  # the clock's or a stop's: for resuming only
 
 
 # --------------------------------------------------------------------------- writing
@@ -113,13 +114,35 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         raise CheckpointError(f"checkpoint {path} could not be loaded safely: {e}") from e
 
 
-def step_checkpoints(directory: Path) -> list[Path]:
-    """The ``step_N.pt`` files in ``directory``, oldest (lowest N) first."""
+def _numbered(directory: Path, *patterns: re.Pattern[str]) -> list[Path]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := STEP_FILE.match(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in directory.iterdir()
+        for pattern in patterns
+        if (m := pattern.match(p.name))
+    ]
     return [p for _, p in sorted(found)]
+
+
+def step_checkpoints(directory: Path) -> list[Path]:
+    """The validations' ``step_N.pt`` files in ``directory``, oldest (lowest N) first: the ones
+    kept by ``trainer.keep_last`` and averaged."""
+    return _numbered(directory, STEP_FILE)
+
+
+def resume_checkpoints(directory: Path) -> list[Path]:
+    """The ``resume_N.pt`` files in ``directory`` (written by the clock or a stop between
+    validations), oldest first."""
+    return _numbered(directory, RESUME_FILE)
+
+
+def all_checkpoints(directory: Path) -> list[Path]:
+    """Every numbered checkpoint in ``directory``, ``step_N.pt`` and ``resume_N.pt``, oldest
+    first: what a run can resume from."""
+    return _numbered(directory, STEP_FILE, RESUME_FILE)
 
 
 # --------------------------------------------------------------------------- random state

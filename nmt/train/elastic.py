@@ -148,7 +148,7 @@ def torchrun_restart(outputs: Path, launcher: Mapping[str, str], dist_info: Dist
 
 def has_checkpoint(run_dir: Path) -> bool:
     ckpt_dir = Path(run_dir) / "checkpoints"
-    return (ckpt_dir / "last.pt").is_file() or bool(ckpt.step_checkpoints(ckpt_dir))
+    return (ckpt_dir / "last.pt").is_file() or bool(ckpt.all_checkpoints(ckpt_dir))
 
 
 def continue_restarted(t: Any, restart: Restart, hydra_dir: Path, launcher: Mapping) -> str:

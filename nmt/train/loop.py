@@ -50,12 +50,18 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer:
-    """Writes ``step_N.pt`` at every save (keeping the last K), ``last.pt`` and ``best.pt``.
+    """Writes checkpoints: ``step_N.pt`` after a validation (the last ``keep_last`` kept, and
+    the ones ``trainer.average_last`` averages), ``resume_N.pt`` when the clock
+    (``trainer.save_every_minutes``) or a stop saves between validations, and ``last.pt`` and
+    ``best.pt``.
 
-    ``last.pt`` and ``best.pt`` are hard links to a step file (copies where links fail),
-    swapped in atomically. The step file is complete before ``last.pt`` moves to it, so a crash
-    at any moment leaves ``last.pt`` naming a whole checkpoint. Temporary files left by an
-    interrupted write are removed at the first save.
+    A ``resume_N.pt`` only serves to continue the run: it is deleted as soon as a newer
+    checkpoint of either kind is complete, and never counts among the kept or averaged ones,
+    so which weights are averaged does not depend on the machine's speed or on interruptions.
+    ``last.pt`` and ``best.pt`` are hard links to a numbered file (copies where links fail),
+    swapped in atomically. The numbered file is complete before ``last.pt`` moves to it, so a
+    crash at any moment leaves ``last.pt`` naming a whole checkpoint. Temporary files left by
+    an interrupted write are removed at the first save.
     """
 
     def __init__(self, directory: Path, keep_last: int):
@@ -63,20 +69,25 @@ class Checkpointer:
         self.keep_last = keep_last
         self._swept = False
 
-    def save(self, payload: dict[str, Any], is_best: bool) -> Path:
-        """Write the step file, point ``last.pt`` (and ``best.pt``) at it, drop old step files."""
+    def save(self, payload: dict[str, Any], is_best: bool, validated: bool = True) -> Path:
+        """Write the numbered file (``step_N.pt`` if ``validated``, else ``resume_N.pt``), point
+        ``last.pt`` (and ``best.pt``) at it, drop older resume files and old step files."""
         if not self._swept:
             for stale in ckpt.remove_temporaries(self.dir):
                 log.info("removed %s, left by an interrupted checkpoint write", stale)
             self._swept = True
-        step_file = self.dir / f"step_{payload['state']['step']:08d}.pt"
-        ckpt.save_checkpoint(payload, step_file)
-        self._link(step_file, self.dir / "last.pt")
+        kind = "step" if validated else "resume"
+        path = self.dir / f"{kind}_{payload['state']['step']:08d}.pt"
+        ckpt.save_checkpoint(payload, path)
+        self._link(path, self.dir / "last.pt")
         if is_best:
-            self._link(step_file, self.dir / "best.pt")
+            self._link(path, self.dir / "best.pt")
+        for old in ckpt.resume_checkpoints(self.dir):
+            if old != path:
+                old.unlink(missing_ok=True)
         for old in ckpt.step_checkpoints(self.dir)[: -self.keep_last]:
             old.unlink(missing_ok=True)
-        return step_file
+        return path
 
     @staticmethod
     def _link(src: Path, dst: Path) -> None:
@@ -263,8 +274,9 @@ class Trainer:
             "world_size": self.run.dist.world_size,  # whose data order batch_in_epoch counts
         }
 
-    def save(self, is_best: bool) -> None:
-        """Rank 0 writes the checkpoint; every rank calls this (its random state goes in too)."""
+    def save(self, is_best: bool, validated: bool = True) -> None:
+        """Rank 0 writes the checkpoint (``validated``: a validation's, else one only to resume
+        from); every rank calls this (its random state goes in too)."""
         self.last_save = self.functions.wall()
         ranks_rng = None
         if self.run.dist.enabled:  # each rank's own: their dropout draws differ
@@ -274,9 +286,10 @@ class Trainer:
             payload = self.payload()
             if ranks_rng is not None:
                 payload["ranks_rng"] = ranks_rng
-            path = self.checkpointer.save(payload, is_best)
+            path = self.checkpointer.save(payload, is_best, validated)
             rel = run_path(path, self.run.run_dir)
-            self.run_log.write("checkpoint", self.state.step, path=rel, best=is_best)
+            self.run_log.write("checkpoint", self.state.step, path=rel, best=is_best,
+                               validated=validated)  # fmt: skip
 
     # ----------------------------------------------------------------- validation
 
@@ -496,7 +509,7 @@ class Trainer:
         elif self.save_due():
             log.info("step %d: %g minutes since the last checkpoint (trainer.save_every_minutes)",
                      s.step, t.save_every_minutes)  # fmt: skip
-            self.save(is_best=False)
+            self.save(is_best=False, validated=False)
         loop.pbar.show(self.position(loop.batches_per_epoch))
         if stop:
             return f"early stopping: no BLEU gain in {t.patience} validations"
@@ -516,12 +529,13 @@ class Trainer:
         if s.step == 0 or (s.history and s.history[-1]["step"] == s.step):
             return
         if signal_name:
-            self.save(is_best=False)
+            self.save(is_best=False, validated=False)
         else:
             self.validate()
 
     def average_last(self) -> dict[str, float] | None:
-        """Average the last ``trainer.average_last`` step checkpoints into ``averaged.pt``.
+        """Average the last ``trainer.average_last`` validations' checkpoints (``step_N.pt``;
+        never the clock's or a stop's ``resume_N.pt``) into ``averaged.pt``.
 
         The averaged weights are validated like any checkpoint; the scores are logged, kept in
         the checkpoint (``averaged.validation``) and written as the ``averaged`` event. Returns

@@ -14,8 +14,10 @@ optimizer updates done) and ``time`` (Unix seconds):
 * ``validation``: loss, ppl, bleu, chrf, seconds (of the validation), best (a new best BLEU);
   a multilingual run's bleu and chrf are the means over its directions, and ``directions``
   holds each one's loss, bleu, chrf, sentences and sacreBLEU signatures;
-* ``checkpoint``: path (relative to the run directory), best;
-* ``averaged``: checkpoints (the step checkpoints averaged), path, and the validation scores;
+* ``checkpoint``: path (relative to the run directory), best, validated (false for the
+  clock's and a stop's ``resume_N.pt``);
+* ``averaged``: checkpoints (the validations' step checkpoints averaged), path, and the
+  validation scores;
 * ``end``: epoch, train_time, stop_reason, best_bleu, best_step.
 
 A resumed run appends to the same file, starting with a ``start`` event at the step it resumes

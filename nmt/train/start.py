@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def _usable_checkpoint(last: Path) -> Path:
-    """``last`` if it verifies, else the newest ``step_N.pt`` beside it that does.
+    """``last`` if it verifies, else the newest numbered checkpoint beside it that does.
 
     A fallback is logged as a warning naming the unusable file(s) and the one used. Raises
     CheckpointError when no checkpoint in the directory verifies.
@@ -36,7 +36,7 @@ def _usable_checkpoint(last: Path) -> Path:
     tried: list[Path] = []
     problems: list[str] = []
     candidates = [last] if last.is_file() else []
-    candidates += reversed(ckpt.step_checkpoints(last.parent))
+    candidates += reversed(ckpt.all_checkpoints(last.parent))
     for path in candidates:
         twin = next((bad for bad in tried if path.samefile(bad)), None)
         if twin is not None:  # a hard link to a file that already failed
@@ -65,19 +65,19 @@ def find_resume_checkpoint(resume: str, outputs: Path) -> Path | None:
 
     ``auto`` means the newest run (``<outputs>/latest``; None when it has no checkpoint). For a
     run dir or ``auto``, a ``last.pt`` that is missing, truncated or corrupted is replaced by
-    the newest ``step_N.pt`` that verifies, with a warning. A file named explicitly (other than
-    ``last.pt``) is used only if it verifies.
+    the newest ``step_N.pt`` or ``resume_N.pt`` that verifies, with a warning. A file named
+    explicitly (other than ``last.pt``) is used only if it verifies.
     """
     if resume == "auto":
         ckpt_dir = outputs / "latest" / "checkpoints"
         last = ckpt_dir / "last.pt"
-        if not (last.is_file() or ckpt.step_checkpoints(ckpt_dir)):
+        if not (last.is_file() or ckpt.all_checkpoints(ckpt_dir)):
             return None
         return _usable_checkpoint(last)
     path = Path(resume)
     if path.is_dir():
         last = path / "checkpoints" / "last.pt"
-        if not (last.is_file() or ckpt.step_checkpoints(last.parent)):
+        if not (last.is_file() or ckpt.all_checkpoints(last.parent)):
             raise ConfigError(f"trainer.resume={resume!r}: no checkpoint at {last}")
         return _usable_checkpoint(last)
     if not path.is_file():
@@ -221,8 +221,8 @@ def find_origin(cfg: DictConfig, agree: Callable[[Callable[[], Any]], Any] | Non
 
 
 def _step_file_of(last: Path) -> Path | None:
-    """The step file ``last.pt`` is a link to (the same file), if any."""
-    for path in reversed(ckpt.step_checkpoints(last.parent)):
+    """The numbered file ``last.pt`` is a link to (the same file), if any."""
+    for path in reversed(ckpt.all_checkpoints(last.parent)):
         try:
             if path.samefile(last):
                 return path
