@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmt.bench.memory import pss_parts
 from nmt.data import batching, binarize, cache
 from nmt.data.batching import (
     BatchList,
@@ -125,6 +124,20 @@ def test_memory_mapped_batches_equal_in_memory_ones(real_corpus: Path, joint_tok
                 assert getattr(a, name).equal(getattr(b, name)), name
 
 
+def resident_in_mappings_of(directory: Path) -> int:
+    """Bytes of this process's page tables that map files under ``directory`` (the ``Rss`` of
+    those mappings): unlike the process's file-backed PSS, other processes starting or ending
+    do not change it."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        words = line.split()
+        if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):  # a mapping's header: address ... path
+            inside = len(words) >= 6 and words[5].startswith(f"{directory}/")
+        elif inside and words[0] == "Rss:":
+            total += int(words[1]) * 1024  # kB
+    return total
+
+
 def test_reading_a_large_mapped_side_keeps_its_pages_unmapped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -149,10 +162,10 @@ def test_reading_a_large_mapped_side_keeps_its_pages_unmapped(
     for bound in (1 << 40, 16 << 20):  # never release, then release (the files exceed 16 MB)
         monkeypatch.setattr(batching, "RELEASE_ABOVE", bound)
         ds = TokenDataset.from_arrays(side(), side())
-        before = pss_parts(os.getpid())[2]
+        before = resident_in_mappings_of(tmp_path)
         for idx in batches:
             make_batch(ds, idx)
-        growth[bound] = pss_parts(os.getpid())[2] - before
+        growth[bound] = resident_in_mappings_of(tmp_path) - before
         del ds
     # most of the files both sides read became mapped (the sides share them: about 22 MB)
     files = sum((tmp_path / f"{n}.npy").stat().st_size for n in ("tokens", "offsets", "lengths"))
