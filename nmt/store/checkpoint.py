@@ -139,6 +139,12 @@ def resume_checkpoints(directory: Path) -> list[Path]:
     return _numbered(directory, RESUME_FILE)
 
 
+def numbered_name(step: int, validated: bool) -> str:
+    """The file name of a checkpoint at ``step``: ``step_N.pt`` after a validation, else
+    ``resume_N.pt`` (the names :data:`STEP_FILE` and :data:`RESUME_FILE` match)."""
+    return f"{'step' if validated else 'resume'}_{step:08d}.pt"
+
+
 def all_checkpoints(directory: Path) -> list[Path]:
     """Every numbered checkpoint in ``directory``, ``step_N.pt`` and ``resume_N.pt``, oldest
     first: what a run can resume from."""

@@ -76,8 +76,7 @@ class Checkpointer:
             for stale in ckpt.remove_temporaries(self.dir):
                 log.info("removed %s, left by an interrupted checkpoint write", stale)
             self._swept = True
-        kind = "step" if validated else "resume"
-        path = self.dir / f"{kind}_{payload['state']['step']:08d}.pt"
+        path = self.dir / ckpt.numbered_name(payload["state"]["step"], validated)
         ckpt.save_checkpoint(payload, path)
         self._link(path, self.dir / "last.pt")
         if is_best:
@@ -288,8 +287,7 @@ class Trainer:
                 payload["ranks_rng"] = ranks_rng
             path = self.checkpointer.save(payload, is_best, validated)
             rel = run_path(path, self.run.run_dir)
-            self.run_log.write("checkpoint", self.state.step, path=rel, best=is_best,
-                               validated=validated)  # fmt: skip
+            self.run_log.write("checkpoint", self.state.step, path=rel, best=is_best)
 
     # ----------------------------------------------------------------- validation
 

@@ -14,8 +14,8 @@ optimizer updates done) and ``time`` (Unix seconds):
 * ``validation``: loss, ppl, bleu, chrf, seconds (of the validation), best (a new best BLEU);
   a multilingual run's bleu and chrf are the means over its directions, and ``directions``
   holds each one's loss, bleu, chrf, sentences and sacreBLEU signatures;
-* ``checkpoint``: path (relative to the run directory), best, validated (false for the
-  clock's and a stop's ``resume_N.pt``);
+* ``checkpoint``: path (relative to the run directory: ``step_N.pt`` after a validation,
+  ``resume_N.pt`` for the clock's and a stop's), best;
 * ``averaged``: checkpoints (the validations' step checkpoints averaged), path, and the
   validation scores;
 * ``end``: epoch, train_time, stop_reason, best_bleu, best_step.
