@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import hydra
+import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -96,6 +97,10 @@ def finish(trainer: Trainer, reason: str) -> dict[str, Any]:
         write_summary(run.run_dir)
         if trainer.preempted is None:
             drop_record(run.restart)
+    if trainer.preempted is not None and run.dist.enabled:
+        # a rank that exits for a restart makes torchrun stop the others: none leaves before
+        # rank 0 has written the run's end
+        dist.barrier()
     result = {"state": asdict(s), "stop_reason": reason, "run_dir": str(run.run_dir)}
     if trainer.preempted is not None:
         result["preempted"] = trainer.preempted
