@@ -93,6 +93,11 @@ ENGINE_NAMES = ("auto", "torch", "torch-int8", "ctranslate2")
 Engine = StrEnum("Engine", [(name, name) for name in ENGINE_NAMES])
 
 
+class EvalSplit(StrEnum):
+    test = "test"  # the run's data.test split(s)
+    valid = "valid"  # its data.valid split: where decoding and presets are chosen
+
+
 class AttentionFormat(StrEnum):
     png = "png"  # heatmap images
     html = "html"  # the explorer page (nmt.viz.explorer)
@@ -333,6 +338,9 @@ class EvalConfig(DecodeConfig):
     engine: Engine = Engine.auto  # ctranslate2: a package exported with it
     # extra test sets: "src_file:ref_file" pairs; default: the run's own test split(s)
     test: list[str] = field(default_factory=list)
+    # without test files: the run's split to score, test or valid (the validation split,
+    # written to <run>/eval-valid unless out is given, apart from the test results)
+    split: EvalSplit = EvalSplit.test
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     out: str | None = None  # where hypotheses and scores go; default: <run>/eval
     progress: bool = True  # a bar over each test set's sentences (on a terminal only)

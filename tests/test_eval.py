@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 from omegaconf import OmegaConf
+from sacrebleu.metrics import BLEU, CHRF
 
 from nmt.config import ConfigError, to_container
 from nmt.data.corpus import DataError
@@ -150,6 +151,30 @@ def test_eval_defaults_to_the_runs_test_split(run_dir: Path, capsys) -> None:
     assert (run_dir / "eval" / "scores.best.beam1.json").is_file()
 
 
+def test_split_valid_scores_the_runs_validation_split_apart_from_the_test_results(
+    run_dir: Path, multi30k: Path, tmp_path: Path
+) -> None:
+    trained = load_trained(run_dir / "checkpoints" / "best.pt", torch.device("cpu"))
+    cfg = OmegaConf.create(to_container(trained.cfg))
+    cfg.data.valid = str(write_subset(multi30k, tmp_path / "corpus", "val", 7))
+    run = tmp_path / "run"
+    write_checkpoint(cfg, trained.tokenizers, 30, run / "checkpoints" / "best.pt", seed=0)
+    overrides = [f"run={run}", "max_output_len_b=2"]
+    report = evaluate(compose_config("eval", [*overrides, "split=valid"]))
+    assert [entry["sentences"] for entry in report["sets"].values()] == [7]
+    assert (run / "eval-valid" / "scores.best.beam1.json").is_file()
+    assert not (run / "eval").exists()  # the test results' folder is not touched
+    test = evaluate(compose_config("eval", overrides))
+    assert [entry["sentences"] for entry in test["sets"].values()] == [N_PAIRS]
+    with pytest.raises(ConfigError, match="split=valid .* give one of them"):
+        evaluate(
+            compose_config(
+                "eval",
+                [*overrides, "split=valid", f"test=[{cfg.data.valid}.de:{cfg.data.valid}.en]"],
+            )
+        )
+
+
 def test_eval_rejects_a_pair_of_different_lengths(run_dir: Path, pairs) -> None:
     (src, _), (_, ref) = pairs
     with pytest.raises(DataError, match="6 lines but .* has 4"):
@@ -174,6 +199,24 @@ def test_bootstrap_interval_holds_the_score_and_follows_its_seed() -> None:
     char = chrf(hyps, refs, resamples=200)
     assert char.ci.low < char.score < char.ci.high and char.ci.resamples == 200
     assert "95% CI [" in char.line()
+
+
+def test_bootstrap_intervals_are_sacrebleus_and_hold_when_some_resamples_score_zero(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    refs = reference_sentences()
+    hyps = damaged(refs, 2, seed=3)
+    monkeypatch.setenv("SACREBLEU_SEED", "7")  # sacreBLEU's own estimate reads its seed here
+    for ours, metric in ((bleu(hyps, refs, resamples=500, seed=7), BLEU()),
+                         (chrf(hyps, refs, resamples=500, seed=7), CHRF())):  # fmt: skip
+        theirs = metric.corpus_score(hyps, [refs], n_bootstrap=500)
+        assert ours.ci.mean == pytest.approx(theirs._mean, abs=1e-4)
+        assert ours.ci.half_width == pytest.approx(theirs._ci, abs=1e-4)
+    # one sentence of seven shares characters with its reference: many resamples score 0
+    hyps = ["Ein Mann", *["q"] * 6]
+    score = chrf(hyps, refs[:7], resamples=200)
+    assert score.ci is not None and score.ci.low <= score.score <= score.ci.high
+    assert score.ci.low < score.ci.high
 
 
 # -------------------------------------------------------------------------- averaging

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 
+import numpy as np
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 from sacrebleu.significance import PairedTest
@@ -114,11 +115,26 @@ def _score(
     if hasattr(result, "sys_len"):  # BLEU
         score.length_ratio = result.sys_len / result.ref_len if result.ref_len else 0.0
     if resamples:
-        with _sacrebleu_seed(seed):
-            boot = metric.corpus_score(hyps, [refs], n_bootstrap=resamples)
-        # sacreBLEU keeps its estimate on the score object: mean and half-width
-        score.ci = Interval.around(boot._mean, boot._ci, resamples, seed)
+        score.ci = _bootstrap(metric, hyps, refs, resamples, seed)
     return score
+
+
+def _bootstrap(
+    metric: Metric, hyps: Sequence[str], refs: Sequence[str], resamples: int, seed: int
+) -> Interval:
+    """sacreBLEU's bootstrap estimate, done here: the same resampled sentence indices (numpy's
+    generator from ``seed``), the metric's own statistics and scoring of each resample, and the
+    same mean and half-width of the 2.5th-97.5th percentile range. sacreBLEU's
+    ``corpus_score(n_bootstrap=...)`` fails ("don't know how to coerce float and float32") when
+    some chrF resamples score 0 and others do not, as on a short or poorly translated set;
+    each resample's score is a float here."""
+    stats = np.array(metric._extract_corpus_statistics(list(hyps), [list(refs)]), "float32")
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(len(stats), size=(resamples, len(stats)), replace=True)
+    scores = sorted(float(metric._compute_score_from_stats(s.sum(0)).score) for s in stats[idx])
+    cut = resamples // 40
+    half_width = 0.5 * (scores[resamples - cut - 1] - scores[cut])
+    return Interval.around(sum(scores) / resamples, half_width, resamples, seed)
 
 
 def bleu(

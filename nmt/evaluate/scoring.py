@@ -29,9 +29,9 @@ from omegaconf import DictConfig
 
 from nmt.atomic import atomic_write_bytes
 from nmt.cli import Progress, config_dir, exit_on_error, setup_logging
-from nmt.config import ConfigError, register_configs
+from nmt.config import ConfigError, EvalSplit, register_configs
 from nmt.data.corpus import DataError, read_lines, strip_lines
-from nmt.data.datasets import EvalSet, encode_texts, load_test_sets
+from nmt.data.datasets import EvalSet, encode_texts, load_test_sets, load_valid_set
 from nmt.data.multilingual import directions_of
 from nmt.data.tokenizer import TokenizerPair
 from nmt.decode.engines import make_engine, translate_texts
@@ -71,12 +71,14 @@ def file_test_set(spec: str, tokenizers: TokenizerPair) -> EvalSet:
 
 def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
     """``out`` if given, else ``eval/`` in the checkpoint's run (or in ``run``); for a model
-    package (which may be read-only, and is handed on as it is) ``outputs/eval/<package>``."""
+    package (which may be read-only, and is handed on as it is) ``outputs/eval/<package>``;
+    ``eval-valid`` in place of ``eval`` for ``split=valid``."""
     if cfg.out:
         return Path(cfg.out)
+    folder = "eval-valid" if cfg.split == EvalSplit.valid else "eval"
     if is_package(ckpt):
-        return Path("outputs") / "eval" / ckpt.resolve().name
-    return (checkpoint_run_dir(ckpt) or resolve_run_dir(cfg.run)) / "eval"
+        return Path("outputs") / folder / ckpt.resolve().name
+    return (checkpoint_run_dir(ckpt) or resolve_run_dir(cfg.run)) / folder
 
 
 def options_tag(ckpt: Path, opts: DecodeOptions, engine: str = "torch") -> str:
@@ -99,17 +101,27 @@ def unique_names(sets: list[EvalSet]) -> None:
 def evaluate(cfg: DictConfig) -> dict:
     """Decode and score every test set; returns the report also written as JSON."""
     check_bootstrap(cfg.bootstrap, cfg.bootstrap_seed, "bootstrap", "bootstrap_seed")
+    if cfg.split == EvalSplit.valid and cfg.test:
+        raise ConfigError("split=valid scores the run's validation split and test=[...] names "
+                          "files to score instead: give one of them")  # fmt: skip
     device = pick_device(cfg.device)
     trained = load_model(cfg, device)
     path = trained.path
     opts = DecodeOptions.from_config(cfg, decode_defaults(trained))
     out_dir = output_dir(cfg, path)
     if directions_of(trained.cfg.data):
+        if cfg.split == EvalSplit.valid:
+            raise ConfigError(
+                f"split=valid: {path} is a multilingual model; score a direction's "
+                "validation files with test=[SOURCE:REFERENCE]"
+            )
         return _multilingual(cfg, trained, opts, out_dir)
     if cfg.zero_shot:
         raise ConfigError(f"zero_shot={list(cfg.zero_shot)}: {path} is not a multilingual model")
     if cfg.test:
         sets = [file_test_set(spec, trained.tokenizers) for spec in cfg.test]
+    elif cfg.split == EvalSplit.valid:
+        sets = [load_valid_set(trained.cfg.data, trained.tokenizers, multi30k_source())]
     else:
         sets = load_test_sets(trained.cfg.data, trained.tokenizers, multi30k_source())
     unique_names(sets)
