@@ -27,7 +27,7 @@ from nmt.bench.recovery import (
     wait_for,
     worker_ranks,
 )
-from nmt.store.checkpoint import load_checkpoint
+from nmt.store.checkpoint import load_checkpoint, numbered_name
 from nmt.train.runlog import of_kind, read_events
 
 from .helpers import (
@@ -235,8 +235,8 @@ def test_a_preemption_signal_checkpoints_exits_for_a_restart_and_loses_no_update
     assert stopped >= at and stopped in saved and starts[1]["step"] == stopped  # none lost
     text = (run_dir / "train.log").read_text()
     resumed = re.findall(r"resuming from (.+) at step (\d+)", text)
-    kind = "step" if stopped % 4 == 0 else "resume"  # a validation's checkpoint, or the stop's
-    assert len(resumed) == 1 and f"{kind}_{stopped:08d}.pt" in resumed[0][0], resumed
+    name = numbered_name(stopped, validated=stopped % 4 == 0)  # trainer.val_every=4, or the stop's
+    assert len(resumed) == 1 and name in resumed[0][0], resumed
     assert of_kind(events, "end")[-1]["step"] == STEPS
     assert_identical(final(run_dir), final(reference))
 

@@ -22,7 +22,7 @@ from importlib.metadata import version
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
-from sacrebleu.significance import PairedTest
+from sacrebleu.significance import PairedTest, _bootstrap_resample, estimate_ci
 
 from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, ConfigError
 from nmt.environment import sacrebleu_seed
@@ -122,19 +122,16 @@ def _score(
 def _bootstrap(
     metric: Metric, hyps: Sequence[str], refs: Sequence[str], resamples: int, seed: int
 ) -> Interval:
-    """sacreBLEU's bootstrap estimate, done here: the same resampled sentence indices (numpy's
-    generator from ``seed``), the metric's own statistics and scoring of each resample, and the
-    same mean and half-width of the 2.5th-97.5th percentile range. sacreBLEU's
-    ``corpus_score(n_bootstrap=...)`` fails ("don't know how to coerce float and float32") when
-    some chrF resamples score 0 and others do not, as on a short or poorly translated set;
-    each resample's score is a float here."""
-    stats = np.array(metric._extract_corpus_statistics(list(hyps), [list(refs)]), "float32")
-    rng = np.random.default_rng(seed)
-    idx = rng.choice(len(stats), size=(resamples, len(stats)), replace=True)
-    scores = sorted(float(metric._compute_score_from_stats(s.sum(0)).score) for s in stats[idx])
-    cut = resamples // 40
-    half_width = 0.5 * (scores[resamples - cut - 1] - scores[cut])
-    return Interval.around(sum(scores) / resamples, half_width, resamples, seed)
+    """sacreBLEU's bootstrap estimate: its resamples of the metric's sentence statistics and
+    its percentile interval (:func:`sacrebleu.significance.estimate_ci`), taken on each
+    resample's score as a float. ``corpus_score(n_bootstrap=...)`` would average the scores
+    as they come and fails ("don't know how to coerce float and float32") when some chrF
+    resamples score 0 and others do not, as on a short or poorly translated set."""
+    stats = metric._extract_corpus_statistics(list(hyps), [list(refs)])
+    with _sacrebleu_seed(seed):
+        _, scores = _bootstrap_resample(stats, metric, resamples)
+    mean, half_width = estimate_ci(np.array([float(s.score) for s in scores]))
+    return Interval.around(mean, half_width, resamples, seed)
 
 
 def bleu(
