@@ -207,7 +207,11 @@ def test_a_preemption_signal_checkpoints_exits_for_a_restart_and_loses_no_update
 ) -> None:
     at = random.Random(SEED + 1).choice([k for k in range(5, STEPS - 1) if k % 4])
     run_dir = tmp_path / "run"
+    late = tmp_path / "late_end.py"
+    late.write_text(LATE_END)
     cmd = torchrun_command(2, 1, *overrides(corpus, tmp_path), f"hydra.run.dir={run_dir}")
+    module = cmd.index("nmt.train")
+    cmd[module - 1 : module + 1] = [str(late)]  # nmt-train, with rank 0 slow to write the end
     log = tmp_path / "console.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)
@@ -239,6 +243,30 @@ def test_a_preemption_signal_checkpoints_exits_for_a_restart_and_loses_no_update
     assert len(resumed) == 1 and name in resumed[0][0], resumed
     assert of_kind(events, "end")[-1]["step"] == STEPS
     assert_identical(final(run_dir), final(reference))
+
+
+# nmt-train whose rank 0 takes 3 s more to write the end of a stopped run: the other rank,
+# which exits for the restart at once, must wait for it, or torchrun stops rank 0 before the
+# end is written
+LATE_END = """
+import os
+import time
+
+from nmt.train import command, runlog
+
+write = runlog.RunLog.write
+
+
+def late(self, event, step, **fields):
+    stopped = str(fields.get("stop_reason", "")).startswith("stopped by")
+    if event == "end" and stopped and os.environ.get("RANK") == "0":
+        time.sleep(3)
+    return write(self, event, step, **fields)
+
+
+runlog.RunLog.write = late
+command.main()
+"""
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
