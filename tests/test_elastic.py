@@ -1,8 +1,9 @@
 """Training that survives its machines, with real torchrun processes (gloo on CPU): a rank
 SIGKILLed at a seeded update is restarted by torchrun and the run ends bit-identical to an
 uninterrupted one; two torchrun agents (c10d rendezvous, the documented multi-node command)
-equal one agent with two processes; a preemption signal checkpoints, exits for a restart and
-the restart loses no update; a changed world size continues exactly or is refused."""
+equal one agent with two processes; a preemption signal checkpoints, exits for a restart (the
+run's end written even when rank 0 is the slow one) and the restart loses no update; a changed
+world size continues exactly or is refused."""
 
 from __future__ import annotations
 
