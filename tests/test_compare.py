@@ -157,6 +157,34 @@ def test_the_command_writes_json_and_refuses_bad_input_in_one_line(tmp_path, cap
         compare([base], system, resamples=0)
 
 
+def test_a_moved_evaluation_folder_still_compares(tmp_path) -> None:
+    """Reports name their files by the paths nmt-eval wrote; a folder moved or copied whole (an
+    archive of a run's outputs) is read from where it is now, and a report copied alone still
+    finds its files where they were written."""
+    made, system = tmp_path / "made", tmp_path / "system"
+    made.mkdir()
+    system.mkdir()
+    base = bilingual(made, "base", "de-en", BASE)
+    other = bilingual(system, "better", "de-en", BETTER)
+    want = compare([base], other, resamples=100, seed=7)["rows"][0]
+    lone = tmp_path / "lone.json"  # the report alone: its files are where it says
+    lone.write_bytes(base.read_bytes())
+    assert compare([lone], other, resamples=100, seed=7)["rows"][0]["p_value"] == want["p_value"]
+    moved = made.rename(tmp_path / "archive")
+    row = compare([moved / "base.json"], other, resamples=100, seed=7)["rows"][0]
+    assert (row["difference"], row["p_value"]) == (want["difference"], want["p_value"])
+    row = compare([other], moved / "base.json", resamples=100, seed=7)["rows"][0]
+    assert row["difference"] == pytest.approx(-want["difference"])
+    with pytest.raises(CompareError, match="lone.json: its file .*made.base.ref is missing"):
+        compare([lone], other, resamples=100)
+    odd = tmp_path / "odd.json"
+    odd.write_text(
+        json.dumps({"direction": "de-en", "sets": {"t": {"hypotheses": 3, "references": "r"}}})
+    )
+    with pytest.raises(CompareError, match=r"odd.json: sets.t: 'hypotheses' is not a file path"):
+        compare([odd], other, resamples=100)
+
+
 def test_reports_of_nmt_eval_compare(trained_runs, corpus, tmp_path) -> None:
     """Two real evaluations of one run (greedy, beam 3) written by nmt-eval compare by their
     own hypothesis and reference files."""

@@ -16,6 +16,11 @@ its two-sided p-value. ``--metric paper`` runs the same test on the papers' metr
 Moses-tokenized in the direction's target language), the figure to set beside the Multi30k
 literature's; sacreBLEU's cased BLEU is the default. A zero-shot direction's report entry
 already carries its own paired test against pivoting (:mod:`nmt.evaluate.multilingual`).
+
+A report's files are read from the report's own folder, where ``nmt-eval`` writes them, by the
+file names the report gives; only where a file is not there is the path the report wrote
+used. So an evaluation folder can be moved, copied into a repository or handed to someone else
+whole, and its reports still compare.
 """
 
 from __future__ import annotations
@@ -76,6 +81,17 @@ def _json_type(value: Any) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
+def _file(report: Path, entry: dict[str, Any], key: str, where: str) -> Path:
+    """A file a report names: beside the report by its name if it is there (a moved or copied
+    evaluation folder), else where the report says."""
+    value = _field(entry, key, where)
+    if not isinstance(value, str) or not value:
+        raise CompareError(f"{where}: {key!r} is not a file path")
+    written = Path(value)
+    beside = Path(report).parent / written.name
+    return beside if beside.is_file() else written
+
+
 def scored_sets(path: Path) -> list[ScoredSet]:
     """The sets of a report: a multilingual report's directions, or a bilingual one's sets in
     its direction."""
@@ -93,14 +109,14 @@ def scored_sets(path: Path) -> list[ScoredSet]:
             where = f"{path}: directions.{key}"
             sets.append(ScoredSet(
                 path, _field(entry, "set", where), _field(entry, "direction", where),
-                Path(_field(entry, "hypotheses", where)), Path(_field(entry, "references", where)),
+                _file(path, entry, "hypotheses", where), _file(path, entry, "references", where),
             ))  # fmt: skip
         return sets
     direction = _field(report, "direction", str(path))
     for key, entry in _entries(report, "sets", path).items():
         where = f"{path}: sets.{key}"
-        sets.append(ScoredSet(path, key, direction, Path(_field(entry, "hypotheses", where)),
-                              Path(_field(entry, "references", where))))  # fmt: skip
+        sets.append(ScoredSet(path, key, direction, _file(path, entry, "hypotheses", where),
+                              _file(path, entry, "references", where)))  # fmt: skip
     return sets
 
 
