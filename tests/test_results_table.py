@@ -56,13 +56,17 @@ def fake_run(
     ci: float = 0.0,
     alpha: float = 1.0,
     paper: bool = True,
+    command: list[str] | None = None,
+    config: tuple[str, ...] = (),
 ) -> Path:
     """A finished run as training and `make eval` leave it (only the files the table reads);
     ``ci`` > 0: eval's 95% intervals of BLEU, chrF2 and the papers' BLEU, score ± ci;
-    ``paper=False``: a report written before nmt-eval gave the papers' BLEU."""
+    ``paper=False``: a report written before nmt-eval gave the papers' BLEU; ``command``: the
+    overrides the run was started with (default: experiment=cpu_quick); ``config``: overrides of
+    the configuration it trained."""
     run = root / name
     (run / "eval").mkdir(parents=True)
-    overrides = ["experiment=cpu_quick", "trainer.progress=false"]
+    overrides = [*(command or ["experiment=cpu_quick"]), "trainer.progress=false"]
     if seed != 1234:
         overrides.append(f"trainer.seed={seed}")
     log = RunLog(run)
@@ -74,7 +78,7 @@ def fake_run(
     cfg = compose_config(
         "train",
         [f"trainer.seed={seed}", "trainer.average_last=5", "decode.beam=5"]
-        + [f"decode.length_penalty={alpha}", "decode.checkpoint=averaged"],
+        + [f"decode.length_penalty={alpha}", "decode.checkpoint=averaged", *config],
     )
     (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if evaluated:
@@ -112,6 +116,30 @@ def test_seeds_form_one_row_with_mean_and_std(table, tmp_path: Path, capsys) -> 
     assert "skipped" in captured.err and "scores.averaged.beam5.lp1.json" in captured.err
     saved = json.loads(out_json.read_text())
     assert [r["seed"] for r in saved[0]["runs"]] == [7, 1234]
+
+
+def test_seeds_pool_by_the_configuration_whichever_command_named_it(
+    table, tmp_path: Path, capsys
+) -> None:
+    """A run started with a preset's overrides spelt out and a seed started with the preset's
+    name trained the same configuration: one row, under the preset's shorter command. A run
+    with one value changed is a row of its own, whatever its command says."""
+    spelt = ["experiment=cpu_long", "model.dropout=0.3", "trainer.val_every=200"]
+    runs = [
+        fake_run(tmp_path, "a", 1234, 40.0, command=spelt, config=("model.dropout=0.3",)),
+        fake_run(tmp_path, "b", 2, 42.0, command=["experiment=cpu_long_tuned", "trainer.threads=2"],
+                 config=("model.dropout=0.3",)),
+        fake_run(tmp_path, "c", 3, 30.0, command=["experiment=cpu_long_tuned"],
+                 config=("model.dropout=0.2",)),
+    ]  # fmt: skip
+    assert table.main([str(r) for r in runs]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| Trans")]
+    assert len(rows) == 2
+    pooled = next(row for row in rows if "| 2 |" in row)
+    assert "| 41.0 ± 1.4 |" in pooled
+    assert '`make train ARGS="experiment=cpu_long_tuned" && make eval`' in pooled
+    alone = next(row for row in rows if "| 1 |" in row)
+    assert "| 30.0 |" in alone
 
 
 def test_decode_tag_matches_eval_file_names(table) -> None:

@@ -3,7 +3,9 @@
 Each run directory holds ``metrics.jsonl`` (written by training; its summary gives the updates,
 training time, hardware and command-line overrides: :func:`nmt.bench.report.run_summary`),
 ``config.yaml`` and the ``eval/scores.*.json`` written by ``make eval``. Runs whose overrides
-differ only in ``trainer.seed`` form one row, with the mean and standard deviation over seeds::
+train the same configuration with another ``trainer.seed`` form one row, with the mean and
+standard deviation over seeds, whether they name it by a preset or by the overrides it is made
+of (the row shows the shortest of their commands)::
 
     python scripts/results_table.py outputs/runs/*cpu_quick* outputs/runs/*gru*   # the wrapper
     python scripts/results_table.py --json results.json outputs/runs/*
@@ -47,6 +49,9 @@ class RunResult:
     direction: str
     overrides: list[str]
     seed: int
+    # the configuration with the seed and bookkeeping left out (RECIPE_SKIPPED), as JSON: runs
+    # with equal recipes are seeds of one experiment
+    recipe: str
     steps: int
     train_minutes: float
     hardware: str
@@ -161,6 +166,7 @@ def load_run(run: Path, checkpoint: str | None = None) -> RunResult | str:
         direction=f"{data['src_lang']}→{data['tgt_lang']}",
         overrides=[o for o in summary.get("overrides", []) if not o.startswith(SKIPPED)],
         seed=int(cfg["trainer"]["seed"]),
+        recipe=recipe(cfg),
         steps=int(summary["step"]),
         train_minutes=float(summary["train_time"]) / 60,
         hardware=hardware_text(summary.get("hardware")),
@@ -193,7 +199,30 @@ def decode_applied(run: Path) -> str:
 
 
 # overrides that do not change the experiment (seeds form one row; the rest is bookkeeping)
-SKIPPED = ("trainer.seed=", "trainer.progress=", "outputs=", "hydra.")
+SKIPPED = ("trainer.seed=", "trainer.progress=", "trainer.threads=", "outputs=", "hydra.")
+# the same, as config keys; decode is left out too: eval (or tune-decode) may change it after
+# training, and the decoding column lists each run's
+RECIPE_SKIPPED = {
+    ("trainer", "seed"),
+    ("trainer", "progress"),
+    ("trainer", "threads"),
+    ("trainer", "resume"),
+    ("outputs",),
+    ("decode",),
+}
+
+
+def recipe(cfg: dict[str, Any]) -> str:
+    """What a run trained, as canonical JSON: its configuration less RECIPE_SKIPPED."""
+
+    def strip(tree: dict[str, Any], prefix: tuple[str, ...]) -> dict[str, Any]:
+        return {
+            key: strip(value, (*prefix, key)) if isinstance(value, dict) else value
+            for key, value in tree.items()
+            if (*prefix, key) not in RECIPE_SKIPPED
+        }
+
+    return json.dumps(strip(cfg, ()), sort_keys=True, default=str)
 
 
 def command(overrides: list[str], tuned: bool = False) -> str:
@@ -204,11 +233,18 @@ def command(overrides: list[str], tuned: bool = False) -> str:
 
 
 def group(results: list[RunResult]) -> list[Row]:
+    """Runs of one recipe (decoded as chosen the same way) form one row, under the shortest of
+    their commands: a preset's name rather than the overrides it stands for."""
     rows: dict[tuple[str | bool, ...], Row] = {}
     for r in results:
-        key = (r.model, r.direction, r.tuned, *sorted(r.overrides))
-        row = rows.setdefault(key, Row(r.model, r.direction, command(r.overrides, r.tuned)))
+        row = rows.setdefault(
+            (r.model, r.direction, r.tuned, r.recipe), Row(r.model, r.direction, "")
+        )
         row.runs.append(r)
+    for row in rows.values():
+        row.command = min(
+            (command(r.overrides, r.tuned) for r in row.runs), key=lambda c: (len(c), c)
+        )
     return list(rows.values())
 
 
