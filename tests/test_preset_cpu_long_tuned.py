@@ -10,14 +10,14 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from nmt.config_checks import check_train_config
+from nmt.viz.visualize import flatten_config
 
 from .helpers import compose_config
 
 ROOT = Path(__file__).parents[1]
 ARCHIVED = ROOT / "docs/results/en-de.cpu_long.dropout0.3.val_every200/config.yaml"
 # where a run was written and how it showed progress; not the recipe
-NOT_RECIPE = {("trainer", "threads"), ("trainer", "progress"), ("trainer", "precision"),
-              ("outputs",)}  # fmt: skip
+NOT_RECIPE = {"trainer.threads", "trainer.progress", "trainer.precision", "outputs"}
 
 
 def test_the_preset_changes_what_its_header_says() -> None:
@@ -40,20 +40,10 @@ def test_the_preset_changes_what_its_header_says() -> None:
     assert (cfg.decode.beam, cfg.decode.length_penalty, cfg.decode.checkpoint) == (5, 1.0, "auto")
 
 
-def _flat(tree: dict, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], object]:
-    out: dict[tuple[str, ...], object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, (*prefix, key)))
-        else:
-            out[(*prefix, key)] = value
-    return out
-
-
 def test_the_archived_en_de_run_is_the_preset() -> None:
     cfg = compose_config("train", ["experiment=cpu_long_tuned", "data=multi30k_en_de"])
-    preset = _flat(OmegaConf.to_container(cfg, resolve=True))
-    archived = _flat(OmegaConf.to_container(OmegaConf.load(ARCHIVED), resolve=True))
+    preset = flatten_config(OmegaConf.to_container(cfg, resolve=True))
+    archived = flatten_config(OmegaConf.to_container(OmegaConf.load(ARCHIVED), resolve=True))
     differ = {
         key
         for key in preset.keys() | archived.keys()

@@ -198,10 +198,10 @@ def decode_applied(run: Path) -> str:
     return found
 
 
-# overrides that do not change the experiment (seeds form one row; the rest is bookkeeping)
+# overrides left out of a row's command: the seed (a row pools seeds) and bookkeeping
 SKIPPED = ("trainer.seed=", "trainer.progress=", "trainer.threads=", "outputs=", "hydra.")
-# the same, as config keys; decode is left out too: eval (or tune-decode) may change it after
-# training, and the decoding column lists each run's
+# config keys left out of a run's recipe, which decides its row: the same, and decode, which eval
+# (or tune-decode) may change after training; the decoding column lists each run's
 RECIPE_SKIPPED = {
     ("trainer", "seed"),
     ("trainer", "progress"),
