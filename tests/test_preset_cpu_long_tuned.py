@@ -1,12 +1,13 @@
 """experiment=cpu_long_tuned: the 75-minute preset tuned on Multi30k's validation split composes
-with the values its header states, and the en->de run archived in docs/results/ under the
-command-line overrides it replaced is the same configuration (so that run counts as one seed of
-the preset)."""
+with the values its header states, and each of its runs archived in docs/results/ trained the
+preset's configuration, the en->de one named by the command-line overrides the preset replaced
+among them (so that run counts as one seed of the preset)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from nmt.config_checks import check_train_config
@@ -15,7 +16,13 @@ from nmt.viz.visualize import flatten_config
 from .helpers import compose_config
 
 ROOT = Path(__file__).parents[1]
-ARCHIVED = ROOT / "docs/results/en-de.cpu_long.dropout0.3.val_every200/config.yaml"
+RESULTS = ROOT / "docs/results"
+# each archived run of the preset: its folder, its data config and its seed
+ARCHIVED = [
+    ("en-de.cpu_long.dropout0.3.val_every200", "multi30k_en_de", 1234),
+    *((p.name, f"multi30k_{p.name[:5].replace('-', '_')}", int(p.suffix.removeprefix(".seed")))
+      for p in sorted(RESULTS.glob("*.cpu_long_tuned.seed*"))),
+]  # fmt: skip
 # where a run was written and how it showed progress; not the recipe
 NOT_RECIPE = {"trainer.threads", "trainer.progress", "trainer.precision", "outputs"}
 
@@ -40,13 +47,22 @@ def test_the_preset_changes_what_its_header_says() -> None:
     assert (cfg.decode.beam, cfg.decode.length_penalty, cfg.decode.checkpoint) == (5, 1.0, "auto")
 
 
-def test_the_archived_en_de_run_is_the_preset() -> None:
-    cfg = compose_config("train", ["experiment=cpu_long_tuned", "data=multi30k_en_de"])
-    preset = flatten_config(OmegaConf.to_container(cfg, resolve=True))
-    archived = flatten_config(OmegaConf.to_container(OmegaConf.load(ARCHIVED), resolve=True))
+@pytest.mark.parametrize(("folder", "data", "seed"), ARCHIVED, ids=[a[0] for a in ARCHIVED])
+def test_each_archived_run_is_the_preset(folder: str, data: str, seed: int) -> None:
+    overrides = ["experiment=cpu_long_tuned", f"data={data}", f"trainer.seed={seed}"]
+    preset = flatten_config(
+        OmegaConf.to_container(compose_config("train", overrides), resolve=True)
+    )
+    path = RESULTS / folder / "config.yaml"
+    archived = flatten_config(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
     differ = {
         key
         for key in preset.keys() | archived.keys()
         if key not in NOT_RECIPE and preset.get(key) != archived.get(key)
     }
     assert differ == set()
+
+
+def test_every_direction_has_archived_seeds() -> None:
+    assert {data for _, data, _ in ARCHIVED} == {"multi30k_en_de", "multi30k_de_en"}
+    assert len({seed for _, _, seed in ARCHIVED}) >= 2
