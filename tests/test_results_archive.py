@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
+from nmt.data.corpus import read_lines
 from nmt.evaluate.compare import scored_sets, target_language
 from nmt.evaluate.metrics import moses_tokenize, paper_bleu
 
@@ -23,10 +24,6 @@ TEST_REPORTS = [r for r in REPORTS if r.parent.name == "eval"]
 
 def _id(path: Path) -> str:
     return str(path.relative_to(ARCHIVE))
-
-
-def _lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
 
 
 def _interval(entry: dict) -> str:
@@ -51,7 +48,7 @@ def test_a_report_rescored_from_its_files_gives_its_scores(report: Path) -> None
     stated = json.loads(report.read_text(encoding="utf-8"))["sets"]
     (scored,) = scored_sets(report)
     assert scored.hypotheses.parent == report.parent and scored.references.parent == report.parent
-    hyps, refs = _lines(scored.hypotheses), _lines(scored.references)
+    hyps, refs = read_lines(scored.hypotheses), read_lines(scored.references)
     assert len(hyps) == len(refs) == stated[scored.name]["sentences"]
     bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
     assert bleu == pytest.approx(stated[scored.name]["scores"]["BLEU"]["score"], abs=1e-9)
