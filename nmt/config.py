@@ -248,6 +248,10 @@ class TrainerConfig:
     patience: int = 10  # validations without BLEU improvement before stopping; 0 = off
     attention_sentences: int = 4  # validation sentences drawn in TensorBoard; 0 = none
     attention_layers: str = "last"  # self-attention layers drawn: last | all | none | 0,2
+    # updates between two drawings: the first validation, then the first one at or past each
+    # multiple of this many updates; 0 = every validation. Drawing a Transformer's views takes
+    # seconds (often more than the validation), so presets that validate often set it
+    attention_every: int = 0
     # also write those sentences' attention explorer, every validation one step of it, into
     # <run>/attention/validation.html (nmt.viz.explorer)
     attention_html: bool = False

@@ -124,6 +124,11 @@ def _check_trainer(t: DictConfig) -> None:
             "other: init_from starts a new run from a checkpoint's weights, resume continues a "
             "run (a fine-tuning run included) where it stopped; set only one"
         )
+    if t.attention_every < 0:
+        raise ConfigError(
+            f"trainer.attention_every={t.attention_every} must be >= 0 (updates between two "
+            "drawings of the attention views; 0 draws them at every validation)"
+        )
     if t.attention_html and t.attention_sentences <= 0:
         raise ConfigError(
             "trainer.attention_html=true shows the first trainer.attention_sentences validation "

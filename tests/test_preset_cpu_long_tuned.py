@@ -27,7 +27,10 @@ ARCHIVED = [
       for p in sorted(RESULTS.glob("*.cpu_long_tuned.seed*"))),
 ]  # fmt: skip
 # where a run was written and how it showed progress; not the recipe
-NOT_RECIPE = {"trainer.threads", "trainer.progress", "trainer.precision", "outputs"}
+NOT_RECIPE = {
+    "trainer.threads", "trainer.progress", "trainer.precision", "outputs",
+    "trainer.attention_every",  # how often TensorBoard draws attention: no effect on training
+}  # fmt: skip
 
 
 def test_the_preset_changes_what_its_header_says() -> None:

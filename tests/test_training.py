@@ -498,3 +498,38 @@ def test_importing_nmt_bounds_the_onednn_kernel_caches(given, expected):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == [expected, expected]
+
+
+def drawn_steps(run_dir: Path) -> list[int]:
+    """The steps at which TensorBoard holds the first sentence's cross-attention image."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0}).Reload()
+    return sorted({image.step for image in events.Images("attention/cross/sent0")})
+
+
+def test_attention_every_draws_at_the_first_validation_past_each_multiple(corpus, tmp_path):
+    """Validations every 3 updates, views every 8: drawn at 3, then at 9 (past 8) and 18 (past
+    16); a run stopped at 12 and resumed draws at the same steps as one that never stopped."""
+    common = (
+        "trainer.val_every=3",
+        "trainer.attention_every=8",
+        "trainer.attention_sentences=1",
+        "trainer.attention_layers=none",
+        "trainer.patience=0",
+    )
+    run(corpus, tmp_path, "full", "trainer.max_steps=18", *common)
+    full_dir = tmp_path / "outputs" / "runs" / "full"
+    validated = [e["step"] for e in of_kind(read_events(full_dir), "validation")]
+    assert validated == [3, 6, 9, 12, 15, 18]
+    assert drawn_steps(full_dir) == [3, 9, 18]
+    run(corpus, tmp_path, "half", "trainer.max_steps=12", *common)
+    half_dir = tmp_path / "outputs" / "runs" / "half"
+    run(corpus, tmp_path, "x", "trainer.max_steps=18", f"trainer.resume={half_dir}", *common)
+    assert drawn_steps(half_dir) == [3, 9, 18]
+
+
+def test_a_negative_attention_every_is_refused_by_name():
+    cfg = compose_config("train", ["trainer.attention_every=-1"])
+    with pytest.raises(ConfigError, match="trainer.attention_every=-1"):
+        check_train_config(cfg)
