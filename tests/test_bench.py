@@ -211,6 +211,13 @@ def test_bench_quick_smoke(tmp_path):
         assert run["sentences"] == (3 if "single" in name else 12)
         assert run["sentences_per_s"] > 0
     assert decode["runs"]["greedy_batched_no_cache"]["same_as_cached_greedy"] >= 0.9
+    views = decode["attention_views"]  # --quick: one sentence, the default layers
+    assert (views["sentences"], views["layers"]) == (1, "last")
+    # the 3+3 Transformer: the alignment, every decoder layer's cross-attention as a head mean
+    # and by head, and the last encoder and decoder self-attention layer
+    assert views["pictures"] == 1 + 2 * 3 + 2
+    assert len(views["samples"]) == 3 and views["seconds"] > 0
+    assert "the attention views of 1 validation sentence(s) (9 pictures) drawn in" in proc.stdout
 
 
 def test_bench_compile_and_override_options(tmp_path):

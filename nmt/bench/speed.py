@@ -33,6 +33,8 @@ time is reported as ``warmup_seconds``.
 
 from __future__ import annotations
 
+import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,11 +42,13 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.tensorboard import SummaryWriter
 
 from nmt.bench.machine import MatmulSettings, busy_warning, load_average_or_none, machine_info
 from nmt.bench.report import SetupError, table
 from nmt.bench.report import say as _say
 from nmt.bench.timing import (
+    DecodeSubject,
     StepSettings,
     WeightSource,
     compose_train_config,
@@ -57,12 +61,14 @@ from nmt.bench.timing import (
 )
 from nmt.cli import config_dir
 from nmt.config import to_container
+from nmt.data.batching import make_batch
 from nmt.data.datasets import PreparedData, prepare_data
 from nmt.decode.options import DecodeOptions
 from nmt.environment import multi30k_source
 from nmt.runtime.device import native_bf16, pick_device
 from nmt.runtime.precision import resolve_precision
 from nmt.store.loading import build_model
+from nmt.viz.visualize import attend, log_validation_views, sentence_views
 
 MODELS = ("transformer", "gru_bahdanau")
 SCHEMA = "nmt-bench/1"
@@ -86,7 +92,12 @@ DEFINITIONS = {
     "decode.single": "max_tokens=1: every batch holds one sentence",
     "decode.no_cache": "greedy search re-running model.forward (encoder and decoder) over the "
     "whole prefix at every step; same_as_cached_greedy = share of identical outputs",
+    "decode.attention_views": "seconds to draw the TensorBoard attention views that a validation "
+    "draws (the first trainer.attention_sentences test sentences, one in --quick; "
+    "trainer.attention_layers), greedy decode, pictures and PNG encoding included, into a scratch "
+    "event file; median over VIEW_SAMPLES drawings, beside greedy_batched's seconds",
 }
+VIEW_SAMPLES = 3
 SINGLE_SENTENCES = 250  # one-at-a-time decoding is slow on CPU: a subset keeps the run short
 
 
@@ -242,6 +253,7 @@ def bench_decoding(model: str, cfg: DictConfig, data: PreparedData, s: Settings)
             same = sum(a == b for a, b in zip(outputs, greedy_outputs, strict=False))
             stats["same_as_cached_greedy"] = same / len(outputs)
         runs[name] = stats
+    views = bench_views(subject, cfg, replace(base, beam=1), s)
     return {
         "weights": subject.weights,
         "checkpoint": subject.checkpoint,
@@ -254,6 +266,41 @@ def bench_decoding(model: str, cfg: DictConfig, data: PreparedData, s: Settings)
         "max_len_a": base.max_output_len_a,
         "max_len_b": base.max_output_len_b,
         "runs": runs,
+        "attention_views": views,
+    }
+
+
+def bench_views(
+    subject: DecodeSubject, cfg: DictConfig, opts: DecodeOptions, s: Settings
+) -> dict[str, Any]:
+    """What drawing a validation's attention views in TensorBoard costs (see DEFINITIONS)."""
+    n = 1 if s.quick else min(int(cfg.trainer.attention_sentences), len(subject.test))
+    layers = str(cfg.trainer.attention_layers)
+    if n <= 0 or subject.tokenizers is None:
+        return {"sentences": 0}
+    batch = make_batch(subject.test.data, list(range(n))).to(s.device)
+    drawn = attend(subject.model, batch.src, batch.src_lens, opts)
+    pictures = sum(len(sentence_views(sent, subject.tokenizers, layers)) for sent in drawn)
+    say(f"drawing the attention views of {n} sentences ({pictures} pictures)")
+    samples = []
+    with tempfile.TemporaryDirectory() as scratch:
+        writer = SummaryWriter(scratch)
+        try:
+            for step in range(VIEW_SAMPLES):
+                start = time.perf_counter()
+                log_validation_views(
+                    writer, subject.model, subject.test, subject.tokenizers, step, s.device, n,
+                    layers, opts=opts,
+                )  # fmt: skip
+                samples.append(time.perf_counter() - start)
+        finally:
+            writer.close()
+    return {
+        "sentences": n,
+        "layers": layers,
+        "pictures": pictures,
+        "seconds": statistics.median(samples),
+        "samples": samples,
     }
 
 
@@ -376,6 +423,13 @@ def report(result: dict[str, Any]) -> str:
     for model, d in decoded.items():
         source = f"{d['checkpoint']} (step {d['checkpoint_step']})" if d["checkpoint"] else "none"
         lines.append(f"{model}: {d['weights']} weights, checkpoint {source}, {d['test_set']}")
+        views, greedy = d.get("attention_views", {}), d["runs"]["greedy_batched"]
+        if views.get("sentences"):
+            lines.append(
+                f"{model}: the attention views of {views['sentences']} validation sentence(s) "
+                f"({views['pictures']} pictures) drawn in {views['seconds']:.2f} s; greedy "
+                f"decoding of {greedy['sentences']} sentences took {greedy['seconds']:.2f} s"
+            )
     if any(d["weights"] == "random" for d in decoded.values()):
         lines.append(
             "weights=random: no trained checkpoint found, so a randomly initialised model was "

@@ -29,7 +29,7 @@ from nmt.cli import config_dir
 from nmt.config import register_configs, to_container
 from nmt.data.batching import TokenBatchSampler, TokenDataset, make_batch, padding_share
 from nmt.data.datasets import EvalSet, PreparedData, load_test_sets
-from nmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from nmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, TokenizerPair
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import decode_batches, decode_dataset
 from nmt.environment import multi30k_source
@@ -246,6 +246,7 @@ class DecodeSubject:
     checkpoint: str | None
     step: int | None
     config: dict[str, Any]
+    tokenizers: TokenizerPair | None = None  # both sides, for drawing attention
 
 
 def decode_subject(
@@ -264,7 +265,9 @@ def decode_subject(
         net = build_model(cfg, data.tokenizers).to(device).eval()
         test = test_set(load_test_sets(cfg.data, data.tokenizers, multi30k_source()))
         config = to_container(cfg.model)
-        return DecodeSubject(net, data.tokenizers.tgt, test, "random", None, None, config)
+        return DecodeSubject(
+            net, data.tokenizers.tgt, test, "random", None, None, config, data.tokenizers
+        )
     say(f"decoding {model} with {path}")
     trained = load_trained(path, device)
     data_cfg = copy.deepcopy(trained.cfg.data)
@@ -273,8 +276,9 @@ def decode_subject(
     test = test_set(load_test_sets(data_cfg, trained.tokenizers, multi30k_source()))
     config = OmegaConf.to_container(trained.cfg.model, resolve=True)
     return DecodeSubject(
-        trained.model, trained.tokenizers.tgt, test, "trained", str(path), trained.step, config
-    )
+        trained.model, trained.tokenizers.tgt, test, "trained", str(path), trained.step, config,
+        trained.tokenizers,
+    )  # fmt: skip
 
 
 def output_caps(model: Seq2Seq, ds: TokenDataset, n: int, opts: DecodeOptions) -> np.ndarray:
