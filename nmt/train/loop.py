@@ -40,7 +40,7 @@ from nmt.train.elastic import Restart
 from nmt.train.progress import Limits, Position, ProgressBar
 from nmt.train.runlog import RunLog
 from nmt.train.step import MAX_BAD_STEPS, LossFn, StepResult, TrainState, loss_sum, train_step
-from nmt.train.validation import direction_set, validation_options, validation_scores
+from nmt.train.validation import direction_set, drawing_due, validation_options, validation_scores
 from nmt.viz.explorer import TrainingExplorer
 from nmt.viz.visualize import log_validation_views
 
@@ -324,7 +324,7 @@ class Trainer:
             for name, d in metrics.get("directions", {}).items():
                 for key in ("loss", "bleu", "chrf"):
                     self.writer.add_scalar(f"val_{key}/{name}", d[key], step)
-            if t.attention_sentences > 0 and self._draws_attention():
+            if t.attention_sentences > 0 and drawing_due(self.state.history, t.attention_every):
                 for label, views in self._view_sets():
                     log_validation_views(
                         self.writer, self.model, views, run.data.tokenizers, step,
@@ -338,16 +338,6 @@ class Trainer:
                 t.attention_sentences, f"validation BLEU {metrics['bleu']:.2f}",
                 opts=opts,
             )  # fmt: skip
-
-    def _draws_attention(self) -> bool:
-        """Whether this validation draws the attention views in TensorBoard: every one, or with
-        ``trainer.attention_every=N`` the first and then the first at or past each multiple of N
-        updates (from the validation history, so a resumed run draws where an unbroken one would).
-        """
-        every, history = self.t.attention_every, self.state.history
-        if every <= 0 or len(history) < 2:
-            return True
-        return history[-1]["step"] // every > history[-2]["step"] // every
 
     def _view_sets(self) -> list[tuple[str, EvalSet]]:
         """The validation sets drawn: the split, or each direction of a multilingual one

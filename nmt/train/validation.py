@@ -56,6 +56,16 @@ def direction_set(ds: EvalSet, part: tuple[str, int, int], limit: int = 0) -> Ev
     return EvalSet(name, ds.src_text[a:b], ds.ref_text[a:b], data, [(name, 0, b - a)])
 
 
+def drawing_due(history: list[dict[str, Any]], every: int) -> bool:
+    """Whether the latest validation of ``history`` draws the attention views in TensorBoard:
+    every one (``every`` 0), or the first and then the first at or past each multiple of
+    ``every`` updates (``trainer.attention_every``). Read from the validation history, which a
+    checkpoint keeps, so a resumed run draws where an unbroken one would."""
+    if every <= 0 or len(history) < 2:
+        return True
+    return history[-1]["step"] // every > history[-2]["step"] // every
+
+
 def validation_options(cfg: DictConfig) -> DecodeOptions:
     """How validation decodes: greedy search with the run's output caps (``decode``), in
     batches of ``data.eval_max_tokens``, in :func:`validation_decode_precision`."""
