@@ -14,6 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nmt.config_checks import check_train_config
+from nmt.train.runlog import of_kind, read_events
 from nmt.viz.visualize import flatten_config
 
 from .helpers import compose_config
@@ -73,18 +74,12 @@ def test_each_archived_run_is_the_preset(folder: str, data: str, seed: int) -> N
     assert differ == set()
 
 
-def longest_run_without_gain(metrics: Path) -> int:
-    """The most validations in a row that did not raise the best validation BLEU."""
-    best, streak, longest = float("-inf"), 0, 0
-    for line in metrics.read_text(encoding="utf-8").splitlines():
-        event = json.loads(line)
-        if event["event"] != "validation":
-            continue
-        if event["bleu"] > best:
-            best, streak = event["bleu"], 0
-        else:
-            streak += 1
-            longest = max(longest, streak)
+def longest_run_without_gain(run: Path) -> int:
+    """The most validations in a row of the run's history that were not a new best."""
+    streak, longest = 0, 0
+    for event in of_kind(read_events(run), "validation"):
+        streak = 0 if event["best"] else streak + 1
+        longest = max(longest, streak)
     return longest
 
 
@@ -93,14 +88,14 @@ def patience_never_stopped(run: Path) -> bool:
     summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
     patience = OmegaConf.load(run / "config.yaml").trainer.patience
     return summary["stop_reason"].startswith("reached the time limit") and (
-        longest_run_without_gain(run / "metrics.jsonl") < patience
+        longest_run_without_gain(run) < patience
     )
 
 
 def test_an_early_stopped_run_is_not_counted_as_the_preset() -> None:
     """The de->en seed-3 run that patience 10 stopped at 61 minutes trained another recipe."""
     run = RESULTS / "de-en.cpu_long_tuned_patience10.seed3"
-    assert longest_run_without_gain(run / "metrics.jsonl") == 10
+    assert longest_run_without_gain(run) == 10
     assert not patience_never_stopped(run)
 
 

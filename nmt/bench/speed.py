@@ -276,7 +276,7 @@ def bench_views(
     """What drawing a validation's attention views in TensorBoard costs (see DEFINITIONS)."""
     n = 1 if s.quick else min(int(cfg.trainer.attention_sentences), len(subject.test))
     layers = str(cfg.trainer.attention_layers)
-    if n <= 0 or subject.tokenizers is None:
+    if n <= 0:
         return {"sentences": 0}
     batch = make_batch(subject.test.data, list(range(n))).to(s.device)
     drawn = attend(subject.model, batch.src, batch.src_lens, opts)

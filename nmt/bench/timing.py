@@ -237,16 +237,15 @@ def find_checkpoint(model: str, runs_dir: Path) -> Path | None:
 
 @dataclass
 class DecodeSubject:
-    """A model to decode with, its tokenizer and test set, and where its weights came from."""
+    """A model to decode with, its tokenizers and test set, and where its weights came from."""
 
     model: Seq2Seq
-    tokenizer: Tokenizer
+    tokenizers: TokenizerPair
     test: EvalSet
     weights: str  # "trained" | "random"
     checkpoint: str | None
     step: int | None
     config: dict[str, Any]
-    tokenizers: TokenizerPair | None = None  # both sides, for drawing attention
 
 
 def decode_subject(
@@ -265,9 +264,7 @@ def decode_subject(
         net = build_model(cfg, data.tokenizers).to(device).eval()
         test = test_set(load_test_sets(cfg.data, data.tokenizers, multi30k_source()))
         config = to_container(cfg.model)
-        return DecodeSubject(
-            net, data.tokenizers.tgt, test, "random", None, None, config, data.tokenizers
-        )
+        return DecodeSubject(net, data.tokenizers, test, "random", None, None, config)
     say(f"decoding {model} with {path}")
     trained = load_trained(path, device)
     data_cfg = copy.deepcopy(trained.cfg.data)
@@ -276,9 +273,8 @@ def decode_subject(
     test = test_set(load_test_sets(data_cfg, trained.tokenizers, multi30k_source()))
     config = OmegaConf.to_container(trained.cfg.model, resolve=True)
     return DecodeSubject(
-        trained.model, trained.tokenizers.tgt, test, "trained", str(path), trained.step, config,
-        trained.tokenizers,
-    )  # fmt: skip
+        trained.model, trained.tokenizers, test, "trained", str(path), trained.step, config
+    )
 
 
 def output_caps(model: Seq2Seq, ds: TokenDataset, n: int, opts: DecodeOptions) -> np.ndarray:
@@ -318,7 +314,7 @@ def decode_with_search(
     synchronize(device)
     tic = time.perf_counter()
     outputs = [h.tokens for h in decode_dataset(subject.model, ds, opts, device, n)]
-    detokenize(subject.tokenizer, outputs)
+    detokenize(subject.tokenizers.tgt, outputs)
     synchronize(device)
     return outputs, time.perf_counter() - tic
 
@@ -371,6 +367,6 @@ def decode_without_cache(
             rows = greedy_no_cache_batch(subject.model, batch.src, batch.src_lens, caps)
         for i, tokens in zip(idx.tolist(), rows, strict=True):
             outputs[i] = tokens
-    detokenize(subject.tokenizer, outputs)
+    detokenize(subject.tokenizers.tgt, outputs)
     synchronize(device)
     return outputs, time.perf_counter() - tic
