@@ -174,6 +174,10 @@ class DataConfig:
     spm_model_type: SpmModelType = SpmModelType.unigram  # sentencepiece's unigram or bpe
     character_coverage: float = 1.0  # share of characters sentencepiece covers
     spm_sample: int = 100_000  # training pairs drawn for sentencepiece training
+    # subword regularization: each epoch re-encodes the training pairs with a sampled
+    # segmentation (unigram: probability ** alpha, 0.1-0.5 usual; bpe: BPE-dropout's
+    # probability); 0 = the one best segmentation. See nmt.data.resegment
+    subword_alpha: float = 0.0
     # preparation: encoding processes (0 = one per available core, 1 = in this process)
     num_workers: int = 0
     # batching

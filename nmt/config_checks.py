@@ -52,12 +52,31 @@ def _check_data(d: DictConfig) -> None:
     if d.max_len_ratio < 1:
         raise ConfigError(f"data.max_len_ratio={d.max_len_ratio} must be >= 1")
     _positive("data.vocab_size", d.vocab_size)
+    _check_subword_alpha(d, bool(directions))
     _positive("data.max_tokens", d.max_tokens)
     # +2: room for the BOS/EOS added around the longest allowed sentence
     if d.max_tokens < d.max_len + 2:
         raise ConfigError(
             f"data.max_tokens={d.max_tokens} is smaller than one sentence of data.max_len="
             f"{d.max_len} tokens (+2 for BOS/EOS); raise data.max_tokens or lower data.max_len"
+        )
+
+
+def _check_subword_alpha(d: DictConfig, multilingual: bool) -> None:
+    """``data.subword_alpha``: 0 (off), a unigram model's smoothing exponent or BPE-dropout's
+    probability (below 1, where no merge would be left)."""
+    alpha = d.get("subword_alpha", 0.0)
+    if not alpha >= 0:  # nan fails too
+        raise ConfigError(f"data.subword_alpha={alpha} must be >= 0 (0: no subword sampling)")
+    if alpha and d.spm_model_type == "bpe" and alpha >= 1:
+        raise ConfigError(
+            f"data.subword_alpha={alpha} is BPE-dropout's probability with "
+            "data.spm_model_type=bpe and must be below 1"
+        )
+    if alpha and multilingual:
+        raise ConfigError(
+            "data.subword_alpha: subword sampling is for one direction's training pairs; "
+            "a multilingual run (data.directions) trains on the best segmentation"
         )
 
 

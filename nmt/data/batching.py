@@ -388,6 +388,18 @@ class TokenBatchSampler:
         self._cost = example_costs(self.src_lens, self.tgt_lens)  # (N,)
         self._check_budget()
 
+    def with_lengths(
+        self, src_lens: Sequence[int] | np.ndarray, tgt_lens: Sequence[int] | np.ndarray
+    ) -> TokenBatchSampler:
+        """The same sampler (seed, budget, ranks, corpora) over new lengths of the same
+        examples: an epoch of resegmented pairs (:mod:`nmt.data.resegment`)."""
+        if len(src_lens) != len(self.src_lens):
+            raise ValueError(f"{len(src_lens)} examples, the sampler has {len(self.src_lens)}")
+        return TokenBatchSampler(
+            src_lens, tgt_lens, self.max_tokens, self.shuffle, self.seed,
+            self.num_replicas, self.rank, self.corpora,
+        )  # fmt: skip
+
     def _check_budget(self) -> None:
         too_long = np.flatnonzero(self._cost > self.max_tokens)
         if len(too_long):

@@ -114,6 +114,17 @@ class Tokenizer:
             return self._sp.Encode(list(texts))
         return self._sp.Encode(list(texts), num_threads=num_threads)
 
+    def sample_batch(self, texts: Sequence[str], alpha: float) -> list[list[int]]:
+        """Subword ids of many sentences, each under a sampled segmentation (unigram: from
+        all of them, weighted by probability ** ``alpha``; BPE: each merge dropped with
+        probability ``alpha``), without BOS/EOS. One thread, drawing from SentencePiece's
+        generator (:func:`sentencepiece.set_random_generator_seed` seeds it)."""
+        if not texts:
+            return []
+        return self._sp.Encode(
+            list(texts), enable_sampling=True, alpha=alpha, nbest_size=-1, num_threads=1
+        )
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of a sequence of ids; PAD, BOS, EOS and language tags are ignored."""
         if hasattr(ids, "tolist"):

@@ -47,8 +47,8 @@ def run_training(trainer: Trainer) -> str:
     """Log the run's start and its training data, train, and log the outcome; returns why
     training stopped."""
     s, data = trainer.state, trainer.run.data
-    first = trainer.sampler.batches(s.epoch)
-    padding = padding_share(data.train, first)
+    epoch_data, first = trainer.epochs(s.epoch)
+    padding = padding_share(epoch_data, first)
     log.info(
         "training data: %d pairs, %d batches per epoch per rank, padding share %.1f%%",
         len(data.train), len(first), 100 * padding,

@@ -24,8 +24,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from nmt.atomic import TEMP_SUFFIX
 from nmt.config import to_container
-from nmt.data.batching import TokenBatchSampler, make_batch
+from nmt.data.batching import TokenDataset, make_batch
 from nmt.data.datasets import EvalSet, PreparedData
+from nmt.data.resegment import TrainingEpochs
 from nmt.models.base import Seq2Seq
 from nmt.runtime.device import device_name
 from nmt.runtime.distributed import DistInfo
@@ -233,7 +234,7 @@ class Trainer:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None  # fp16 only
     train_model: torch.nn.Module  # the model as updated: wrapped for DDP / torch.compile
-    sampler: TokenBatchSampler
+    epochs: TrainingEpochs  # each epoch's training pairs and this rank's batches
     checkpointer: Checkpointer
     writer: SummaryWriter | None  # TensorBoard (main rank only)
     run_log: RunLog  # metrics.jsonl (writes nothing on other ranks)
@@ -462,24 +463,24 @@ class Trainer:
     def _epoch(self, loop: _Loop) -> str:
         """Updates over the rest of this epoch's batches; the reason to stop ("" at its end)."""
         s, t = self.state, self.t
-        batches = self.sampler.batches(s.epoch)
+        data, batches = self.epochs(s.epoch)
         loop.batches_per_epoch = max(len(batches), 1)
         reason = ""
         while not reason and s.batch_in_epoch + t.accumulate <= len(batches):
             group = batches[s.batch_in_epoch : s.batch_in_epoch + t.accumulate]
-            reason = self._update(group, loop) or self.stop_reason(loop.stop)
+            reason = self._update(data, group, loop) or self.stop_reason(loop.stop)
         if s.batch_in_epoch + t.accumulate > len(batches):
             s.epoch += 1
             s.batch_in_epoch = 0
             log.info("epoch %d done at step %d", s.epoch, s.step)
         return reason
 
-    def _update(self, group: list[Any], loop: _Loop) -> str:
+    def _update(self, data: TokenDataset, group: list[Any], loop: _Loop) -> str:
         """One optimizer update over ``group``'s batches, then its log line and validation
         when due; early stopping's reason, else ""."""
         s, t, run, clock = self.state, self.t, self.run, self.functions.clock
         tic = clock()
-        micro = [make_batch(run.data.train, idx).to(run.device, non_blocking=True) for idx in group]
+        micro = [make_batch(data, idx).to(run.device, non_blocking=True) for idx in group]
         res = train_step(
             self.train_model, micro, self.optimizer, self.scaler, run.cfg, run.device, run.dist,
             self.functions.loss,

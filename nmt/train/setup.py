@@ -26,6 +26,7 @@ from nmt.config import ConfigError, to_container
 from nmt.config_checks import check_train_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.datasets import PreparedData, prepare_data
+from nmt.data.resegment import Resegmenter, TrainingEpochs
 from nmt.data.tokenizer import TokenizerPair
 from nmt.environment import launcher_variables, multi30k_source
 from nmt.models.base import Seq2Seq
@@ -130,6 +131,18 @@ def build_sampler(cfg: DictConfig, data: PreparedData, dist_info: DistInfo) -> T
     )
 
 
+def build_epochs(cfg: DictConfig, data: PreparedData, dist_info: DistInfo) -> TrainingEpochs:
+    """Each epoch's training pairs and this rank's batches: the prepared ones, or with
+    ``data.subword_alpha`` a sampled segmentation per epoch (:mod:`nmt.data.resegment`)."""
+    alpha = float(cfg.data.get("subword_alpha", 0.0))
+    resegmenter = None
+    if alpha > 0:
+        resegmenter = Resegmenter(
+            data.train, data.tokenizers, alpha, cfg.data.max_len, cfg.trainer.seed
+        )
+    return TrainingEpochs(data.train, build_sampler(cfg, data, dist_info), resegmenter)
+
+
 def build_writer(run_dir: Path, step: int) -> SummaryWriter:
     """TensorBoard's writer; a resumed run drops the events logged after its step."""
     return SummaryWriter(str(run_dir / "tb"), purge_step=step or None)
@@ -163,7 +176,7 @@ def build_trainer(run: Setup, functions: Functions) -> Trainer:
     return Trainer(
         run, state, optimizer, scheduler, scaler,
         train_model=build_train_model(run.model, run.dist, run.device, t.compile),
-        sampler=build_sampler(cfg, run.data, run.dist),
+        epochs=build_epochs(cfg, run.data, run.dist),
         checkpointer=Checkpointer(run.run_dir / "checkpoints", t.keep_last),
         writer=build_writer(run.run_dir, state.step) if main else None,
         run_log=RunLog(run.run_dir if main else None),
