@@ -65,7 +65,7 @@ def _check_data(d: DictConfig) -> None:
 def _check_subword_alpha(d: DictConfig, multilingual: bool) -> None:
     """``data.subword_alpha``: 0 (off), a unigram model's smoothing exponent or BPE-dropout's
     probability (below 1, where no merge would be left)."""
-    alpha = d.get("subword_alpha", 0.0)
+    alpha = d.subword_alpha
     if not alpha >= 0:  # nan fails too
         raise ConfigError(f"data.subword_alpha={alpha} must be >= 0 (0: no subword sampling)")
     if alpha and d.spm_model_type == "bpe" and alpha >= 1:

@@ -58,22 +58,21 @@ class Resegmenter:
     ) -> None:
         if not alpha > 0:
             raise ValueError(f"alpha must be > 0, got {alpha}")
-        self.train, self.tokenizers = train, tokenizers
+        self.train = train
         self.alpha, self.max_len, self.seed = float(alpha), int(max_len), int(seed)
         tic = time.perf_counter()
-        self._src = [tokenizers.src.decode(train.src(i)) for i in range(len(train))]
-        self._tgt = [tokenizers.tgt.decode(train.tgt(i)) for i in range(len(train))]
+        # per side: its tokenizer, its text, and its prepared ids by pair
+        self._sides = [
+            (tok, [tok.decode(item(i)) for i in range(len(train))], item)
+            for tok, item in ((tokenizers.src, train.src), (tokenizers.tgt, train.tgt))
+        ]
         log.info(
             "subword sampling (data.subword_alpha=%g): %d training pairs decoded in %.1fs",
             alpha, len(train), time.perf_counter() - tic,
         )  # fmt: skip
 
     def _side(self, side: int, epoch: int) -> list[list[int]]:
-        tok, texts, item = (
-            (self.tokenizers.src, self._src, self.train.src)
-            if side == 0
-            else (self.tokenizers.tgt, self._tgt, self.train.tgt)
-        )
+        tok, texts, item = self._sides[side]
         ids = sample_segmentations(tok, texts, self.alpha, self.seed, epoch, side)
         for i, seq in enumerate(ids):
             if len(seq) > self.max_len:  # the prepared ids passed the cleaning's limit

@@ -134,8 +134,7 @@ def build_sampler(cfg: DictConfig, data: PreparedData, dist_info: DistInfo) -> T
 def build_epochs(cfg: DictConfig, data: PreparedData, dist_info: DistInfo) -> TrainingEpochs:
     """Each epoch's training pairs and this rank's batches: the prepared ones, or with
     ``data.subword_alpha`` a sampled segmentation per epoch (:mod:`nmt.data.resegment`)."""
-    alpha = float(cfg.data.get("subword_alpha", 0.0))
-    resegmenter = None
+    alpha, resegmenter = cfg.data.subword_alpha, None
     if alpha > 0:
         resegmenter = Resegmenter(
             data.train, data.tokenizers, alpha, cfg.data.max_len, cfg.trainer.seed
