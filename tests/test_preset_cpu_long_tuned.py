@@ -26,7 +26,7 @@ RESULTS = ROOT / "docs/results"
 ARCHIVED = [
     ("en-de.cpu_long.dropout0.3.val_every200", "multi30k_en_de", 1234),
     *((p.name, f"multi30k_{p.name[:5].replace('-', '_')}", int(p.suffix.removeprefix(".seed")))
-      for p in sorted(RESULTS.glob("*.cpu_long_tuned.seed*"))),
+      for p in sorted(RESULTS.glob("*.cpu_long_tuned.*seed*"))),
 ]  # fmt: skip
 # where a run was written and how it showed progress; not the recipe
 NOT_RECIPE = {
