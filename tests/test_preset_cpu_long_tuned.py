@@ -22,7 +22,9 @@ from .helpers import compose_config
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "docs/results"
-# each archived run of the preset: its folder, its data config and its seed
+# each archived run of the preset: its folder, its data config and its seed. A run of the preset
+# is named <direction>.cpu_long_tuned[.<machine>].seed<N>; a candidate that changes the recipe
+# names its change in place of a seed
 ARCHIVED = [
     ("en-de.cpu_long.dropout0.3.val_every200", "multi30k_en_de", 1234),
     *((p.name, f"multi30k_{p.name[:5].replace('-', '_')}", int(p.suffix.removeprefix(".seed")))
