@@ -344,6 +344,8 @@ class EvalConfig(DecodeConfig):
     # a model package (nmt-export) instead of run/ckpt; `model=DIR` on the command line
     model_dir: str | None = None
     engine: Engine = Engine.auto  # ctranslate2: a package exported with it
+    # more models (runs, checkpoint files, packages) decoding with this one as an ensemble
+    ensemble: list[str] = field(default_factory=list)
     # extra test sets: "src_file:ref_file" pairs; default: the run's own test split(s)
     test: list[str] = field(default_factory=list)
     # without test files: the run's split to score, test or valid (the validation split,
@@ -373,6 +375,7 @@ class TranslateConfig(DecodeConfig):
     ckpt: str | None = None  # as in nmt-eval
     model_dir: str | None = None  # a model package, as in nmt-eval (`model=DIR`)
     engine: Engine = Engine.auto  # as in nmt-eval
+    ensemble: list[str] = field(default_factory=list)  # more models, as in nmt-eval
     input: str | None = None  # default: stdin (an interactive prompt when it is a terminal)
     output: str | None = None  # default: stdout
     n_best: int = 1  # > 1: print "index<TAB>score<TAB>translation" for the n best (<= beam)

@@ -270,6 +270,13 @@ def make_engine(
                 f"{trained.path} holds only a CTranslate2 model: use engine=ctranslate2"
             )
         return make_ct2_engine(trained, device)
+    if trained.members:
+        if name not in ("torch", "auto"):
+            raise ConfigError(
+                f"engine={name}: an ensemble decodes with engine=torch, the one engine that "
+                "combines several models"
+            )
+        return TorchEngine(trained.model, device)
     if name == "torch":
         return TorchEngine(trained.model, device)
     if name == "torch-int8":

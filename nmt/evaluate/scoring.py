@@ -89,6 +89,17 @@ def options_tag(ckpt: Path, opts: DecodeOptions, engine: str = "torch") -> str:
     return tag if engine == "torch" else f"{tag}.{engine}"
 
 
+def output_tag(trained: Trained, opts: DecodeOptions, engine: str, report: dict) -> str:
+    """:func:`options_tag` of the model, with ``.ensembleN`` for an ensemble of N, whose
+    members are then listed in ``report`` (and printed)."""
+    tag = options_tag(trained.path, opts, engine)
+    if not trained.members:
+        return tag
+    report["ensemble"] = [str(p) for p in trained.members]
+    print(f"ensemble of {len(trained.members)}: " + ", ".join(map(str, trained.members)))
+    return f"{tag}.ensemble{len(trained.members)}"
+
+
 def unique_names(sets: list[EvalSet]) -> None:
     """Rename sets that share a name (``a/test.de`` and ``b/test.de``): ``test.de.2``."""
     seen: dict[str, int] = {}
@@ -145,7 +156,7 @@ def evaluate(cfg: DictConfig) -> dict:
         "direction": f"{trained.cfg.data.src_lang}-{trained.cfg.data.tgt_lang}",
         "sets": {},
     }
-    tag = options_tag(path, opts, engine.name)
+    tag = output_tag(trained, opts, engine.name, report)
     lang = trained.cfg.data.tgt_lang
     progress = Progress(cfg.progress)
     for ds in sets:
@@ -183,10 +194,10 @@ def _multilingual(cfg: DictConfig, trained: Trained, opts: DecodeOptions, out_di
     print(f"checkpoint {trained.path} (step {trained.step})")
     print("engine: torch")
     print("decoding: " + " ".join(f"{k}={v}" for k, v in asdict(opts).items()))
-    tag = options_tag(trained.path, opts)
     report = {"checkpoint": str(trained.path), "step": trained.step, "engine": "torch",
-              "options": asdict(opts),
-              **evaluate_multilingual(cfg, trained, opts, out_dir, tag)}  # fmt: skip
+              "options": asdict(opts)}  # fmt: skip
+    tag = output_tag(trained, opts, "torch", report)
+    report.update(evaluate_multilingual(cfg, trained, opts, out_dir, tag))
     score_file = out_dir / f"scores.{tag}.json"
     atomic_write_bytes(score_file, json.dumps(report, indent=2).encode("utf-8"))
     print(f"scores written to {score_file}")

@@ -11,16 +11,18 @@ ever imported, instantiated or evaluated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from nmt.config import ConfigError
+from nmt.data.multilingual import directions_of
 from nmt.data.tokenizer import PAD_ID, TokenizerPair
 from nmt.models import registry
 from nmt.models.base import Seq2Seq
+from nmt.models.ensemble import Ensemble
 from nmt.store.checkpoint import load_checkpoint
 from nmt.store.gate import CheckpointError, checked_train_config
 from nmt.store.package import (
@@ -66,6 +68,9 @@ class Trained:
     cfg: DictConfig  # the training run's resolved config
     path: Path  # the checkpoint file
     step: int
+    # an ensemble (``model`` is an :class:`~nmt.models.ensemble.Ensemble`): every member's
+    # checkpoint or package, ``path`` first; empty for a single model
+    members: tuple[Path, ...] = ()
 
 
 def decode_defaults(trained: Trained) -> DictConfig | None:
@@ -147,6 +152,13 @@ def load_package(package: str | Path, device: torch.device) -> Trained:
 def load_model(cfg: DictConfig, device: torch.device) -> Trained:
     """The model an eval/translate/attention/serve config names: ``model_dir`` (a package), or
     ``run``/``ckpt`` (a checkpoint; a package folder given as ``run`` is read as a package)."""
+    trained = _load_one(cfg, device)
+    if cfg.get("ensemble"):
+        return load_ensemble(trained, list(cfg.ensemble), cfg.get("ckpt"), device)
+    return trained
+
+
+def _load_one(cfg: DictConfig, device: torch.device) -> Trained:
     package = None
     if cfg.get("model_dir"):
         if cfg.get("ckpt"):
@@ -161,3 +173,46 @@ def load_model(cfg: DictConfig, device: torch.device) -> Trained:
         # a CTranslate2-only package: no PyTorch model, the engine decodes it (model is None)
         return Trained(None, files.tokenizers, files.cfg, package, int(files.manifest.step))  # type: ignore[arg-type]
     return load_package(package, device)
+
+
+def _direction(trained: Trained) -> str:
+    """What a model translates: its language pair, or a multilingual model's directions."""
+    data = trained.cfg.data
+    directions = directions_of(data)
+    if directions:
+        return ", ".join(f"{d.src}-{d.tgt}" for d in directions)
+    return f"{data.get('src_lang')}-{data.get('tgt_lang')}"
+
+
+def load_ensemble(
+    first: Trained, others: list[str], ckpt: str | None, device: torch.device
+) -> Trained:
+    """``first`` and the models ``others`` names (run directories, whose checkpoint is chosen
+    as ``ckpt`` chooses the first's, checkpoint files or packages) as one
+    :class:`~nmt.models.ensemble.Ensemble`; the other fields are the first's. The members
+    must share their tokenizers and their direction."""
+    members = [first]
+    for spec in others:
+        if is_package(spec):
+            members.append(load_package(Path(spec), device))
+            continue
+        path = Path(spec) if Path(spec).is_file() else checkpoint_path(spec, ckpt)
+        members.append(load_trained(path, device))
+    for other in members:
+        if other.model is None:
+            raise ConfigError(
+                f"ensemble: {other.path} holds only a CTranslate2 model; an ensemble decodes "
+                "with PyTorch weights"
+            )
+        if other.tokenizers.state_dict() != first.tokenizers.state_dict():
+            raise ConfigError(
+                f"ensemble: {other.path} has other tokenizers than {first.path}; the members "
+                "of an ensemble must share their vocabulary (train them with one data config)"
+            )
+        if _direction(other) != _direction(first):
+            raise ConfigError(
+                f"ensemble: {other.path} translates {_direction(other)}, "
+                f"{first.path} {_direction(first)}"
+            )
+    model = Ensemble([m.model for m in members]).to(device).eval()
+    return replace(first, model=model, members=tuple(m.path for m in members))
