@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,23 @@ def test_translate_decodes_with_an_ensemble(runs: dict[str, Path], tmp_path: Pat
         outputs.append(out.read_text(encoding="utf-8"))
     assert outputs[1] == outputs[0]  # a model with itself is the model
     assert outputs[2] != outputs[0]  # with another, the mixture decides
+
+
+def test_a_checkpoint_file_cannot_choose_the_members_checkpoints(runs: dict[str, Path]) -> None:
+    """ckpt=FILE names the first model's checkpoint only: a run given as a member would
+    otherwise be read from that same file."""
+    first = runs["a"] / "checkpoints" / "best.pt"
+    with pytest.raises(ConfigError, match=r"ckpt=.*best.pt is one file.*of .*b"):
+        evaluate(eval_cfg(runs, "a", f"ckpt={first}", f"ensemble=[{runs['b']}]"))
+    member = runs["b"] / "checkpoints" / "best.pt"  # a member named by its file is fine
+    report = evaluate(eval_cfg(runs, "a", f"ckpt={first}", f"ensemble=[{member}]"))
+    assert report["ensemble"] == [str(first), str(member)]
+
+
+def test_a_ctranslate2_only_package_cannot_lead_an_ensemble(runs: dict[str, Path]) -> None:
+    from nmt.store.loading import load_ensemble, load_trained
+
+    trained = load_trained(runs["a"] / "checkpoints" / "best.pt", torch.device("cpu"))
+    ct2_only = replace(trained, model=None, path=Path("package"))
+    with pytest.raises(ConfigError, match="package holds only a CTranslate2 model"):
+        load_ensemble(ct2_only, [str(runs["b"])], None, torch.device("cpu"))

@@ -11,13 +11,14 @@ and a Transformer can decode as one ensemble as long as they share the target vo
 The members' probabilities are averaged, not their logits or log-probabilities: the
 ensemble's log-probability of token ``y`` is ``log(sum_k p_k(y) / K)``, computed as a
 ``logsumexp`` of the members' log-probabilities. With one member the ensemble is that member.
-Its attention, for the views and the unknown-word statistics, is the mean of the members'.
+Its attention (what a search keeps with ``keep_attention``) is the mean of the members'.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -41,13 +42,7 @@ class Ensemble(Seq2Seq):
         return min(limits) if limits else None
 
     def _member_state(self, state: DecoderState, k: int) -> DecoderState:
-        key = str(k)
-        return DecoderState(
-            rows=state.rows[key],
-            sentences=state.sentences[key],
-            step=state.step,
-            group=state.group,
-        )
+        return replace(state, rows=state.rows[str(k)], sentences=state.sentences[str(k)])
 
     def encode(self, src: Tensor, src_lens: Tensor) -> DecoderState:
         states = [m.encode(src, src_lens) for m in self.members]

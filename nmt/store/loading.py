@@ -31,7 +31,7 @@ from nmt.store.package import (
     read_package,
     verified_file,
 )
-from nmt.store.paths import checkpoint_path, checkpoint_run_dir, saved_decode
+from nmt.store.paths import checkpoint_path, checkpoint_run_dir, names_a_file, saved_decode
 
 
 def build_model(cfg: DictConfig, tokenizers: TokenizerPair) -> Seq2Seq:
@@ -191,19 +191,26 @@ def load_ensemble(
     as ``ckpt`` chooses the first's, checkpoint files or packages) as one
     :class:`~nmt.models.ensemble.Ensemble`; the other fields are the first's. The members
     must share their tokenizers and their direction."""
+    if first.model is None:
+        raise ConfigError(
+            f"ensemble: {first.path} holds only a CTranslate2 model; an ensemble decodes "
+            "with PyTorch weights"
+        )
+    one_file = names_a_file(ckpt)
     members = [first]
     for spec in others:
         if is_package(spec):
             members.append(load_package(Path(spec), device))
-            continue
-        path = Path(spec) if Path(spec).is_file() else checkpoint_path(spec, ckpt)
-        members.append(load_trained(path, device))
-    for other in members:
-        if other.model is None:
+        elif Path(spec).is_file():
+            members.append(load_trained(Path(spec), device))
+        elif one_file:
             raise ConfigError(
-                f"ensemble: {other.path} holds only a CTranslate2 model; an ensemble decodes "
-                "with PyTorch weights"
+                f"ensemble: ckpt={ckpt} is one file and cannot choose the checkpoint of {spec}; "
+                "give that member as a checkpoint file, or ckpt as a name (best, averaged, ...)"
             )
+        else:
+            members.append(load_trained(checkpoint_path(spec, ckpt), device))
+    for other in members[1:]:
         if other.tokenizers.state_dict() != first.tokenizers.state_dict():
             raise ConfigError(
                 f"ensemble: {other.path} has other tokenizers than {first.path}; the members "
@@ -214,5 +221,5 @@ def load_ensemble(
                 f"ensemble: {other.path} translates {_direction(other)}, "
                 f"{first.path} {_direction(first)}"
             )
-    model = Ensemble([m.model for m in members]).to(device).eval()
+    model = Ensemble([m.model for m in members]).eval()  # the members are on ``device``
     return replace(first, model=model, members=tuple(m.path for m in members))

@@ -38,6 +38,12 @@ def chosen_checkpoint(run_dir: Path, choice: str) -> str:
     return "best"
 
 
+def names_a_file(ckpt: str | Path | None) -> bool:
+    """Whether ``ckpt=`` names a checkpoint file (an existing file, or a path with a folder)
+    rather than a checkpoint of a run's ``checkpoints/`` (``best``, ``averaged``, ``step_400``)."""
+    return bool(ckpt) and (Path(ckpt).is_file() or len(Path(ckpt).parts) > 1)
+
+
 def checkpoint_path(run: str | Path, ckpt: str | Path | None = None) -> Path:
     """The checkpoint to load.
 
@@ -46,7 +52,7 @@ def checkpoint_path(run: str | Path, ckpt: str | Path | None = None) -> Path:
     picks by validation BLEU, see :func:`chosen_checkpoint`), falling
     back to the best, then the last checkpoint when that file was never written.
     """
-    if ckpt and (Path(ckpt).is_file() or len(Path(ckpt).parts) > 1):
+    if names_a_file(ckpt):
         return Path(ckpt)
     run_dir = resolve_run_dir(run)
     if not run_dir.is_dir():
