@@ -129,12 +129,12 @@ test-fast: install ## Run the tests without the slow ones, on every core
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(XDIST) -m "not slow" $(ARGS)
 
 lint: install ## Check code style with ruff
-	$(BIN)/ruff check nmt tests scripts
-	$(BIN)/ruff format --check nmt tests scripts
+	$(BIN)/ruff check nmt benchmarks docs/hooks tests scripts
+	$(BIN)/ruff format --check nmt benchmarks docs/hooks tests scripts
 
 format: install ## Format code with ruff
-	$(BIN)/ruff format nmt tests scripts
-	$(BIN)/ruff check --fix nmt tests scripts
+	$(BIN)/ruff format nmt benchmarks docs/hooks tests scripts
+	$(BIN)/ruff check --fix nmt benchmarks docs/hooks tests scripts
 
 # The documentation site (mkdocs.yml): reference pages and figures are generated from the code at
 # build time; --strict fails on a broken link or a missing page

@@ -15,8 +15,11 @@ may import. From the ground up:
 * :mod:`nmt.evaluate` (metrics, ``nmt-eval``, ``nmt-tune-decode``) and :mod:`nmt.viz`
   (attention pictures, the explorer page, ``nmt-attention``);
 * :mod:`nmt.train` (the training loop and ``nmt-train``) and :mod:`nmt.ship` (``nmt-export``,
-  the CTranslate2 converter, ``nmt-serve``);
-* :mod:`nmt.bench` (benchmarks), on top.
+  the CTranslate2 converter, ``nmt-serve``).
+
+Outside the package, in the repository: the benchmarks (``benchmarks/``, run through
+``scripts/``) and the documentation site's generator (``docs/hooks/``), both consumers that may
+import any layer and are never imported by it.
 """
 
 from nmt.environment import set_onednn_cache_capacity

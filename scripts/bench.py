@@ -1,4 +1,4 @@
-"""Training and decoding speed of the default models: ``make bench`` (nmt.bench.speed).
+"""Training and decoding speed of the default models: ``make bench`` (benchmarks.speed).
 
 python scripts/bench.py                      # or: make bench
 python scripts/bench.py --quick              # about a minute: a smoke run, noisy figures
@@ -16,8 +16,11 @@ from pathlib import Path
 
 import torch
 
-from nmt.bench import profiling, speed
-from nmt.bench.report import SetupError, json_out, write_result
+# benchmarks/ and docs/hooks/ live beside the package, at the checkout's root
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import profiling, speed
+from benchmarks.report import SetupError, json_out, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE_SENTENCES = 200  # the profile decodes the first test sentences, not the whole set
@@ -81,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile",
         action="store_true",
         help="profile instead of timing: where a training step and a batched decode spend "
-        "their time, by phase, module and operator (nmt.bench.profiling; JSON "
+        "their time, by phase, module and operator (benchmarks.profiling; JSON "
         f"outputs/bench/profile-<time>.json; decodes {PROFILE_SENTENCES} sentences unless "
         "--sentences)",
     )

@@ -1,4 +1,4 @@
-"""Scale benchmark of the data path: ``make bench-data`` (nmt.bench.data_scale).
+"""Scale benchmark of the data path: ``make bench-data`` (benchmarks.data_scale).
 
 python scripts/bench_data.py                          # or: make bench-data
 python scripts/bench_data.py --pairs 29000,290000     # some sizes only
@@ -13,8 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from nmt.bench import data_scale
-from nmt.bench.report import write_json
+# benchmarks/ and docs/hooks/ live beside the package, at the checkout's root
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import data_scale
+from benchmarks.report import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 

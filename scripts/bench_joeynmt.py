@@ -1,5 +1,5 @@
 """Speed of nmt next to JoeyNMT 2.3.0 on the same CPU: ``make bench-joeynmt``
-(nmt.bench.joeynmt).
+(benchmarks.joeynmt).
 
     python scripts/bench_joeynmt.py --joey-python ../joeyvenv/bin/python --joey-dir ../joeywork
     python scripts/bench_joeynmt.py ... --quick      # a smoke run: a few steps, 50 sentences
@@ -11,8 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from nmt.bench import joeynmt, joeynmt_report, joeynmt_setup
-from nmt.bench.report import SetupError, write_result
+# benchmarks/ and docs/hooks/ live beside the package, at the checkout's root
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import joeynmt, joeynmt_report, joeynmt_setup
+from benchmarks.report import SetupError, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Recovery from a rank's death under torchrun: ``make bench-recovery`` (nmt.bench.recovery).
+"""Recovery from a rank's death under torchrun: ``make bench-recovery`` (benchmarks.recovery).
 
 python scripts/bench_recovery.py                                   # or: make bench-recovery
 python scripts/bench_recovery.py --kill-at 150 --set trainer.save_every_minutes=1
@@ -11,8 +11,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nmt.bench import recovery
-from nmt.bench.report import SetupError, json_out, write_result
+# benchmarks/ and docs/hooks/ live beside the package, at the checkout's root
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import recovery
+from benchmarks.report import SetupError, json_out, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Shipping benchmarks: ``make bench-serve`` (nmt.bench.serve).
+"""Shipping benchmarks: ``make bench-serve`` (benchmarks.serve).
 
     python scripts/bench_serve.py --transformer RUN/checkpoints/best.pt \\
         --transformer-base BASE/checkpoints/last.pt --gru GRU/checkpoints/best.pt
@@ -13,8 +13,11 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from nmt.bench import serve
-from nmt.bench.report import write_json
+# benchmarks/ and docs/hooks/ live beside the package, at the checkout's root
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import serve
+from benchmarks.report import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Memory over a long training run: ``make bench-soak`` (nmt.bench.soak).
+"""Memory over a long training run: ``make bench-soak`` (benchmarks.soak).
 
 python scripts/bench_soak.py                         # or: make bench-soak
 python scripts/bench_soak.py --minutes 10 --early 2  # a shorter soak
@@ -11,8 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from nmt.bench import soak
-from nmt.bench.report import json_out, write_result
+# benchmarks/ and docs/hooks/ live beside the package, at the checkout's root
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import soak
+from benchmarks.report import json_out, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,8 +1,8 @@
-"""The generated parts of the documentation site (nmt.docs), read from the code so that they
+"""The generated parts of the documentation site (docs.hooks), read from the code so that they
 cannot drift.
 
 mkdocs loads this file as a hook (``hooks:`` in mkdocs.yml): the hooks of
-:mod:`nmt.docs.hooks` write each ``<!-- nmt:NAME -->`` section into its page, add the figures
+:mod:`docs.hooks.hooks` write each ``<!-- nmt:NAME -->`` section into its page, add the figures
 and turn formulas into MathML.
 
 ``python scripts/docs_reference.py [NAME ...]`` prints sections (all of them by default).
@@ -11,10 +11,14 @@ and turn formulas into MathML.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from nmt.docs.hooks import on_files, on_page_content, on_page_markdown
-from nmt.docs.sections import SECTIONS
+# benchmarks/ and docs/hooks/ live beside the package, at the checkout's root
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from docs.hooks.hooks import on_files, on_page_content, on_page_markdown
+from docs.hooks.sections import SECTIONS
 
 __all__ = ["on_files", "on_page_content", "on_page_markdown"]
 

@@ -1,5 +1,5 @@
 """GPU check: the default Transformer trained on Multi30k for 3 minutes in bf16, measured
-(nmt.bench.gpu_check). On the GPU machine run it through ``bash scripts/gpu_check.sh``.
+(benchmarks.gpu_check). On the GPU machine run it through ``bash scripts/gpu_check.sh``.
 Elsewhere::
 
     python scripts/gpu_check.py --device cpu --train-seconds 10 --override model.d_model=64 ...
@@ -18,13 +18,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # nmt from this checkout, however this file was started
+if str(REPO) not in sys.path:  # nmt and benchmarks/ from this checkout, however started
     sys.path.insert(1, str(REPO))
 
 # each of these imports only the standard library at load time
-from nmt.bench import gpu_check, gpu_check_report, gpu_wheels  # noqa: E402
-from nmt.bench.gpu_check import CheckFailed  # noqa: E402
-from nmt.bench.report import write_json  # noqa: E402
+from benchmarks import gpu_check, gpu_check_report, gpu_wheels
+from benchmarks.gpu_check import CheckFailed
+from benchmarks.report import write_json
 
 
 def missing_wheels(argv: list[str]) -> int:

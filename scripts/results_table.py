@@ -1,4 +1,4 @@
-"""Markdown rows of the results table from finished, evaluated runs (nmt.bench.results_table).
+"""Markdown rows of the results table from finished, evaluated runs (benchmarks.results_table).
 
 python scripts/results_table.py outputs/runs/*cpu_quick* outputs/runs/*gru*
 python scripts/results_table.py --json results.json outputs/runs/*
@@ -11,7 +11,10 @@ import json
 import sys
 from pathlib import Path
 
-from nmt.bench import results_table as table
+# benchmarks/ and docs/hooks/ live beside the package, at the checkout's root
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import results_table as table
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from nmt.bench.memory import cmdline, descendants
+from benchmarks.memory import cmdline, descendants
 
 from .helpers import REPO, compose_config
 

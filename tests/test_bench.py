@@ -1,5 +1,5 @@
-"""FLOP counting (nmt.bench.flops), the speed benchmark's settings (nmt.bench.speed) and a smoke run
-of its script."""
+"""FLOP counting (benchmarks.flops), the speed benchmark's settings (benchmarks.speed) and a
+smoke run of its script."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from nmt.bench import speed
-from nmt.bench.flops import (
+from benchmarks import speed
+from benchmarks.flops import (
     forward_flops,
     forward_flops_breakdown,
     gru_forward_flops,
     model_kind,
     transformer_forward_flops,
 )
-from nmt.bench.report import SetupError, json_out, write_result
+from benchmarks.report import SetupError, json_out, write_result
 from nmt.models.gru import GRUBahdanau
 from nmt.models.transformer import Transformer
 
@@ -97,9 +97,11 @@ def test_transformer_count_matches_torch_flop_counter():
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("attention", ["additive", "dot", "general"])
-def test_gru_count_matches_torch_flop_counter(attention):
-    cfg = {**TINY_GRU, "attention": attention}
+@pytest.mark.parametrize(
+    ("attention", "bidirectional"), [("additive", True), ("dot", False), ("general", True)]
+)
+def test_gru_count_matches_torch_flop_counter(attention, bidirectional):
+    cfg = {**TINY_GRU, "attention": attention, "bidirectional": bidirectional}
     model_args = {k: v for k, v in cfg.items() if k != "arch"}
     torch.manual_seed(0)
     model = GRUBahdanau(**model_args, src_vocab_size=50, tgt_vocab_size=40).eval()

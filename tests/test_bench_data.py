@@ -1,4 +1,4 @@
-"""The data scale and memory soak benchmarks (nmt.bench.data_scale, nmt.bench.soak; their
+"""The data scale and memory soak benchmarks (benchmarks.data_scale, benchmarks.soak; their
 scripts bench_data.py, bench_soak.py) and the process-tree memory they read."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from nmt.bench import soak
-from nmt.bench.data_scale import event_time, watch
-from nmt.bench.memory import TreeSampler, descendants, kill_tree, pss, rss
+from benchmarks import soak
+from benchmarks.data_scale import event_time, watch
+from benchmarks.memory import TreeSampler, descendants, kill_tree, pss, rss
 from nmt.train.runlog import RunLog, read_events
 
 from .helpers import REPO, TINY_TRANSFORMER

@@ -1,6 +1,6 @@
-"""The JoeyNMT comparison (nmt.bench.joeynmt, joeynmt_setup, joeynmt_run; scripts/bench_joeynmt.py):
-the parts that need no JoeyNMT install (preparing its folder, log parsing, statistics, the checks
-before a run)."""
+"""The JoeyNMT comparison (benchmarks.joeynmt, joeynmt_setup, joeynmt_run;
+scripts/bench_joeynmt.py): the parts that need no JoeyNMT install (preparing its folder, log
+parsing, statistics, the checks before a run)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import sentencepiece as spm
 import yaml
 
-from nmt.bench import joeynmt_run, joeynmt_setup
+from benchmarks import joeynmt_run, joeynmt_setup
 from nmt.data.corpus import DataError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The profile of a training step and of decoding (nmt.bench.profiling, ``bench.py --profile``)."""
+"""The profile of a training step and of decoding (benchmarks.profiling, ``bench.py --profile``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from nmt.bench import profiling
-from nmt.bench.report import SetupError
+from benchmarks import profiling
+from benchmarks.report import SetupError
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = {"batch", "forward", "backward", "clip", "optimizer"}

@@ -1,4 +1,4 @@
-"""The documentation site (mkdocs.yml, docs/, nmt.docs through scripts/docs_reference.py): the
+"""The documentation site (mkdocs.yml, docs/, docs.hooks through scripts/docs_reference.py): the
 generated reference pages list every key of every config and every command, and the site builds
 strictly, offline."""
 
@@ -17,6 +17,8 @@ import pytest
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from docs.hooks import listings
+from docs.hooks.sections import expand
 from nmt.config import (
     MODEL_SCHEMAS,
     AttentionConfig,
@@ -25,8 +27,6 @@ from nmt.config import (
     TrainConfig,
     TranslateConfig,
 )
-from nmt.docs import listings
-from nmt.docs.sections import expand
 from nmt.environment import VARIABLES
 from nmt.store.package import CTranslate2Manifest, Manifest
 from nmt.train.runlog import EVENTS

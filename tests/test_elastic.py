@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from nmt.bench.memory import descendants, kill_tree
-from nmt.bench.recovery import (
+from benchmarks.memory import descendants, kill_tree
+from benchmarks.recovery import (
     RecoverySettings,
     kill_rank_at,
     run,

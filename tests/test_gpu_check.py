@@ -1,4 +1,4 @@
-"""The GPU check (nmt.bench.gpu_check, gpu_wheels; scripts/gpu_check.sh, gpu_check.py) on CPU:
+"""The GPU check (benchmarks.gpu_check, gpu_wheels; scripts/gpu_check.sh, gpu_check.py) on CPU:
 everything but the GPU.
 
 The wheel selection and offline install, the corpus check, the reading of a run's events and
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt.bench import gpu_check as gc
-from nmt.bench import gpu_wheels
+from benchmarks import gpu_check as gc
+from benchmarks import gpu_wheels
 from nmt.config_checks import check_train_config
 from nmt.train.runlog import RunLog, read_events
 

@@ -1,5 +1,7 @@
 """The package's layout: which layer may import which, one import path per name, modules of a
-readable size, and the environment read in one module. Read from the source, nothing run."""
+readable size, and the environment read in one module. The benchmarks (benchmarks/) and the
+docs generator (docs/hooks/) are consumers beside the package: they may import any layer, and
+nothing in it imports them. Read from the source, nothing run."""
 
 from __future__ import annotations
 
@@ -30,9 +32,9 @@ ALLOWED: dict[str, set[str]] = {
     "train": BELOW_STORE | {"store", "decode", "evaluate", "viz"},
     "ship": BELOW_STORE | {"store", "decode", "evaluate"},
     "serve": BELOW_STORE | {"store", "decode", "viz"},
-    "docs": BELOW_STORE | {"store", "decode", "evaluate", "viz", "train", "ship", "serve"},
-    "bench": BELOW_STORE | {"store", "decode", "evaluate", "viz", "train", "ship", "serve"},
 }
+# the consumers beside the package, in the checkout: top-level import names and folders
+CONSUMERS = {"benchmarks": REPO / "benchmarks", "docs.hooks": REPO / "docs" / "hooks"}
 MAX_LINES = 600
 
 
@@ -43,6 +45,10 @@ def module_name(path: Path) -> str:
 
 SOURCES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 TREES = {name: ast.parse(p.read_text(encoding="utf-8")) for name, p in SOURCES.items()}
+# every module a test, script or consumer may import from the checkout
+IMPORTABLE = SOURCES | {
+    module_name(p): p for folder in CONSUMERS.values() for p in sorted(folder.rglob("*.py"))
+}
 
 
 def part(module: str) -> str:
@@ -50,15 +56,22 @@ def part(module: str) -> str:
     return module.split(".")[1] if module != "nmt" else ""
 
 
-def nmt_imports(tree: ast.Module) -> list[tuple[str, list[str], int]]:
-    """(module, imported names, line) of every import of nmt, at any depth."""
+def ours(module: str, roots: tuple[str, ...] = ("nmt", *CONSUMERS)) -> bool:
+    """Whether ``module`` is nmt's, or a consumer's from the checkout."""
+    return any(module == root or module.startswith(f"{root}.") for root in roots)
+
+
+def nmt_imports(
+    tree: ast.Module, roots: tuple[str, ...] = ("nmt",)
+) -> list[tuple[str, list[str], int]]:
+    """(module, imported names, line) of every import of nmt (or of ``roots``), at any depth."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "nmt" or node.module.startswith("nmt."):
+            if ours(node.module, roots):
                 found.append((node.module, [a.name for a in node.names], node.lineno))
         elif isinstance(node, ast.Import):
-            found += [(a.name, [], node.lineno) for a in node.names if a.name.startswith("nmt")]
+            found += [(a.name, [], node.lineno) for a in node.names if ours(a.name, roots)]
     return found
 
 
@@ -76,7 +89,9 @@ def defined_names(tree: ast.Module) -> set[str]:
     return names
 
 
-DEFINED = {name: defined_names(tree) for name, tree in TREES.items()}
+DEFINED = {
+    name: defined_names(ast.parse(p.read_text(encoding="utf-8"))) for name, p in IMPORTABLE.items()
+}
 
 
 def test_every_part_imports_only_the_layers_below_it() -> None:
@@ -93,6 +108,17 @@ def test_every_part_imports_only_the_layers_below_it() -> None:
     assert wrong == []
 
 
+def test_nothing_in_the_package_imports_its_consumers() -> None:
+    """The wheel holds nmt alone: an import of the benchmarks or the docs generator from the
+    package would fail wherever nmt is installed outside a checkout."""
+    wrong = [
+        f"{SOURCES[name]}:{line}: imports {module}"
+        for name, tree in TREES.items()
+        for module, _, line in nmt_imports(tree, tuple(CONSUMERS) + ("docs",))
+    ]
+    assert wrong == []
+
+
 def test_the_table_has_no_cycle() -> None:
     """Each part's allowed imports are a subset of a part strictly below it plus that part."""
     order = list(ALLOWED)
@@ -100,22 +126,22 @@ def test_the_table_has_no_cycle() -> None:
         assert ALLOWED[name] <= set(order[:i]), name
 
 
-@pytest.mark.parametrize("where", ["nmt", "tests", "scripts"])
+@pytest.mark.parametrize("where", ["nmt", "benchmarks", "docs/hooks", "tests", "scripts"])
 def test_every_name_is_imported_from_the_module_that_defines_it(where: str) -> None:
     """No re-exports: ``from nmt.X import name`` names the module where ``name`` is defined
     (or a submodule of the package X)."""
     wrong = []
     for path in sorted((REPO / where).rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        for module, names, line in nmt_imports(tree):
-            assert module in SOURCES, f"{path}:{line}: no module {module}"
+        for module, names, line in nmt_imports(tree, ("nmt", *CONSUMERS)):
+            assert module in IMPORTABLE, f"{path}:{line}: no module {module}"
             for imported in names:
-                if f"{module}.{imported}" not in SOURCES and imported not in DEFINED[module]:
+                if f"{module}.{imported}" not in IMPORTABLE and imported not in DEFINED[module]:
                     wrong.append(f"{path}:{line}: {imported} is not defined in {module}")
     assert wrong == []
 
 
-@pytest.mark.parametrize("where", ["nmt", "scripts", "tests"])
+@pytest.mark.parametrize("where", ["nmt", "benchmarks", "docs/hooks", "scripts", "tests"])
 def test_no_module_is_longer_than_a_sitting(where: str) -> None:
     """Modules of the package, scripts and test files alike."""
     paths = sorted((REPO / where).rglob("*.py"))

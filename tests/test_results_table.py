@@ -1,4 +1,4 @@
-"""The results table (nmt.bench.results_table, scripts/results_table.py): rows from run
+"""The results table (benchmarks.results_table, scripts/results_table.py): rows from run
 directories, seeds pooled into mean ± std."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from nmt.bench import results_table
+from benchmarks import results_table
 from nmt.train.runlog import RunLog
 
 from .helpers import compose_config

@@ -59,5 +59,6 @@ Modules: :mod:`~nmt.serve.backend` (the model and the threads that decode with i
 :mod:`~nmt.serve.access` (keys on requests, exposure, CORS), :mod:`~nmt.serve.page` (the
 page), :mod:`~nmt.serve.app` (the aiohttp application) and
 :mod:`~nmt.serve.main` (the process: start, signals, graceful stop). May import every layer up
-to :mod:`nmt.decode`; nothing but :mod:`nmt.bench` and :mod:`nmt.docs` imports it.
+to :mod:`nmt.decode`; nothing in the package imports
+it.
 """

@@ -3,6 +3,6 @@
 (:mod:`~nmt.train.loop`), what is built before it (:mod:`~nmt.train.setup`), where a resumed
 or fine-tuned run starts (:mod:`~nmt.train.start`), optimisers and schedules
 (:mod:`~nmt.train.optim`), the run's events (:mod:`~nmt.train.runlog`) and the sweep summary
-(:mod:`~nmt.train.sweep`). May import every layer below it; nothing but :mod:`nmt.bench`
+(:mod:`~nmt.train.sweep`). May import every layer below it; nothing in the package
 imports it.
 """

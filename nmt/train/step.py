@@ -19,7 +19,7 @@ from nmt.runtime.device import autocast
 from nmt.runtime.distributed import DistInfo
 
 MAX_BAD_STEPS = 5  # consecutive non-finite updates before the run is stopped
-# the parts of an update are profiler ranges "phase::forward", ... (nmt.bench.profiling); a
+# the parts of an update are profiler ranges "phase::forward", ... (benchmarks.profiling); a
 # range costs a few microseconds when no profiler runs
 PHASE_PREFIX = "phase::"
 

@@ -1,5 +1,5 @@
 """Wheels of the packages nmt imports that a fresh GPU machine may lack, for the GPU check
-(:mod:`nmt.bench.gpu_check`): which ones this Python needs, an install without pip, and the
+(:mod:`benchmarks.gpu_check`): which ones this Python needs, an install without pip, and the
 download for ``make gpu-wheels``.
 
 Standard library only at load time: these helpers run before those packages are there
@@ -17,7 +17,7 @@ import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from nmt.bench.gpu_check import CheckFailed
+from benchmarks.gpu_check import CheckFailed
 
 WHEELS_DIR = Path("scripts") / "gpu_wheels"  # in the repository: where make gpu-wheels puts them
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from nmt.bench.memory import load_average
+from benchmarks.memory import load_average
 from nmt.runtime.device import cpu_model, device_name, native_bf16
 
 # the dtype of each training precision, for the matmul peak measured in it

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nmt.docs.markdown import md_text
+from docs.hooks.markdown import md_text
 from nmt.environment import VARIABLES
 
 

@@ -1,7 +1,7 @@
 """Markdown rows of the results table from finished, evaluated runs.
 
 Each run directory holds ``metrics.jsonl`` (written by training; its summary gives the updates,
-training time, hardware and command-line overrides: :func:`nmt.bench.report.run_summary`),
+training time, hardware and command-line overrides: :func:`benchmarks.report.run_summary`),
 ``config.yaml`` and the ``eval/scores.*.json`` written by ``make eval``. Runs whose overrides
 train the same configuration with another ``trainer.seed`` form one row, with the mean and
 standard deviation over seeds, whether they name it by a preset or by the overrides it is made
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nmt.bench.report import run_summary
+from benchmarks.report import run_summary
 from nmt.config import to_container
 from nmt.decode.options import DecodeOptions
 from nmt.evaluate.scoring import options_tag

@@ -2,7 +2,7 @@
 
 Training: real optimizer steps (``nmt.train.step.train_step``) of a freshly built model on token
 batches of the training split, timed one by one after a warm-up, with model FLOPs
-(:mod:`nmt.bench.flops`), peak memory and padding. Decoding: the library's search over a test set
+(:mod:`benchmarks.flops`), peak memory and padding. Decoding: the library's search over a test set
 (detokenization included) and, as the baseline of the incremental cache, a greedy search that
 re-runs the whole model on the growing prefix at every step.
 """
@@ -22,9 +22,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from nmt.bench.flops import TRAIN_FACTOR, forward_flops_breakdown
-from nmt.bench.machine import synchronize
-from nmt.bench.memory import PeakMemory
+from benchmarks.flops import TRAIN_FACTOR, forward_flops_breakdown
+from benchmarks.machine import synchronize
+from benchmarks.memory import PeakMemory
 from nmt.cli import config_dir
 from nmt.config import register_configs, to_container
 from nmt.data.batching import TokenBatchSampler, TokenDataset, make_batch, padding_share

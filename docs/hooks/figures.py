@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from nmt.docs.pooling import pooling
+from docs.hooks.pooling import pooling
 
 
 def _figure(width: float, height: float, columns: int = 1) -> tuple[Any, Any]:

@@ -1,4 +1,4 @@
-"""The server past what it sustains, for ``make bench-serve --overload`` (:mod:`nmt.bench.serve`).
+"""The server past what it sustains, for ``make bench-serve --overload`` (:mod:`benchmarks.serve`).
 
 On each engine's package, in one server process per measurement:
 
@@ -36,11 +36,11 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nmt.bench.serve_load import load_level, say
+from benchmarks.serve_load import load_level, say
 from nmt.environment import child_environment
 
 if TYPE_CHECKING:
-    from nmt.bench.serve import ServeSettings
+    from benchmarks.serve import ServeSettings
 
 OVERLOAD_SENTENCES = 8  # per request of the sustainable and overload phases
 OVERLOAD_LEVELS = (1, 2, 4, 8, 16)

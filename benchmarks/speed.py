@@ -8,7 +8,7 @@ Measures, in one run on one device (CPU or CUDA):
 * training, per model and precision: a real optimizer step (``nmt.train.step.train_step``) on
   token batches of the training split (``TokenBatchSampler``, ``data.max_tokens``), timed per
   step after a warm-up; target and source+target tokens/s (non-pad), model FLOPs per target
-  token (:mod:`nmt.bench.flops`, padding excluded), achieved FLOP/s and its share of the measured
+  token (:mod:`benchmarks.flops`, padding excluded), achieved FLOP/s and its share of the measured
   peak, peak memory and padding share;
 * decoding on the test split: greedy and beam search, batched and one sentence at a time, and
   for the Transformer greedy search without its incremental cache (the whole model re-run on
@@ -44,10 +44,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
-from nmt.bench.machine import MatmulSettings, busy_warning, load_average_or_none, machine_info
-from nmt.bench.report import SetupError, table
-from nmt.bench.report import say as _say
-from nmt.bench.timing import (
+from benchmarks.machine import MatmulSettings, busy_warning, load_average_or_none, machine_info
+from benchmarks.report import SetupError, table
+from benchmarks.report import say as _say
+from benchmarks.timing import (
     DecodeSubject,
     StepSettings,
     WeightSource,
@@ -78,7 +78,7 @@ DEFINITIONS = {
     "tgt_tokens_per_s": "non-pad target tokens (target + EOS) per second of a training step, "
     "batch building included; median over the timed steps",
     "src_tgt_tokens_per_s": "non-pad source (with EOS) plus target tokens per second",
-    "train_flops_per_tgt_token": "3 x forward matmul FLOPs (nmt.bench.flops) for the unpadded "
+    "train_flops_per_tgt_token": "3 x forward matmul FLOPs (benchmarks.flops) for the unpadded "
     "lengths of each sentence, per target token; causal self-attention counted as the full T x T "
     "the model computes; embeddings, norms, softmax and loss not counted",
     "mfu": "achieved FLOP/s (median over steps) / matmul peak measured in this run in the "

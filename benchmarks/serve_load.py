@@ -1,4 +1,4 @@
-"""The server under load, for ``make bench-serve`` (:mod:`nmt.bench.serve`): ``nmt-serve`` started
+"""The server under load, for ``make bench-serve`` (:mod:`benchmarks.serve`): ``nmt-serve`` started
 as a process, its resident memory, levels of concurrent clients, and malformed requests."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nmt.bench.memory import descendants, rss
-from nmt.bench.report import say as _say
+from benchmarks.memory import descendants, rss
+from benchmarks.report import say as _say
 
 if TYPE_CHECKING:
-    from nmt.bench.serve import ServeSettings
+    from benchmarks.serve import ServeSettings
 
 
 def rss_kib(pid: int, peak: bool = False) -> int | None:

@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from nmt.docs.markdown import md_text, rst_to_md
+from docs.hooks.markdown import md_text, rst_to_md
 
 
 def _comments(path: Path) -> dict[int, tuple[str, bool]]:

@@ -1,4 +1,4 @@
-"""The printed summary of the GPU check (:mod:`nmt.bench.gpu_check`): device and peak,
+"""The printed summary of the GPU check (:mod:`benchmarks.gpu_check`): device and peak,
 validation BLEU over time, throughput and MFU, test scores and the goal."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nmt.bench.report import table
+from benchmarks.report import table
 
 
 def _fmt(x: float | None, spec: str, none: str = "-") -> str:

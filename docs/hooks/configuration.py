@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
+from docs.hooks.markdown import comment_md, yaml_head
+from docs.hooks.schema import class_doc, fields_of, key_table
 from nmt.config import MODEL_SCHEMAS, TrainConfig
-from nmt.docs.markdown import comment_md, yaml_head
-from nmt.docs.schema import class_doc, fields_of, key_table
 
 
 def config_train() -> str:

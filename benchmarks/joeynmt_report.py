@@ -1,12 +1,12 @@
-"""The printed summary of the JoeyNMT comparison (:mod:`nmt.bench.joeynmt`): training and
+"""The printed summary of the JoeyNMT comparison (:mod:`benchmarks.joeynmt`): training and
 decoding tables with the ratios nmt / JoeyNMT, and the notes that go with them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from nmt.bench.machine import busy_warning
-from nmt.bench.report import table
+from benchmarks.machine import busy_warning
+from benchmarks.report import table
 
 
 def _ratio(a: float, b: float) -> str:

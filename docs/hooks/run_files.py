@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 import textwrap
 
-from nmt.docs.markdown import md_text, rst_to_md
-from nmt.docs.schema import class_doc, fields_of, key_table
+from docs.hooks.markdown import md_text, rst_to_md
+from docs.hooks.schema import class_doc, fields_of, key_table
 
 
 def metrics_events() -> str:

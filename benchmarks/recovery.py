@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nmt.bench.memory import PROC, descendants, kill_tree, load_average
-from nmt.bench.report import SetupError
+from benchmarks.memory import PROC, descendants, kill_tree, load_average
+from benchmarks.report import SetupError
 from nmt.environment import SEPARATE_STORE, child_environment
 from nmt.train.runlog import of_kind, read_events
 

@@ -1,5 +1,5 @@
 """Settings of the JoeyNMT comparison, the checks before a run, JoeyNMT's venv and its
-working folder (:mod:`nmt.bench.joeynmt`).
+working folder (:mod:`benchmarks.joeynmt`).
 
 :class:`Settings` and :func:`make_settings` hold what to compare and how long;
 :func:`check_settings` and :func:`check_joey_python` find what stops a run before anything is
@@ -23,8 +23,8 @@ import sentencepiece as spm
 import torch
 import yaml
 
-from nmt.bench.report import say as _say
-from nmt.bench.timing import StepSettings, WeightSource
+from benchmarks.report import say as _say
+from benchmarks.timing import StepSettings, WeightSource
 from nmt.data.corpus import DataError, fetch_multi30k, read_lines
 from nmt.environment import child_environment, multi30k_source
 

@@ -53,9 +53,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from nmt.bench.memory import load_average
-from nmt.bench.serve_load import bench_server, say
-from nmt.bench.serve_overload import run_overload
+from benchmarks.memory import load_average
+from benchmarks.serve_load import bench_server, say
+from benchmarks.serve_overload import run_overload
 from nmt.data.datasets import EvalSet, encode_texts, load_eval_set, load_test_sets
 from nmt.decode import ct2
 from nmt.decode.engines import TorchEngine, auto_choice, make_engine
@@ -95,7 +95,7 @@ class ServeSettings:
     level_seconds: float = 30.0
     malformed: int = 1000
     offline: bool = True  # offline figures and the server's load levels (--no-offline: not)
-    overload: bool = False  # the overload phases (nmt.bench.serve_overload), --transformer
+    overload: bool = False  # the overload phases (benchmarks.serve_overload), --transformer
     overload_seconds: float = 20.0  # length of the overload phase (half for each level)
     patience: float = 10.0  # clients give up after this, and the server's request_timeout
     burst_clients: int = 100  # clients of the abandoned burst

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from docs.hooks.markdown import md_text, rst_to_md, yaml_head
+from docs.hooks.schema import class_doc, fields_of, key_table
 from nmt.config import register_configs
-from nmt.docs.markdown import md_text, rst_to_md, yaml_head
-from nmt.docs.schema import class_doc, fields_of, key_table
 
 
 def project_scripts(repo: Path) -> dict[str, str]:

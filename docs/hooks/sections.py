@@ -7,12 +7,12 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from nmt.docs.commands import commands, make_targets
-from nmt.docs.configuration import config_groups, config_train
-from nmt.docs.environment import environment
-from nmt.docs.listings import code
-from nmt.docs.pooling import pooling_table
-from nmt.docs.run_files import metrics_events, package_files, summary_fields
+from docs.hooks.commands import commands, make_targets
+from docs.hooks.configuration import config_groups, config_train
+from docs.hooks.environment import environment
+from docs.hooks.listings import code
+from docs.hooks.pooling import pooling_table
+from docs.hooks.run_files import metrics_events, package_files, summary_fields
 
 MARKER = re.compile(r"^<!-- nmt:([a-z-]+) -->$", re.MULTILINE)
 

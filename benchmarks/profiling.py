@@ -30,11 +30,11 @@ import torch
 from omegaconf import DictConfig
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from nmt.bench.machine import MatmulSettings, machine_info, synchronize
-from nmt.bench.report import say as _say
-from nmt.bench.report import table
-from nmt.bench.speed import DataCache, Settings, envelope, train_config
-from nmt.bench.timing import (
+from benchmarks.machine import MatmulSettings, machine_info, synchronize
+from benchmarks.report import say as _say
+from benchmarks.report import table
+from benchmarks.speed import DataCache, Settings, envelope, train_config
+from benchmarks.timing import (
     StepSettings,
     WeightSource,
     decode_subject,
@@ -59,7 +59,7 @@ DEFINITIONS = {
     "inclusive",
     "modules": "each submodule's forward, layers of a stack pooled as *, inclusive: rows nest",
     "operators": "self time of each operator (without the operators it calls)",
-    "operator_kinds": "operators' self time pooled by kind (nmt.bench.profiling.KINDS)",
+    "operator_kinds": "operators' self time pooled by kind (benchmarks.profiling.KINDS)",
     "operator_self_share": "all operators' self time over the wall time: the rest is Python "
     "and the profiler outside any operator",
 }

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nmt.bench.memory import kill_tree, load_average, rss
-from nmt.bench.report import run_summary
+from benchmarks.memory import kill_tree, load_average, rss
+from benchmarks.report import run_summary
 from nmt.train.runlog import of_kind, read_events
 
 # events written after the training loop: the averaged checkpoint, the end of the run

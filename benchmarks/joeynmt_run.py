@@ -1,4 +1,4 @@
-"""Runs of JoeyNMT for the comparison (:mod:`nmt.bench.joeynmt`): its training and decoding
+"""Runs of JoeyNMT for the comparison (:mod:`benchmarks.joeynmt`): its training and decoding
 processes, timed, and what is read from their logs and checkpoints.
 
 :func:`joey_train` runs one training segment and parses its per-step "Tokens per Sec" lines
@@ -25,7 +25,7 @@ import sentencepiece as spm
 import torch
 import yaml
 
-from nmt.bench.joeynmt_setup import Settings, joey_env, say
+from benchmarks.joeynmt_setup import Settings, joey_env, say
 
 
 @dataclass

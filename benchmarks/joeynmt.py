@@ -41,9 +41,9 @@ Writes ``outputs/bench/joeynmt-vs-nmt-<timestamp>.json`` and prints tables with 
 nmt / JoeyNMT. JoeyNMT's files go to ``<joey-dir>/nmt_bench/`` (replaced at every run).
 
 This module runs the comparison: nmt's side (its token budget, training and decoding) and the
-rounds that alternate the toolkits. :mod:`nmt.bench.joeynmt_setup` holds the settings, the
-checks and the making of JoeyNMT's folder, :mod:`nmt.bench.joeynmt_run` runs JoeyNMT and reads
-its logs, :mod:`nmt.bench.joeynmt_report` prints the tables.
+rounds that alternate the toolkits. :mod:`benchmarks.joeynmt_setup` holds the settings, the
+checks and the making of JoeyNMT's folder, :mod:`benchmarks.joeynmt_run` runs JoeyNMT and reads
+its logs, :mod:`benchmarks.joeynmt_report` prints the tables.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from nmt.bench.joeynmt_run import (
+from benchmarks.joeynmt_run import (
     JoeyTokenizer,
     checkpoint_stats,
     decode_stats,
@@ -67,7 +67,7 @@ from nmt.bench.joeynmt_run import (
     joey_decode,
     joey_train,
 )
-from nmt.bench.joeynmt_setup import (
+from benchmarks.joeynmt_setup import (
     CPU,
     Settings,
     check_joey_python,
@@ -76,9 +76,9 @@ from nmt.bench.joeynmt_setup import (
     prepare_joey_dir,
     say,
 )
-from nmt.bench.machine import cpu_busy_share, load_average_or_none
-from nmt.bench.report import SetupError
-from nmt.bench.timing import (
+from benchmarks.machine import cpu_busy_share, load_average_or_none
+from benchmarks.report import SetupError
+from benchmarks.timing import (
     DecodeSubject,
     compose_train_config,
     decode_subject,

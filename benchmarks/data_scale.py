@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nmt.bench.memory import TreeSampler, cmdline, kill_tree, load_average, rss, wait_with_rusage
-from nmt.bench.report import say as _say
-from nmt.bench.report import table
+from benchmarks.memory import TreeSampler, cmdline, kill_tree, load_average, rss, wait_with_rusage
+from benchmarks.report import say as _say
+from benchmarks.report import table
 from nmt.data.corpus import fetch_multi30k, read_parallel
 from nmt.data.synthetic import count_pairs, write_numbered_copies
 from nmt.environment import child_environment, multi30k_source

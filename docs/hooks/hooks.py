@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nmt.docs.figures import figures
-from nmt.docs.mathml import stash_math, unstash_math
-from nmt.docs.sections import expand
+from docs.hooks.figures import figures
+from docs.hooks.mathml import stash_math, unstash_math
+from docs.hooks.sections import expand
 
 # a page's formulas, from its markdown (stashed) to its HTML (put back)
 _PAGE_MATH: dict[str, list[str]] = {}

@@ -3,12 +3,12 @@
 One run (under 8 minutes on an H200) that
 
 1. measures the device's matrix-product peak in the training precision
-   (:func:`nmt.bench.machine.matmul_peak`);
+   (:func:`benchmarks.machine.matmul_peak`);
 2. trains ``experiment=gpu_quick`` (``python -m nmt.train``) for ``--train-seconds`` of
    training time, and reads the run's events (``metrics.jsonl``, :mod:`nmt.train.runlog`) for the
    validation BLEU against wall-clock time and the training throughput (target tokens/s);
 3. times real training steps of the trained configuration
-   (:func:`nmt.bench.timing.time_training`): target tokens/s, achieved TFLOP/s and model FLOPs
+   (:func:`benchmarks.timing.time_training`): target tokens/s, achieved TFLOP/s and model FLOPs
    utilisation against the measured peak;
 4. scores the run as it is meant to be decoded (beam 5; the averaged weights if they beat the
    best checkpoint on validation) on the test split
@@ -18,8 +18,8 @@ One run (under 8 minutes on an H200) that
 On the GPU machine run it through ``bash scripts/gpu_check.sh``, which first installs the
 Python packages the machine lacks from the wheels of ``make gpu-wheels``; ``scripts/
 gpu_check.py`` is the command line. This module holds the check's steps and the result
-they make; :mod:`nmt.bench.gpu_wheels` finds and installs those packages' wheels,
-:mod:`nmt.bench.gpu_check_report` prints the summary. All three import only the standard
+they make; :mod:`benchmarks.gpu_wheels` finds and installs those packages' wheels,
+:mod:`benchmarks.gpu_check_report` prints the summary. All three import only the standard
 library at load time: the wheel helpers run before those packages are there.
 """
 
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nmt.bench.report import run_summary
-from nmt.bench.report import say as _say
+from benchmarks.report import run_summary
+from benchmarks.report import say as _say
 from nmt.environment import MULTI30K_MIRROR, child_environment, multi30k_source
 
 SCHEMA = "nmt-gpu-check/1"
@@ -49,7 +49,7 @@ MULTI30K_FILES = tuple(
 TEST_SET = "test_2016_flickr"
 
 # Packages nmt imports that must be on the GPU machine already; the others come as
-# wheels (nmt.bench.gpu_wheels).
+# wheels (benchmarks.gpu_wheels).
 PREINSTALLED = ("torch", "numpy", "sentencepiece", "sacrebleu", "tensorboard")
 RUNTIME_IMPORTS = (*PREINSTALLED, "hydra", "omegaconf", "yaml", "tqdm", "matplotlib.figure")
 
@@ -270,7 +270,7 @@ def model_class(run_dir: Path) -> str:
 
 
 def measure_peak(device: Any, precision: str, s: GpuCheckSettings) -> dict[str, Any]:
-    from nmt.bench.machine import PRECISION_DTYPES, matmul_peak
+    from benchmarks.machine import PRECISION_DTYPES, matmul_peak
 
     n = s.matmul_n or (8192 if device.type == "cuda" else 512)
     samples, seconds = (7, 0.2) if device.type == "cuda" else (3, 0.05)
@@ -284,7 +284,7 @@ def run_bench(
     """The training steps of the trained run's own config, data and tokenizers, timed."""
     from omegaconf import OmegaConf
 
-    from nmt.bench.timing import StepSettings, time_training
+    from benchmarks.timing import StepSettings, time_training
     from nmt.data.datasets import prepare_data
     from nmt.data.tokenizer import TokenizerPair
     from nmt.store.checkpoint import load_checkpoint

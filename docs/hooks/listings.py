@@ -63,7 +63,7 @@ def code_listing(repo: Path, path: str, qualname: str) -> tuple[int, int, str]:
         defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
         node = next((n for n in body if isinstance(n, defs) and n.name == name), None)
         if node is None:
-            raise LookupError(f"{path}: no {qualname} (listed in nmt/docs/listings.py CODE)")
+            raise LookupError(f"{path}: no {qualname} (listed in docs/hooks/listings.py CODE)")
         body = node.body
     first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
     lines = text.splitlines()[first - 1 : node.end_lineno]
