@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.models.loss import block_rows, projected_cross_entropy
 from nmt.models.loss import reference_cross_entropy as reference
@@ -76,6 +77,39 @@ def test_without_gradients_it_only_scores() -> None:
     (gw,) = torch.autograd.grad(frozen, [w])
     (want_gw,) = torch.autograd.grad(reference(x.detach(), w, None, y, 0.0), [w])
     torch.testing.assert_close(gw, want_gw, rtol=1e-5, atol=1e-6)
+
+
+class MatrixProducts(TorchDispatchMode):
+    """Counts the matrix products run while it is on (under inference_mode ``@`` reaches the
+    mode as matmul, elsewhere as the mm or addmm it becomes)."""
+
+    PRODUCTS = (
+        torch.ops.aten.mm.default,
+        torch.ops.aten.addmm.default,
+        torch.ops.aten.matmul.default,
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.PRODUCTS
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("off", [torch.no_grad, torch.inference_mode])
+def test_without_gradients_no_gradient_is_computed(off) -> None:
+    """Validation scores parameters that require gradients with autograd off: one product per
+    block (the logits), none for the gradients of the features or the weight."""
+    x, w, b, y = inputs(True)
+    blocks = -(-N // 5)
+    with off(), MatrixProducts() as products:
+        projected_cross_entropy(x, w, b, y, rows=5)
+    assert products.count == blocks
+    with MatrixProducts() as products:
+        projected_cross_entropy(x, w, b, y, rows=5)
+    assert products.count == 3 * blocks  # with autograd on: logits, and both gradients
 
 
 def test_a_block_keeps_its_logits_within_the_budget() -> None:

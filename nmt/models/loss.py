@@ -78,10 +78,13 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
         label_smoothing: float,
         rows: int,
         dtype: torch.dtype,
+        grads: bool,
     ) -> Tensor:
         with torch.autocast(x.device.type, enabled=False):  # dtypes chosen by the caller
-            need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-            need_b = bias is not None and ctx.needs_input_grad[2]
+            # needs_input_grad follows requires_grad alone, also under no_grad and
+            # inference_mode; ``grads`` says whether autograd was recording at the call
+            need_x, need_w = grads and ctx.needs_input_grad[0], grads and ctx.needs_input_grad[1]
+            need_b = grads and bias is not None and ctx.needs_input_grad[2]
             vocab = weight.size(0)
             on = 1.0 - label_smoothing  # the weight of the reference token in q
             spread = label_smoothing / vocab  # the weight of every token in q
@@ -124,7 +127,7 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
         out = []
         for g, dtype in ((grad_x, x_dtype), (grad_w, w_dtype), (grad_b, b_dtype)):
             out.append(None if g is None else (g * grad).to(dtype))
-        return (*out, None, None, None, None)
+        return (*out, None, None, None, None, None)
 
 
 @torch.compiler.disable
@@ -142,11 +145,14 @@ def projected_cross_entropy(
     ``F.cross_entropy(F.linear(x, weight, bias).float(), targets, label_smoothing=...,
     reduction="sum")``, a scalar, with the same gradients. ``rows`` per block default to
     :func:`block_rows`. ``torch.compile`` leaves it out of its graphs and runs it as it is.
+    The gradients are computed along with the loss only where autograd records (not under
+    ``torch.no_grad`` or ``torch.inference_mode``, as in validation).
     """
     if x.dim() != 2 or targets.shape != x.shape[:1]:
         raise ValueError(f"x (N, D) and targets (N,) expected, got {tuple(x.shape)}, "
                          f"{tuple(targets.shape)}")  # fmt: skip
     rows = rows or block_rows(weight.size(0), x.device)
     return _ProjectedCrossEntropy.apply(
-        x, weight, bias, targets, float(label_smoothing), rows, compute_dtype(x)
-    )
+        x, weight, bias, targets, float(label_smoothing), rows, compute_dtype(x),
+        torch.is_grad_enabled(),
+    )  # fmt: skip
