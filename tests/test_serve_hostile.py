@@ -149,6 +149,62 @@ def test_each_hostile_body_gets_a_4xx_json_error_on_both_apis(app_of: Any) -> No
     run_app(app_of(), scenario)
 
 
+# every way a translate endpoint reads a body: our API reads any Content-Type as JSON,
+# LibreTranslate's a JSON object, either form, or a bare body with the fields in the URL
+BODY_READINGS = [
+    ("/v1/translate", "application/json"),
+    ("/v1/translate", "application/x-www-form-urlencoded"),
+    ("/translate", "application/json"),
+    ("/translate", "application/x-www-form-urlencoded"),
+    ("/translate", "multipart/form-data; boundary=x"),
+    ("/translate", None),
+]
+
+
+def sized_body(path: str, kind: str | None, size: int) -> bytes:
+    """A body of ``size`` bytes that ``path`` reads as ``kind``, well formed but for its size."""
+    if path == "/v1/translate" or kind == "application/json":
+        start, end, pad = (NATIVE if path == "/v1/translate" else LIBRE), b"", b" "
+    elif kind is not None and kind.startswith("multipart/"):
+        start = b'--x\r\nContent-Disposition: form-data; name="q"\r\n\r\n'
+        end, pad = b"\r\n--x--\r\n", b"a"
+    else:
+        start, end, pad = b"q=", b"", b"a"
+    return start + pad * (size - len(start) - len(end)) + end
+
+
+def test_a_body_over_the_limit_gets_the_same_413_on_both_apis(app_of: Any) -> None:
+    """Whichever way a body is read, one over max_body_bytes is refused with the same 413 and
+    message: at once when its Content-Length says so, and when only reading finds it (a chunked
+    body); one of max_body_bytes exactly is read."""
+    most = LIMITS.max_body_bytes
+
+    async def chunked(data: bytes):  # no Content-Length: only reading finds the size
+        for start in range(0, len(data), 4096):
+            yield data[start : start + 4096]
+
+    async def scenario(client: TestClient) -> None:
+        for path, kind in BODY_READINGS:
+            headers = {} if kind is None else {"Content-Type": kind}
+            bare = ["Content-Type"] if kind is None else []
+            over = sized_body(path, kind, most + 1)
+            for data, error in (
+                (over, f"the body has {most + 1} bytes; at most {most}"),
+                (chunked(over), f"the body is larger than {most} bytes"),
+            ):
+                response = await client.post(
+                    path, data=data, headers=headers, skip_auto_headers=bare
+                )
+                assert response.status == 413, (path, kind, await response.text())
+                assert (await response.json()) == {"error": error}, (path, kind)
+            response = await client.post(
+                path, data=sized_body(path, kind, most), headers=headers, skip_auto_headers=bare
+            )
+            assert response.status != 413, (path, kind, await response.text())
+
+    run_app(app_of(), scenario)
+
+
 # ---------------------------------------------------------------- generated bodies
 
 JSON_VALUES = st.recursive(

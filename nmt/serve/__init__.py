@@ -57,7 +57,8 @@ Modules: :mod:`~nmt.serve.backend` (the model and the threads that decode with i
 (LibreTranslate's API) with :mod:`~nmt.serve.markup` (its html), :mod:`~nmt.serve.openapi`
 (the OpenAPI document), :mod:`~nmt.serve.keys` (API keys and their limits),
 :mod:`~nmt.serve.access` (keys on requests, exposure, CORS), :mod:`~nmt.serve.page` (the
-page), :mod:`~nmt.serve.app` (the aiohttp application) and
+page), :mod:`~nmt.serve.guard` (the checks around each translation request: body size,
+deadline, refusals), :mod:`~nmt.serve.app` (the aiohttp application) and
 :mod:`~nmt.serve.main` (the process: start, signals, graceful stop). May import every layer up
 to :mod:`nmt.decode`; nothing in the package imports
 it.

@@ -68,14 +68,30 @@ def key_middleware(web: Any, ring: KeyRing, open_paths: Iterable[str] = OPEN_PAT
 
     @web.middleware
     async def require_key(request: Any, handler: Handler) -> Any:
-        if request.path in free:
-            return await handler(request)
-        refusal = ring.check(request_key(request.headers))
-        if refusal is None:
-            return await handler(request)
-        return refusal_response(web, refusal)
+        if request.path not in free:
+            try:
+                authorize(ring, request.headers)
+            except Refused as e:
+                return refusal_response(web, e.refusal)
+        return await handler(request)
 
     return require_key
+
+
+class Refused(Exception):
+    """A request whose key the key ring refused (:func:`authorize`)."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+def authorize(ring: KeyRing, headers: Any, key: str | None = None) -> None:
+    """:class:`Refused` unless the request's key is one of ``ring``'s and within its limit:
+    ``key`` (a field of its body) when given, else the key of its ``headers``."""
+    refusal = ring.check(key or request_key(headers))
+    if refusal is not None:
+        raise Refused(refusal)
 
 
 def refusal_response(web: Any, refusal: Refusal) -> Any:

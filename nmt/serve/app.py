@@ -9,7 +9,8 @@
 
 Every request body is read as hostile (:func:`nmt.serve.native.load_json`): a malformed one
 gets a 4xx with ``{"error": message}`` and the server goes on serving. A translation that finds
-the queue full gets 503 with ``Retry-After``, one not answered by its deadline 504.
+the queue full gets 503 with ``Retry-After``, one not answered by its deadline 504: the checks
+around each translation request are :mod:`nmt.serve.guard`'s.
 """
 
 from __future__ import annotations
@@ -29,24 +30,16 @@ from nmt.config import ConfigError
 from nmt.data.tokenizer import EOS_ID
 from nmt.decode.languages import forced_tokens, tagged_sources
 from nmt.serve import libre
-from nmt.serve.access import (
-    OPEN_PATHS,
-    check_origins,
-    cors_middleware,
-    key_middleware,
-    refusal_response,
-)
+from nmt.serve.access import OPEN_PATHS, authorize, check_origins, cors_middleware, key_middleware
 from nmt.serve.backend import Backend
 from nmt.serve.batcher import Batcher, Overloaded
-from nmt.serve.keys import KeyRing, Refusal, request_key
+from nmt.serve.guard import DecodeFailed, Guard
+from nmt.serve.keys import KeyRing
 from nmt.serve.languages import AUTO
 from nmt.serve.metrics import Metrics
-from nmt.serve.native import BadRequest, Limits, attention_view, load_json, parse_request
+from nmt.serve.native import BadRequest, Limits, attention_view, parse_request
 from nmt.serve.openapi import openapi_document
 from nmt.serve.page import page_headers, render_page
-
-JSON_TYPES = ("application/json",)
-FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 # LibreTranslate's paths: its /translate takes the key in the body, its /languages needs none
 LIBRE_PATHS = ("/translate", "/languages")
@@ -56,9 +49,8 @@ LIBRE_PATHS = ("/translate", "/languages")
 # weights seconds to write, which on the event loop's thread would stall every other request
 INLINE_SENTENCES = 4
 
-
-class DecodeFailed(Exception):
-    """The engine failed on a request's sentences: a 500 with the reason."""
+# source ids as the model reads them, and the first output token of each (or None)
+Encoded = tuple[list[list[int]], list[int] | None]
 
 
 def require_aiohttp() -> Any:
@@ -77,44 +69,125 @@ def limits_of(cfg: DictConfig) -> Limits:
     )
 
 
-def make_app(
-    backend: Backend,
-    cfg: DictConfig,
-    state: dict[str, Any] | None = None,
-    executor: Executor | None = None,
-) -> Any:
-    """The aiohttp application over ``backend``, decoding on ``executor`` (where the backend
-    was loaded: :func:`nmt.serve.backend.start_backend`), with the keys of ``api_keys_file``
-    and CORS for ``cors_origins``.
-    ``state`` (filled here) gives the caller the batcher, the metrics and the counters of
-    requests in flight and rejected; ``state["stopping"] = True`` makes /ready answer 503."""
-    web = require_aiohttp()
-    limits = limits_of(cfg)
-    origins = check_origins(cfg.cors_origins)
-    ring = KeyRing.load(cfg.api_keys_file) if cfg.api_keys_file else None
-    metrics = Metrics()
-    batcher = Batcher(
-        backend,
-        cfg.batch_wait_ms / 1000.0,
-        cfg.max_batch_sentences,
-        executor,
-        max_queued=cfg.max_queued_sentences,
-        hooks=metrics,
-    )
-    state = {} if state is None else state
-    state.update(in_flight=0, rejected=0, batcher=batcher, metrics=metrics, stopping=False)
-    metrics.watch(batcher, state)
-    src_tok, tgt_tok = backend.tokenizers.src, backend.tokenizers.tgt
-    document = openapi_document(limits, backend)
-    # tokenizing big requests and writing big answers (INLINE_SENTENCES)
-    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-text")
+def page_info(backend: Backend, limits: Limits, keys: bool) -> dict[str, Any]:
+    """What the page says about the server (:func:`nmt.serve.page.render_page`)."""
+    langs = backend.languages
+    sources, choices = langs.sources, langs.source_choices
+    return {
+        "model": Path(backend.model).name,
+        "step": backend.step,
+        "engine": backend.engine,
+        # one source language is named; a multilingual model reads any of its sources
+        "src_lang": sources[0] if len(sources) == 1 else None,
+        "targets": langs.targets,
+        # the sources a request may name (several: the page offers them), and the targets of
+        # each
+        "sources": choices,
+        "pairs": {source: langs.targets_of(source) for source in choices},
+        "beam": backend.defaults.beam,
+        "max_beam": limits.max_beam,
+        "keys": keys,
+    }
 
-    def error(status: int, message: str, headers: dict[str, str] | None = None) -> Any:
-        state["rejected"] += 1
-        return web.json_response({"error": message}, status=status, headers=headers)
 
-    async def health(request: Any) -> Any:
-        return web.json_response(
+class Server:
+    """The endpoints of ``nmt-serve`` over ``backend`` (model, tokenizers, languages), the
+    ``batcher`` that shares its decodes, the ``guard`` of the translation requests (limits,
+    deadline, counters), the ``metrics``, the key ring (None: no keys) and the CORS
+    ``origins``. :meth:`build` makes them from the configuration, :meth:`application` the
+    aiohttp application; ``stopping = True`` makes /ready answer 503."""
+
+    def __init__(
+        self,
+        web: Any,
+        backend: Backend,
+        batcher: Batcher,
+        guard: Guard,
+        metrics: Metrics,
+        ring: KeyRing | None = None,
+        origins: list[str] | None = None,
+    ) -> None:
+        self.web = web
+        self.backend = backend
+        self.batcher = batcher
+        self.guard = guard
+        self.metrics = metrics
+        self.ring = ring
+        self.origins = origins or []
+        self.limits = guard.limits
+        self.stopping = False
+        metrics.watch(batcher, lambda: guard.in_flight)
+        self.document = openapi_document(self.limits, backend)
+        # tokenizing big requests and writing big answers (INLINE_SENTENCES)
+        self.helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-text")
+        self.html, self.policy = render_page(page_info(backend, self.limits, ring is not None))
+
+    @classmethod
+    def build(cls, backend: Backend, cfg: DictConfig, executor: Executor | None = None) -> Server:
+        """The server of ``backend``, decoding on ``executor`` (where the backend was loaded:
+        :func:`nmt.serve.backend.start_backend`), with the keys of ``api_keys_file`` and CORS
+        for ``cors_origins``."""
+        web = require_aiohttp()
+        limits = limits_of(cfg)
+        origins = check_origins(cfg.cors_origins)
+        ring = KeyRing.load(cfg.api_keys_file) if cfg.api_keys_file else None
+        metrics = Metrics()
+        batcher = Batcher(
+            backend,
+            cfg.batch_wait_ms / 1000.0,
+            cfg.max_batch_sentences,
+            executor,
+            max_queued=cfg.max_queued_sentences,
+            hooks=metrics,
+        )
+        guard = Guard(web, limits, cfg.request_timeout)
+        return cls(web, backend, batcher, guard, metrics, ring, origins)
+
+    def application(self) -> Any:
+        """The aiohttp application (one per server: it starts and stops the batcher)."""
+        web = self.web
+        middlewares = [self.metrics.middleware(web)]
+        if self.origins:
+            middlewares.append(cors_middleware(web, self.origins))
+        if self.ring is not None:
+            middlewares.append(key_middleware(web, self.ring, OPEN_PATHS | set(LIBRE_PATHS)))
+        app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=middlewares)
+        app.router.add_get("/", self.page)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/ready", self.ready)
+        app.router.add_get("/metrics", self.metrics_text)
+        app.router.add_post(
+            "/v1/translate", self.guard.endpoint(self.translate_v1, "decoding failed")
+        )
+        app.router.add_post(
+            "/translate", self.guard.endpoint(self.translate_libre, "Cannot translate text")
+        )
+        app.router.add_get("/languages", self.languages)
+        app.router.add_get("/openapi.json", self.openapi)
+        app.on_startup.append(self.on_startup)
+        app.on_cleanup.append(self.on_cleanup)
+        return app
+
+    async def on_startup(self, app: Any) -> None:
+        self.batcher.start()
+
+    async def on_cleanup(self, app: Any) -> None:
+        await self.batcher.stop()
+        self.helper.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ the server's state
+
+    async def page(self, request: Any) -> Any:
+        return self.web.Response(
+            text=self.html,
+            content_type="text/html",
+            charset="utf-8",
+            headers=page_headers(self.policy),
+        )
+
+    async def health(self, request: Any) -> Any:
+        backend, batcher = self.backend, self.batcher
+        return self.web.json_response(
             {
                 "status": "ok",
                 "engine": backend.engine,
@@ -125,13 +198,13 @@ def make_app(
                     "beam": backend.defaults.beam,
                     "length_penalty": backend.defaults.length_penalty,
                 },
-                "limits": {**asdict(limits), "max_positions": backend.max_positions},
+                "limits": {**asdict(self.limits), "max_positions": backend.max_positions},
                 "requests": batcher.requests,
                 "batches": batcher.batches,
                 "sentences": batcher.sentences,
-                "rejected": state["rejected"],
+                "rejected": self.guard.rejected,
                 "cancelled": batcher.cancelled,
-                "in_flight": state["in_flight"],
+                "in_flight": self.guard.in_flight,
                 "queued": len(batcher.jobs),
                 "queued_sentences": batcher.waiting,
                 "max_queued_sentences": batcher.max_queued,
@@ -139,64 +212,47 @@ def make_app(
             }
         )
 
-    async def ready(request: Any) -> Any:
+    async def ready(self, request: Any) -> Any:
+        batcher = self.batcher
         reason = None
-        if state["stopping"]:
+        if self.stopping:
             reason = "the server is shutting down"
         elif batcher.task is None or batcher.task.done():
             reason = "the model is not serving"
         elif batcher.room() <= 0:
             reason = f"the queue is full: {batcher.waiting} sentences wait"
         if reason is None:
-            return web.json_response({"status": "ready"})
-        return web.json_response({"status": "not ready", "reason": reason}, status=503)
+            return self.web.json_response({"status": "ready"})
+        return self.web.json_response({"status": "not ready", "reason": reason}, status=503)
 
-    async def metrics_text(request: Any) -> Any:
-        body, content_type = metrics.text()
-        response = web.Response(body=body)
+    async def metrics_text(self, request: Any) -> Any:
+        body, content_type = self.metrics.text()
+        response = self.web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
 
-    async def off_loop(heavy: bool, fn: Callable, *args: Any) -> Any:
+    async def languages(self, request: Any) -> Any:
+        return self.web.json_response(libre.language_list(self.backend.languages))
+
+    async def openapi(self, request: Any) -> Any:
+        return self.web.json_response(self.document)
+
+    # ------------------------------------------------------------------ translation
+
+    async def off_loop(self, heavy: bool, fn: Callable, *args: Any) -> Any:
         if not heavy:
             return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(helper, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.helper, fn, *args)
 
-    def too_large() -> BadRequest:
-        return BadRequest(413, f"the body is larger than {limits.max_body_bytes} bytes")
-
-    async def read_body(request: Any) -> bytes:
-        size = request.content_length
-        if size is not None and size > limits.max_body_bytes:
-            raise BadRequest(413, f"the body has {size} bytes; at most {limits.max_body_bytes}")
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise too_large() from None
-
-    def utf8_only(request: Any) -> None:
-        charset = request.charset
-        if charset and charset.lower().replace("_", "-") not in ("utf-8", "utf8"):
-            raise BadRequest(415, f"the body's charset is {charset[:40]}; JSON is read as UTF-8")
-
-    def no_query(request: Any) -> None:
-        if request.query_string:
-            keys = sorted(request.query.keys())[:10]
-            raise BadRequest(
-                400, f"the query string ({keys}) is not read here: send the fields in the body"
-            )
-
-    def encode(
-        texts: list[str], where: list[str], target: str, prefix: str = ""
-    ) -> tuple[list[list[int]], list[int] | None]:
+    def encode(self, texts: list[str], where: list[str], target: str, prefix: str = "") -> Encoded:
         """Source ids as the model reads them for ``target`` (with its tag where the model
         takes one), each within the model's position table (EOS included), and the first
         output token of each when the model is made to begin with the target's tag."""
-        direction = backend.languages.target(target)
-        ids = tagged_sources(src_tok.encode_batch(texts), direction)
+        direction = self.backend.languages.target(target)
+        ids = tagged_sources(self.backend.tokenizers.src.encode_batch(texts), direction)
         first = forced_tokens(len(ids), direction)
         forced = None if first is None else first.tolist()
-        most = backend.max_positions
+        most = self.backend.max_positions
         for name, sentence in zip(where, ids, strict=True):
             if most is not None and len(sentence) + 1 > most:
                 raise BadRequest(
@@ -206,54 +262,30 @@ def make_app(
                 )
         return ids, forced
 
-    def counted(handle: Callable) -> Callable:
-        """A translate endpoint: counted in flight, a :class:`BadRequest` as its 4xx answer."""
-
-        async def endpoint(request: Any) -> Any:
-            deadline = asyncio.get_running_loop().time() + cfg.request_timeout
-            state["in_flight"] += 1
-            try:
-                return await handle(request, deadline)
-            except BadRequest as e:
-                return error(e.status, str(e))
-            except Overloaded as e:
-                return error(503, str(e), {"Retry-After": str(e.retry_after)})
-            except TimeoutError:
-                late = f"not translated within request_timeout={cfg.request_timeout:g} s"
-                return error(504, late)
-            finally:
-                state["in_flight"] -= 1
-
-        return endpoint
-
     async def decode(
-        deadline: float,
-        encoded: tuple[list[list[int]], list[int] | None],
-        beam: int,
-        alpha: float,
-        attention: bool,
+        self, deadline: float, encoded: Encoded, beam: int, alpha: float, attention: bool
     ) -> list:
-        """The outputs of ``encoded`` (:func:`encode`'s), by the request's deadline;
+        """The outputs of ``encoded`` (:meth:`encode`'s), by the request's deadline;
         :class:`DecodeFailed` when the engine fails (:class:`Overloaded` and ``TimeoutError``
-        reach :func:`counted`)."""
-        opts = replace(backend.defaults, beam=beam, length_penalty=alpha)
+        reach the guard as they are)."""
+        opts = replace(self.backend.defaults, beam=beam, length_penalty=alpha)
         sources, forced = encoded
         try:
-            return await batcher.submit(sources, opts, attention, deadline, forced)
+            return await self.batcher.submit(sources, opts, attention, deadline, forced)
         except (Overloaded, TimeoutError):
             raise
-        except Exception as e:  # counted in /metrics, not among the refused requests
+        except Exception as e:  # whatever the engine raises: a 500 (the guard's)
             raise DecodeFailed(str(e)) from e
 
-    def prepare_v1(raw: bytes) -> tuple[dict[str, Any], tuple]:
-        req = parse_request(raw, limits, backend.defaults)
-        _, target = backend.languages.check(req["source"], req["target"])
-        batcher.check_room(len(req["text"]))  # refused before the work of tokenizing
+    def prepare_v1(self, raw: bytes) -> tuple[dict[str, Any], Encoded]:
+        req = parse_request(raw, self.limits, self.backend.defaults)
+        _, target = self.backend.languages.check(req["source"], req["target"])
+        self.batcher.check_room(len(req["text"]))  # refused before the work of tokenizing
         where = [f"text[{i}]" for i in range(len(req["text"]))]
-        return req, encode(req["text"], where, target)
+        return req, self.encode(req["text"], where, target)
 
-    def answer_v1(req: dict[str, Any], encoded: tuple, outputs: list) -> bytes:
-        sources = encoded[0]
+    def answer_v1(self, req: dict[str, Any], encoded: Encoded, outputs: list) -> bytes:
+        src_tok, tgt_tok = self.backend.tokenizers.src, self.backend.tokenizers.tgt
         body: dict[str, Any] = {
             "translations": [tgt_tok.decode(o.tokens) for o in outputs],
             "scores": [float(o.score) for o in outputs],
@@ -267,148 +299,51 @@ def make_app(
         if req["attention"]:
             body["attention"] = [
                 attention_view(src_tok.pieces([*ids, EOS_ID]), tgt_tok.pieces(o.tokens), o)
-                for ids, o in zip(sources, outputs, strict=True)
+                for ids, o in zip(encoded[0], outputs, strict=True)
             ]
         return json.dumps(body).encode()
 
-    async def translate_v1(request: Any, deadline: float) -> Any:
-        no_query(request)
-        utf8_only(request)  # our API reads any Content-Type as JSON (curl -d sends a form's)
-        raw = await read_body(request)
+    async def translate_v1(self, request: Any, deadline: float) -> Any:
+        # our API reads any Content-Type as JSON (curl -d sends a form's)
+        raw = await self.guard.json_body(request)
         # a body of more than a few short sentences is parsed and tokenized off the loop
-        req, encoded = await off_loop(len(raw) > 2048, prepare_v1, raw)
-        try:
-            outputs = await decode(
-                deadline, encoded, req["beam"], req["length_penalty"], req["attention"]
-            )
-        except DecodeFailed as e:
-            return web.json_response({"error": f"decoding failed: {e}"}, status=500)
+        req, encoded = await self.off_loop(len(raw) > 2048, self.prepare_v1, raw)
+        outputs = await self.decode(
+            deadline, encoded, req["beam"], req["length_penalty"], req["attention"]
+        )
         heavy = len(outputs) > INLINE_SENTENCES or req["attention"] or req["n_best"] > 1
-        body = await off_loop(heavy, answer_v1, req, encoded, outputs)
-        return web.Response(body=body, content_type="application/json")
+        body = await self.off_loop(heavy, self.answer_v1, req, encoded, outputs)
+        return self.web.Response(body=body, content_type="application/json")
 
-    async def libre_fields(request: Any) -> Any:
-        """The fields of a LibreTranslate request: a JSON object, or a form (urlencoded or
-        multipart) with the query string's fields, as LibreTranslate reads them."""
-        kind = request.content_type
-        if kind in JSON_TYPES or kind.endswith("+json"):
-            no_query(request)
-            utf8_only(request)
-            return load_json(await read_body(request))  # parse_libre wants an object
-        if kind in FORM_TYPES:
-            size = request.content_length
-            if size is not None and size > limits.max_body_bytes:
-                raise BadRequest(413, f"the body has {size} bytes; at most {limits.max_body_bytes}")
-            try:
-                form = await request.post()
-            except web.HTTPRequestEntityTooLarge:
-                raise too_large() from None
-            except Exception as e:  # whatever a malformed form makes the reader raise
-                raise BadRequest(400, f"the form could not be read: {str(e)[:200]}") from None
-            items = [*request.query.items(), *form.items()]
-        elif "Content-Type" not in request.headers and not await read_body(request):
-            items = list(request.query.items())  # a bare POST with its fields in the URL
-        else:
-            raise BadRequest(
-                415,
-                f"Content-Type {kind[:60]} is not read: send application/json, "
-                "application/x-www-form-urlencoded or multipart/form-data",
-            )
-        fields: dict[str, Any] = {}
-        for key, value in items:
-            if key in fields:
-                raise libre.invalid(f"{key[:40]} parameter is given twice")
-            if not isinstance(value, str):
-                raise libre.invalid(f"{key[:40]} parameter must be a form field, not a file")
-            fields[key] = value
-        return fields
-
-    async def translate_libre(request: Any, deadline: float) -> Any:
-        req = libre.parse_libre(await libre_fields(request), limits, backend.languages)
+    async def translate_libre(self, request: Any, deadline: float) -> Any:
+        backend = self.backend
+        fields = await self.guard.libre_fields(request)
+        req = libre.parse_libre(fields, self.limits, backend.languages)
         # LibreTranslate's clients send their key in the body (our header is read too)
-        if ring is not None:
-            refusal = ring.check(req.api_key or request_key(request.headers))
-            if refusal is not None:
-                return refused(refusal)
-        plan = libre.plan(req, limits)
-        batcher.check_room(len(plan.sentences))  # refused before the work of tokenizing
+        if self.ring is not None:
+            authorize(self.ring, request.headers, req.api_key)
+        plan = libre.plan(req, self.limits)
+        self.batcher.check_room(len(plan.sentences))  # refused before the work of tokenizing
         heavy = len(plan.sentences) > INLINE_SENTENCES
-        encoded = await off_loop(
-            heavy, encode, plan.sentences, plan.where, req.target, "Invalid request: "
+        encoded = await self.off_loop(
+            heavy, self.encode, plan.sentences, plan.where, req.target, "Invalid request: "
         )
         count = req.alternatives + 1 if req.format == "text" else 1  # none for html
         beam = max(backend.defaults.beam, count)
         hypotheses: list[list[str]] = []
         if encoded[0]:
-            try:
-                outputs = await decode(
-                    deadline, encoded, beam, backend.defaults.length_penalty, False
-                )
-            except DecodeFailed as e:
-                return web.json_response({"error": f"Cannot translate text: {e}"}, status=500)
+            outputs = await self.decode(
+                deadline, encoded, beam, backend.defaults.length_penalty, False
+            )
+            tgt_tok = backend.tokenizers.tgt
             for o in outputs:
                 best = [tgt_tok.decode(o.tokens)]
                 hypotheses.append(best + [tgt_tok.decode(t) for t, _ in o.nbest[1:count]])
         source = backend.languages.check(req.source, req.target)[0]
         detected = None if source == AUTO else source  # a multilingual model detects nothing
-        return web.json_response(libre.answer(req, plan, hypotheses, detected))
+        return self.web.json_response(libre.answer(req, plan, hypotheses, detected))
 
-    async def languages(request: Any) -> Any:
-        return web.json_response(libre.language_list(backend.languages))
 
-    async def openapi(request: Any) -> Any:
-        return web.json_response(document)
-
-    def refused(refusal: Refusal) -> Any:
-        state["rejected"] += 1
-        return refusal_response(web, refusal)
-
-    langs = backend.languages
-    sources, choices = langs.sources, langs.source_choices
-    html, policy = render_page(
-        {
-            "model": Path(backend.model).name,
-            "step": backend.step,
-            "engine": backend.engine,
-            # one source language is named; a multilingual model reads any of its sources
-            "src_lang": sources[0] if len(sources) == 1 else None,
-            "targets": langs.targets,
-            # the sources a request may name (several: the page offers them), and the targets
-            # of each
-            "sources": choices,
-            "pairs": {source: langs.targets_of(source) for source in choices},
-            "beam": backend.defaults.beam,
-            "max_beam": limits.max_beam,
-            "keys": ring is not None,
-        }
-    )
-
-    async def page(request: Any) -> Any:
-        return web.Response(
-            text=html, content_type="text/html", charset="utf-8", headers=page_headers(policy)
-        )
-
-    async def on_startup(app: Any) -> None:
-        batcher.start()
-
-    async def on_cleanup(app: Any) -> None:
-        await batcher.stop()
-        helper.shutdown(wait=True)
-
-    middlewares = [metrics.middleware(web)]
-    if origins:
-        middlewares.append(cors_middleware(web, origins))
-    if ring is not None:
-        middlewares.append(key_middleware(web, ring, OPEN_PATHS | set(LIBRE_PATHS)))
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
-    app.router.add_get("/", page)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/metrics", metrics_text)
-    app.router.add_post("/v1/translate", counted(translate_v1))
-    app.router.add_post("/translate", counted(translate_libre))
-    app.router.add_get("/languages", languages)
-    app.router.add_get("/openapi.json", openapi)
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-    return app
+def make_app(backend: Backend, cfg: DictConfig, executor: Executor | None = None) -> Any:
+    """The aiohttp application of :meth:`Server.build`'s server over ``backend``."""
+    return Server.build(backend, cfg, executor).application()

@@ -9,7 +9,6 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import Any
 
 import hydra
 from omegaconf import DictConfig
@@ -17,7 +16,7 @@ from omegaconf import DictConfig
 from nmt.cli import config_dir, exit_on_error, setup_logging
 from nmt.config import ConfigError, register_configs
 from nmt.serve.access import check_exposure, check_origins
-from nmt.serve.app import make_app, require_aiohttp
+from nmt.serve.app import Server, require_aiohttp
 from nmt.serve.backend import Backend, start_backend
 from nmt.serve.keys import KeyRing
 from nmt.store.package import model_argument
@@ -31,8 +30,8 @@ async def serve(cfg: DictConfig, backend: Backend, executor: Executor | None = N
     web = require_aiohttp()
     from nmt.serve.protocol import JsonErrorRunner  # aiohttp's, once it is known to be there
 
-    state: dict[str, Any] = {}
-    app = make_app(backend, cfg, state, executor)
+    server = Server.build(backend, cfg, executor)
+    app = server.application()
     # handler_cancellation: a request whose client disconnects has its handler cancelled, so
     # that it leaves the queue undecoded (aiohttp's default since 3.8.6 is to let it run on)
     runner = JsonErrorRunner(
@@ -55,17 +54,17 @@ async def serve(cfg: DictConfig, backend: Backend, executor: Executor | None = N
         flush=True,
     )
     await stop.wait()
-    state["stopping"] = True  # /ready answers 503 from now on
-    in_flight = state["in_flight"]
+    server.stopping = True  # /ready answers 503 from now on
+    in_flight = server.guard.in_flight
     log.info("shutting down: %d request(s) in flight", in_flight)
     print(f"nmt-serve: shutting down, {in_flight} request(s) in flight", flush=True)
     await site.stop()  # no new connections
     # the requests in flight are answered before any connection is closed
     deadline = loop.time() + cfg.shutdown_timeout
-    while state["in_flight"] and loop.time() < deadline:
+    while server.guard.in_flight and loop.time() < deadline:
         await asyncio.sleep(0.01)
     await runner.cleanup()  # close the connections, stop the batcher
-    print(f"nmt-serve: stopped after {state['batcher'].requests} request(s)", flush=True)
+    print(f"nmt-serve: stopped after {server.batcher.requests} request(s)", flush=True)
 
 
 def check_config(cfg: DictConfig) -> None:

@@ -93,11 +93,12 @@ class Metrics:
         for reason in ("disconnected", "deadline"):
             self.cancelled_requests.labels(reason)
 
-    def watch(self, batcher: Any, state: dict[str, Any]) -> None:
-        """The gauges read the batcher and the application's state when scraped."""
+    def watch(self, batcher: Any, in_flight: Callable[[], int]) -> None:
+        """The gauges read the batcher, and ``in_flight()`` the requests being handled, when
+        scraped."""
         self.queued_sentences.set_function(lambda: batcher.waiting)
         self.queued_requests.set_function(lambda: len(batcher.jobs))
-        self.in_flight.set_function(lambda: state["in_flight"])
+        self.in_flight.set_function(in_flight)
 
     # the batcher's hooks
     def decoded(self, sentences: int, seconds: float) -> None:

@@ -51,6 +51,39 @@ TRANSLATE_ERRORS = {
 }
 
 
+def _native_answer() -> dict[str, Any]:
+    """The schema of our API's answer."""
+    hypothesis = {
+        "type": "object",
+        "required": ["text", "score"],
+        "properties": {"text": {"type": "string"}, "score": {"type": "number"}},
+    }
+    attention = {
+        "type": "object",
+        "required": ["source", "target", "weights"],
+        "properties": {
+            "source": {"type": "array", "items": {"type": "string"}},
+            "target": {"type": "array", "items": {"type": "string"}},
+            "weights": {
+                "type": "array",
+                "nullable": True,
+                "items": {"type": "array", "items": {"type": "number"}},
+                "description": "One row per output token (EOS included), over the source.",
+            },
+        },
+    }
+    return {
+        "type": "object",
+        "required": ["translations", "scores"],
+        "properties": {
+            "translations": {"type": "array", "items": {"type": "string"}},
+            "scores": {"type": "array", "items": {"type": "number"}},
+            "n_best": {"type": "array", "items": {"type": "array", "items": hypothesis}},
+            "attention": {"type": "array", "items": attention},
+        },
+    }
+
+
 def _native(limits: Limits, defaults: Any, languages: Languages) -> dict[str, Any]:
     sentences = {
         "type": "array",
@@ -99,35 +132,6 @@ def _native(limits: Limits, defaults: Any, languages: Languages) -> dict[str, An
             "attention": {"type": "boolean", "default": False},
         },
     }
-    hypothesis = {
-        "type": "object",
-        "required": ["text", "score"],
-        "properties": {"text": {"type": "string"}, "score": {"type": "number"}},
-    }
-    attention = {
-        "type": "object",
-        "required": ["source", "target", "weights"],
-        "properties": {
-            "source": {"type": "array", "items": {"type": "string"}},
-            "target": {"type": "array", "items": {"type": "string"}},
-            "weights": {
-                "type": "array",
-                "nullable": True,
-                "items": {"type": "array", "items": {"type": "number"}},
-                "description": "One row per output token (EOS included), over the source.",
-            },
-        },
-    }
-    answer = {
-        "type": "object",
-        "required": ["translations", "scores"],
-        "properties": {
-            "translations": {"type": "array", "items": {"type": "string"}},
-            "scores": {"type": "array", "items": {"type": "number"}},
-            "n_best": {"type": "array", "items": {"type": "array", "items": hypothesis}},
-            "attention": {"type": "array", "items": attention},
-        },
-    }
     return {
         "post": {
             "summary": "Translate sentences (our own API).",
@@ -138,7 +142,7 @@ def _native(limits: Limits, defaults: Any, languages: Languages) -> dict[str, An
                 "content": {"application/json": {"schema": request}},
             },
             "responses": {
-                "200": _json(answer, "The translations, in the order of the sentences."),
+                "200": _json(_native_answer(), "The translations, in the order of the sentences."),
                 "400": _error("A malformed body or field (the message names it)."),
                 **TRANSLATE_ERRORS,
             },
@@ -234,6 +238,66 @@ def _libre(limits: Limits, languages: Languages) -> dict[str, Any]:
     }
 
 
+def _server_paths() -> dict[str, Any]:
+    """The endpoints of the server's state and its page."""
+    return {
+        "/health": {
+            "get": {
+                "summary": "The engine, model, limits and counters.",
+                "responses": {"200": _json({"type": "object"}, "The server's state.")},
+            }
+        },
+        "/ready": {
+            "get": {
+                "summary": "Whether the server takes requests now.",
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["status"],
+                            "properties": {"status": {"type": "string", "enum": ["ready"]}},
+                        },
+                        "Ready.",
+                    ),
+                    "503": _json(
+                        {
+                            "type": "object",
+                            "required": ["status", "reason"],
+                            "properties": {
+                                "status": {"type": "string", "enum": ["not ready"]},
+                                "reason": {"type": "string"},
+                            },
+                        },
+                        "Not ready: the queue is full, or the server loads or stops.",
+                    ),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Counters in Prometheus' text exposition format.",
+                "responses": {
+                    "200": {
+                        "description": "The metrics.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/": {
+            "get": {
+                "summary": "The web page to translate in a browser.",
+                "responses": {
+                    "200": {
+                        "description": "The page.",
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+    }
+
+
 def openapi_document(limits: Limits, backend: Any) -> dict[str, Any]:
     """The document of a server with ``limits`` over ``backend`` (its languages, decoding
     defaults and position table)."""
@@ -265,60 +329,7 @@ def openapi_document(limits: Limits, backend: Any) -> dict[str, Any]:
             ),
         },
         "paths": {
-            "/health": {
-                "get": {
-                    "summary": "The engine, model, limits and counters.",
-                    "responses": {"200": _json({"type": "object"}, "The server's state.")},
-                }
-            },
-            "/ready": {
-                "get": {
-                    "summary": "Whether the server takes requests now.",
-                    "responses": {
-                        "200": _json(
-                            {
-                                "type": "object",
-                                "required": ["status"],
-                                "properties": {"status": {"type": "string", "enum": ["ready"]}},
-                            },
-                            "Ready.",
-                        ),
-                        "503": _json(
-                            {
-                                "type": "object",
-                                "required": ["status", "reason"],
-                                "properties": {
-                                    "status": {"type": "string", "enum": ["not ready"]},
-                                    "reason": {"type": "string"},
-                                },
-                            },
-                            "Not ready: the queue is full, or the server loads or stops.",
-                        ),
-                    },
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Counters in Prometheus' text exposition format.",
-                    "responses": {
-                        "200": {
-                            "description": "The metrics.",
-                            "content": {"text/plain": {"schema": {"type": "string"}}},
-                        }
-                    },
-                }
-            },
-            "/": {
-                "get": {
-                    "summary": "The web page to translate in a browser.",
-                    "responses": {
-                        "200": {
-                            "description": "The page.",
-                            "content": {"text/html": {"schema": {"type": "string"}}},
-                        }
-                    },
-                }
-            },
+            **_server_paths(),
             "/v1/translate": _native(limits, backend.defaults, backend.languages),
             "/translate": _libre(limits, backend.languages),
             "/languages": {
