@@ -280,7 +280,7 @@ class DecodeConfig:
     Every command that decodes (``nmt-eval``, ``nmt-translate``, ``nmt-attention``,
     ``nmt-serve``) extends this schema, so ``nmt-eval beam=5`` sets a field on the command line,
     and so does a training run's ``decode`` section (:class:`RunDecodeConfig`). The search reads
-    them as :class:`nmt.decode_options.DecodeOptions`, built from a command's fields and its
+    them as :class:`nmt.decode.options.DecodeOptions`, built from a command's fields and its
     run's section; ``beam`` and ``length_penalty`` left unset (null) come from the run.
     """
 
@@ -334,8 +334,8 @@ BOOTSTRAP_SEED = 12345
 
 
 @dataclass
-class EvalConfig(DecodeConfig):
-    """``nmt-eval``: decode and score test sets; the decoding fields are :class:`DecodeConfig`'s."""
+class ModelSource:
+    """The model a command loads (:func:`nmt.store.loading.load_model`) and where it runs."""
 
     run: str = "outputs/latest"  # a run directory (outputs/latest: the newest run)
     # a file, or a name in <run>/checkpoints (best, last, averaged, step_400);
@@ -343,15 +343,29 @@ class EvalConfig(DecodeConfig):
     ckpt: str | None = None
     # a model package (nmt-export) instead of run/ckpt; `model=DIR` on the command line
     model_dir: str | None = None
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+
+@dataclass
+class EngineSource(ModelSource):  # ... and the engine that decodes it (nmt.decode.engines)
     engine: Engine = Engine.auto  # ctranslate2: a package exported with it
+
+
+@dataclass
+class EnsembleSource(EngineSource):  # ... and more models decoding with it
     # more models (runs, checkpoint files, packages) decoding with this one as an ensemble
     ensemble: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EvalConfig(EnsembleSource, DecodeConfig):
+    """``nmt-eval``: decode and score test sets; the decoding fields are :class:`DecodeConfig`'s."""
+
     # extra test sets: "src_file:ref_file" pairs; default: the run's own test split(s)
     test: list[str] = field(default_factory=list)
     # without test files: the run's split to score, test or valid (the validation split,
     # written to <run>/eval-valid unless out is given, apart from the test results)
     split: EvalSplit = EvalSplit.test
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
     out: str | None = None  # where hypotheses and scores go; default: <run>/eval
     progress: bool = True  # a bar over each test set's sentences (on a terminal only)
     # 95% confidence intervals of BLEU and chrF: sacreBLEU's bootstrap over this many resampled
@@ -368,18 +382,12 @@ class EvalConfig(DecodeConfig):
 
 
 @dataclass
-class TranslateConfig(DecodeConfig):
+class TranslateConfig(EnsembleSource, DecodeConfig):
     """``nmt-translate``; the decoding fields are :class:`DecodeConfig`'s."""
 
-    run: str = "outputs/latest"  # a run directory (outputs/latest: the newest run)
-    ckpt: str | None = None  # as in nmt-eval
-    model_dir: str | None = None  # a model package, as in nmt-eval (`model=DIR`)
-    engine: Engine = Engine.auto  # as in nmt-eval
-    ensemble: list[str] = field(default_factory=list)  # more models, as in nmt-eval
     input: str | None = None  # default: stdin (an interactive prompt when it is a terminal)
     output: str | None = None  # default: stdout
     n_best: int = 1  # > 1: print "index<TAB>score<TAB>translation" for the n best (<= beam)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
     progress: bool = True  # a bar over the input's sentences on standard error (a terminal only)
     # a multilingual model: the target language (needed when it translates into several)
     tgt_lang: str | None = None
@@ -387,16 +395,13 @@ class TranslateConfig(DecodeConfig):
 
 
 @dataclass
-class AttentionConfig(DecodeConfig):
+class AttentionConfig(ModelSource, DecodeConfig):
     """``nmt-attention``: a trained model's attention on given sentences, as heatmap PNGs or
     as one interactive HTML page (``format=html``).
 
     The sentences are decoded greedily (the drawings follow one hypothesis): of the decoding
     fields, ``beam`` may only be 1 and ``length_penalty`` plays no part."""
 
-    run: str = "outputs/latest"  # a run directory (outputs/latest: the newest run)
-    ckpt: str | None = None  # default: <run>/checkpoints/best.pt (else last.pt)
-    model_dir: str | None = None  # a model package, as in nmt-eval (`model=DIR`)
     sentence: str | None = None  # one source sentence ...
     input: str | None = None  # ... or a file with one source sentence per line
     # references for the sentence BLEU shown by format=html: one with sentence=, or a file
@@ -410,24 +415,18 @@ class AttentionConfig(DecodeConfig):
     layers: Any = "last"  # self-attention layers drawn: last | all | none | 2 | [0, 2]
     max_sentences: int = 100  # from the input file
     dpi: int = 120  # resolution of the PNG heatmaps
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
     tgt_lang: str | None = None  # a multilingual model: the target language, as in nmt-translate
     src_lang: str | None = None  # a multilingual model: the input's language (the views' label)
 
 
 @dataclass
-class ServeConfig(DecodeConfig):
+class ServeConfig(EngineSource, DecodeConfig):
     """``nmt-serve``: an HTTP translation server over a model package (see nmt.serve). The
     decoding fields (:class:`DecodeConfig`) are a request's defaults; ``precision`` applies to
     the torch engine only."""
 
-    model_dir: str | None = None  # the package (`model=DIR` on the command line) ...
-    run: str = "outputs/latest"  # ... or a run / checkpoint, as in nmt-eval
-    ckpt: str | None = None  # a checkpoint instead of the run's, as in nmt-eval
-    engine: Engine = Engine.auto  # ctranslate2: no PyTorch in the process
     host: str = "127.0.0.1"  # the address to listen on (loopback only by default)
     port: int = 8080  # 0: any free port (printed at start)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads, or CTranslate2 CPU workers; 0: each default
     max_sentences: int = 64  # per request (413 beyond)
     max_chars: int = 1000  # per sentence (413 beyond)

@@ -15,8 +15,11 @@ from nmt.cli import CONFIG_DIR
 from nmt.config import (
     AttentionConfig,
     ConfigError,
+    EngineSource,
+    EnsembleSource,
     EvalConfig,
     GRUBahdanauConfig,
+    ModelSource,
     ServeConfig,
     TrainConfig,
     TrainerConfig,
@@ -28,6 +31,7 @@ from nmt.config import (
 from nmt.config_checks import check_train_config
 from nmt.data.tokenizer import PAD_ID
 from nmt.models.registry import create_model
+from nmt.store.package import model_argument
 
 from .helpers import compose_config
 
@@ -267,6 +271,35 @@ def test_entry_configs_set_only_what_differs_from_the_schema(name, schema):
     path = Path(CONFIG_DIR) / f"{name}.yaml"
     base = leaves(OmegaConf.to_container(OmegaConf.structured(schema), enum_to_str=True))
     assert_only_differences(path, yaml_values(path), base)
+
+
+@pytest.mark.parametrize(
+    ("name", "schema", "source"),
+    [
+        ("eval", EvalConfig, EnsembleSource),
+        ("translate", TranslateConfig, EnsembleSource),
+        ("attention", AttentionConfig, ModelSource),
+        ("serve", ServeConfig, EngineSource),
+    ],
+)
+def test_commands_name_their_model_with_one_schema_of_top_level_keys(name, schema, source):
+    """Every command that loads a model takes the fields of one shared schema, at the top level
+    of its command line (``model=DIR`` read as ``model_dir``); engine and ensemble where its
+    schema has them, and no other command accepts them."""
+    assert issubclass(schema, source)
+    cfg = compose_config(name, model_argument(["run=r", "ckpt=last", "model=pkg", "device=cpu"]))
+    assert (cfg.run, cfg.ckpt, cfg.model_dir, cfg.device) == ("r", "last", "pkg", "cpu")
+    for key, value, expected, schema_with_it in (
+        ("engine", "torch", "torch", EngineSource),
+        ("ensemble", "[a,b]", ["a", "b"], EnsembleSource),
+    ):
+        if issubclass(source, schema_with_it):
+            cfg = compose_config(name, [f"{key}={value}"])
+            assert to_container(cfg)[key] == expected
+        else:
+            assert not issubclass(schema, schema_with_it)
+            with pytest.raises(ConfigCompositionException):
+                compose_config(name, [f"{key}={value}"])
 
 
 def experiment_base(path: Path) -> list[str]:

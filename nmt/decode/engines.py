@@ -16,8 +16,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import statistics
 import time
@@ -28,7 +26,6 @@ from typing import Protocol
 
 import torch
 
-from nmt.atomic import atomic_write_bytes
 from nmt.cli import Advance, no_progress
 from nmt.config import ENGINE_NAMES, ConfigError
 from nmt.data.batching import TokenDataset
@@ -36,6 +33,7 @@ from nmt.decode import ct2
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import Hypothesis, decode_dataset
 from nmt.models.int8 import quantize_int8
+from nmt.runtime.measured import Choice, ChoiceCache
 from nmt.runtime.precision import machine_key
 from nmt.store.loading import Trained
 from nmt.store.package import CT2_DIR, is_package, read_manifest, verified_file
@@ -197,9 +195,7 @@ def _cache_key(trained: Trained, opts: DecodeOptions, device: torch.device) -> d
     }
 
 
-def _cache_path(cache_dir: Path, key: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir / f"{digest}.json"
+ENGINE_CACHE = ChoiceCache("engine", "sentences_per_s", ("torch", "ctranslate2"))
 
 
 def auto_choice(
@@ -219,34 +215,23 @@ def auto_choice(
     else:
         data = synthetic_data(trained.tokenizers.src.vocab_size)
         probe_opts, source = probe_options(opts), "synthetic"
+
+    def probe() -> Choice:
+        engines = {
+            "torch": TorchEngine(trained.model, device),
+            "ctranslate2": make() if make is not None else make_ct2_engine(trained, device),
+        }
+        speeds, agree = measure(engines, data, probe_opts)
+        if not agree:
+            log.warning(
+                "engine=auto: the timed rounds disagree on the faster engine (the two are "
+                "close, or the machine is busy); not cached, the next run measures again"
+            )
+        return Choice(max(speeds, key=lambda name: speeds[name]), speeds, agree)
+
     key = {**_cache_key(trained, opts, device), "probe": source}
-    path = _cache_path(cache_dir, key) if cache_dir is not None else None
-    if path is not None and path.is_file():
-        try:
-            entry = json.loads(path.read_text(encoding="utf-8"))
-            if entry.get("key") == key and entry.get("engine") in ("torch", "ctranslate2"):
-                return entry["engine"], entry["sentences_per_s"], True
-        except (OSError, ValueError):
-            pass
-        log.warning("ignoring the engine cache %s; measuring again", path)
-    engines = {
-        "torch": TorchEngine(trained.model, device),
-        "ctranslate2": make() if make is not None else make_ct2_engine(trained, device),
-    }
-    speeds, agree = measure(engines, data, probe_opts)
-    choice = max(speeds, key=lambda name: speeds[name])
-    if not agree:
-        log.warning(
-            "engine=auto: the timed rounds disagree on the faster engine (the two are close, "
-            "or the machine is busy); not cached, the next run measures again"
-        )
-    elif path is not None:
-        entry = {"key": key, "engine": choice, "sentences_per_s": speeds}
-        try:
-            atomic_write_bytes(path, (json.dumps(entry, indent=2) + "\n").encode())
-        except OSError as e:
-            log.warning("could not write the engine cache %s: %s", path, e)
-    return choice, speeds, False
+    choice = ENGINE_CACHE.choose(cache_dir, key, probe)
+    return choice.winner, choice.figures, choice.source is not None
 
 
 def engine_cache_dir(trained: Trained) -> Path:

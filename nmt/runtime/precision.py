@@ -17,13 +17,12 @@
   (decoding's rule above) otherwise: :func:`validation_decode_precision`.
 
 The measured choice is cached per machine, torch version and model/batch shape in a small
-JSON file (``<data.root>/cache/precision/``), so later runs start without probing.
+JSON file (``<data.root>/cache/precision/``, :mod:`nmt.runtime.measured`), so later runs start
+without probing.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import statistics
@@ -36,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from nmt.atomic import atomic_write_bytes
 from nmt.data.batching import Batch, TokenDataset, make_batch
 from nmt.runtime.device import autocast, cpu_model, native_bf16
+from nmt.runtime.measured import Choice, ChoiceCache
 
 log = logging.getLogger(__name__)
 
@@ -225,44 +224,18 @@ def machine_key() -> dict[str, Any]:
     }
 
 
-def cache_file(cache_dir: Path, key: dict[str, Any]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir / f"{digest}.json"
+def _check_cached(choice: Choice) -> None:
+    """Refuse a cached precision its own figures contradict, or figures not worth caching."""
+    m = Measurement(**choice.figures)
+    if choice.winner != m.choice or not (m.fp32 > 0 and m.bf16 > 0 and m.trusted):
+        raise ValueError("its figures do not match its choice")
 
 
-def read_cached(path: Path, key: dict[str, Any]) -> Measurement | None:
-    """The measurement stored for ``key``; None when absent, or (with a warning) unusable."""
-    if not path.is_file():
-        return None
-    try:
-        entry = json.loads(path.read_text(encoding="utf-8"))
-        if entry.get("key") != key:
-            raise ValueError("it was written for another machine or model")
-        m = Measurement(**entry["measurement"])
-        if entry.get("precision") != m.choice or not (m.fp32 > 0 and m.bf16 > 0 and m.trusted):
-            raise ValueError("its figures do not match its choice")
-        return m
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
-        log.warning("ignoring the precision cache %s (%s); measuring again", path, e)
-        return None
+PRECISION_CACHE = ChoiceCache("precision", "measurement", ("32", "bf16"), _check_cached)
 
 
-def write_cached(path: Path, key: dict[str, Any], m: Measurement) -> None:
-    entry = {"key": key, "precision": m.choice, "measurement": asdict(m)}
-    try:
-        atomic_write_bytes(path, (json.dumps(entry, indent=2) + "\n").encode())
-    except OSError as e:
-        log.warning("could not write the precision cache %s: %s", path, e)
-
-
-def measured_choice(probe: SpeedProbe) -> str:
-    """The faster precision for ``probe``: from the cache, else measured (and then cached)."""
-    key = {"version": CACHE_VERSION, "machine": machine_key(), "shape": probe.shape}
-    path = cache_file(probe.cache_dir, key) if probe.cache_dir is not None else None
-    m = read_cached(path, key) if path is not None else None
-    if m is not None:
-        log.info("precision=auto: %s on this CPU (cached in %s: %s)", m.choice, path, m.describe())
-        return m.choice
+def _measure(probe: SpeedProbe) -> Choice:
+    """Run ``probe`` and say what it found (and why it is not cached, where it is not)."""
     m = probe.measure()
     log.info(
         "precision=auto: %s on this CPU (measured in %.1fs, %d pairs of %d-sentence steps: %s)",
@@ -280,9 +253,22 @@ def measured_choice(probe: SpeedProbe) -> str:
             "(trainer.precision=32 or bf16 skips the probe)",
             why,
         )
-    elif path is not None:
-        write_cached(path, key, m)
-    return m.choice
+    return Choice(m.choice, asdict(m), m.trusted)
+
+
+def measured_choice(probe: SpeedProbe) -> str:
+    """The faster precision for ``probe``: from the cache, else measured (and then cached)."""
+    key = {"version": CACHE_VERSION, "machine": machine_key(), "shape": probe.shape}
+    choice = PRECISION_CACHE.choose(probe.cache_dir, key, lambda: _measure(probe))
+    if choice.source is not None:
+        m = Measurement(**choice.figures)
+        log.info(
+            "precision=auto: %s on this CPU (cached in %s: %s)",
+            choice.winner,
+            choice.source,
+            m.describe(),
+        )
+    return choice.winner
 
 
 # ------------------------------------------------------------------------------ the resolver

@@ -150,8 +150,9 @@ def load_package(package: str | Path, device: torch.device) -> Trained:
 
 
 def load_model(cfg: DictConfig, device: torch.device) -> Trained:
-    """The model an eval/translate/attention/serve config names: ``model_dir`` (a package), or
-    ``run``/``ckpt`` (a checkpoint; a package folder given as ``run`` is read as a package)."""
+    """The model a command's :class:`~nmt.config.ModelSource` fields name: ``model_dir`` (a
+    package), or ``run``/``ckpt`` (a checkpoint; a package folder given as ``run`` is read as a
+    package); with ``ensemble`` (:class:`~nmt.config.EnsembleSource`), its members too."""
     trained = _load_one(cfg, device)
     if cfg.get("ensemble"):
         return load_ensemble(trained, list(cfg.ensemble), cfg.get("ckpt"), device)
