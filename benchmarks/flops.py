@@ -89,14 +89,14 @@ def _attention_flops(
     """(per source position once, per target step, per target step and source position).
 
     additive: keys W_k k once; per step W_q q; per step and position v^T tanh(.) and the
-    context. dot family: keys mapped to the query size once when needed (general, or sizes
-    that differ); per step and position the dot product and the context.
+    context. dot family: keys mapped to the query size once by general (dot and scaled_dot
+    need equal sizes and have no parameters); per step and position the dot product and the
+    context.
     """
     context = 2 * key_dim
     if kind == "additive":
         return 2 * key_dim * attn_dim, 2 * query_dim * attn_dim, 2 * attn_dim + context
-    projected = kind == "general" or query_dim != key_dim
-    keys = 2 * key_dim * query_dim if projected else 0
+    keys = 2 * key_dim * query_dim if kind == "general" else 0
     return keys, 0, 2 * query_dim + context
 
 

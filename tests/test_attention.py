@@ -14,9 +14,10 @@ from nmt.models.attention import (
     GeneralScore,
     MultiHeadAttention,
     ScaledDotScore,
+    dot_scores,
     make_score,
     masked_softmax,
-    scaled_dot_product,
+    scaled_dot_scores,
 )
 
 D, H = 8, 2
@@ -65,7 +66,7 @@ def test_masked_softmax_broadcasts_mask() -> None:
 QUERY = [1.0, -1.0]
 KEYS = [[1.0, 2.0], [0.5, -1.0], [7.0, 7.0]]  # the last key is padding
 VALUES = [[1.0, 0.0, 2.0], [0.0, 1.0, -1.0], [100.0, 100.0, 100.0]]
-MASK = [True, True, False]
+VALID = [True, True, False]  # the real keys
 
 
 def _expected(scores: list[float]) -> tuple[list[float], list[float]]:
@@ -80,8 +81,8 @@ def _run(module: nn.Module) -> tuple[Tensor, Tensor]:
     query = torch.tensor([QUERY])  # (1, 2)
     keys = torch.tensor([KEYS])  # (1, 3, 2)
     values = torch.tensor([VALUES])  # (1, 3, 3)
-    mask = torch.tensor([MASK])  # (1, 3)
-    context, weights = module(query, module.project_keys(keys), values, mask)
+    valid = torch.tensor([VALID])  # (1, 3)
+    context, weights = module(query, module.project_keys(keys), values, valid)
     return context[0], weights[0]
 
 
@@ -133,8 +134,14 @@ def test_general_score() -> None:
 
 
 @pytest.mark.parametrize("name", ["dot", "scaled_dot"])
-def test_dot_scores_project_keys_of_another_size(name: str) -> None:
-    module = make_score(name, query_dim=4, key_dim=6, attn_dim=5)
+def test_dot_scores_have_no_parameters_and_refuse_keys_of_another_size(name: str) -> None:
+    assert not list(make_score(name, query_dim=4, key_dim=4, attn_dim=5).parameters())
+    with pytest.raises(ValueError, match=rf"model\.attention={name} .* 4 .* 6 .*general"):
+        make_score(name, query_dim=4, key_dim=6, attn_dim=5)
+
+
+def test_general_score_maps_keys_of_another_size() -> None:
+    module = make_score("general", query_dim=4, key_dim=6, attn_dim=5)
     keys = torch.randn(2, 3, 6)  # (B, S, Dk)
     assert module.project_keys(keys).shape == (2, 3, 4)
     context, weights = module(torch.randn(2, 4), module.project_keys(keys), keys, None)
@@ -158,17 +165,17 @@ def _pair() -> tuple[MultiHeadAttention, nn.MultiheadAttention]:
     return mine.eval(), ref.eval()
 
 
-def _pad_mask(lens: list[int], length: int) -> Tensor:
-    return torch.arange(length)[None, :] >= torch.tensor(lens)[:, None]  # (B, L) True = pad
+def _valid(lens: list[int], length: int) -> Tensor:
+    return torch.arange(length)[None, :] < torch.tensor(lens)[:, None]  # (B, L) True = real
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_mha_matches_torch_with_key_padding(need_weights: bool) -> None:
     mine, ref = _pair()
     q, kv = torch.randn(3, 4, D), torch.randn(3, 6, D)  # (B, Tq, D), (B, Tk, D)
-    pad = _pad_mask([6, 2, 4], 6)  # (B, Tk)
-    out, weights = mine(q, kv, kv, key_padding_mask=pad, need_weights=need_weights)
-    ref_out, ref_weights = ref(q, kv, kv, key_padding_mask=pad, average_attn_weights=False)
+    valid = _valid([6, 2, 4], 6)  # (B, Tk)
+    out, weights = mine(q, kv, kv, key_valid=valid, need_weights=need_weights)
+    ref_out, ref_weights = ref(q, kv, kv, key_padding_mask=~valid, average_attn_weights=False)
     assert torch.allclose(out, ref_out, atol=1e-5)
     if need_weights:
         assert torch.allclose(weights, ref_weights, atol=1e-6)
@@ -178,20 +185,21 @@ def test_mha_matches_torch_with_key_padding(need_weights: bool) -> None:
 def test_mha_matches_torch_causal(with_padding: bool) -> None:
     mine, ref = _pair()
     x = torch.randn(2, 5, D)  # (B, T, D)
-    pad = _pad_mask([5, 3], 5) if with_padding else None
+    valid = _valid([5, 3], 5) if with_padding else None
+    pad = ~valid if valid is not None else None  # torch's sense: True = padding
     future = torch.ones(5, 5, dtype=torch.bool).triu(1)  # (T, T) True = not allowed
     ref_out, _ = ref(x, x, x, key_padding_mask=pad, attn_mask=future)
     for need_weights in (False, True):
-        out, _ = mine(x, x, x, key_padding_mask=pad, causal=True, need_weights=need_weights)
+        out, _ = mine(x, x, x, key_valid=valid, causal=True, need_weights=need_weights)
         assert torch.allclose(out, ref_out, atol=1e-5)
 
 
 def test_sdpa_path_equals_explicit_weights_path() -> None:
     mine, _ = _pair()
     q, kv = torch.randn(2, 3, D), torch.randn(2, 7, D)
-    pad = _pad_mask([7, 4], 7)
-    fast, none = mine(q, kv, kv, key_padding_mask=pad)
-    slow, weights = mine(q, kv, kv, key_padding_mask=pad, need_weights=True)
+    valid = _valid([7, 4], 7)
+    fast, none = mine(q, kv, kv, key_valid=valid)
+    slow, weights = mine(q, kv, kv, key_valid=valid, need_weights=True)
     assert none is None and weights.shape == (2, H, 3, 7)
     assert torch.allclose(fast, slow, atol=1e-6)
     assert torch.allclose(weights.sum(-1), torch.ones(2, H, 3))
@@ -201,14 +209,12 @@ def test_sdpa_path_equals_explicit_weights_path() -> None:
 def test_extra_padded_keys_change_nothing() -> None:
     mine, _ = _pair()
     q, kv = torch.randn(2, 3, D), torch.randn(2, 4, D)
-    pad = _pad_mask([4, 2], 4)
-    out, weights = mine(q, kv, kv, key_padding_mask=pad, need_weights=True)
+    valid = _valid([4, 2], 4)
+    out, weights = mine(q, kv, kv, key_valid=valid, need_weights=True)
     longer = torch.cat([kv, 50 * torch.randn(2, 3, D)], dim=1)  # (B, 7, D)
-    longer_pad = _pad_mask([4, 2], 7)
+    longer_valid = _valid([4, 2], 7)
     for need_weights in (False, True):
-        out2, weights2 = mine(
-            q, longer, longer, key_padding_mask=longer_pad, need_weights=need_weights
-        )
+        out2, weights2 = mine(q, longer, longer, key_valid=longer_valid, need_weights=need_weights)
         assert torch.allclose(out, out2, atol=1e-6)
     assert torch.allclose(weights, weights2[..., :4], atol=1e-7)
 
@@ -240,26 +246,27 @@ def test_incremental_chunk_with_cache_is_causal() -> None:
 def test_cross_attention_cache_is_reused() -> None:
     mine, _ = _pair()
     q, memory = torch.randn(2, 3, D), torch.randn(2, 5, D)
-    pad = _pad_mask([5, 3], 5)
-    full, _ = mine(q, memory, memory, key_padding_mask=pad)
+    valid = _valid([5, 3], 5)
+    full, _ = mine(q, memory, memory, key_valid=valid)
     cache = mine.project_kv(memory, memory)  # {"k", "v"}: (B, H, S, dk)
-    cached, _ = mine(q, None, None, key_padding_mask=pad, cache=cache)
+    cached, _ = mine(q, None, None, key_valid=valid, cache=cache)
     assert torch.allclose(full, cached, atol=1e-6)
 
 
 def test_one_scaled_dot_product_serves_the_recurrent_scores_and_multi_head_attention() -> None:
-    """q . k / sqrt(d) by hand; DotScore (d = 1), ScaledDotScore and the heads of
-    MultiHeadAttention's explicit path all give exactly its scores."""
+    """q . k and q . k / sqrt(d) by hand; DotScore, ScaledDotScore and the heads of
+    MultiHeadAttention's path with weights all give exactly these scores."""
     torch.manual_seed(0)
     q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
-    by_hand = torch.einsum("bqd,bkd->bqk", q, k) / 2.0
-    assert torch.allclose(scaled_dot_product(q, k, 4), by_hand, atol=1e-6)
-    assert torch.equal(DotScore(4, 4).score(q, k), scaled_dot_product(q, k, 1))
-    assert torch.equal(ScaledDotScore(4, 4).score(q, k), scaled_dot_product(q, k, 4))
+    by_hand = torch.einsum("bqd,bkd->bqk", q, k)
+    assert torch.allclose(dot_scores(q, k), by_hand, atol=1e-6)
+    assert torch.allclose(scaled_dot_scores(q, k), by_hand / 2.0, atol=1e-6)
+    assert torch.equal(DotScore(4, 4).score(q, k), dot_scores(q, k))
+    assert torch.equal(ScaledDotScore(4, 4).score(q, k), scaled_dot_scores(q, k))
     mine, _ = _pair()
     x = torch.randn(2, 3, D)
     _, weights = mine(x, x, x, need_weights=True)  # (B, H, T, T)
     heads = mine.q_proj(x).view(2, 3, H, D // H).transpose(1, 2)  # (B, H, T, dk)
     keys = mine.k_proj(x).view(2, 3, H, D // H).transpose(1, 2)
-    want = masked_softmax(scaled_dot_product(heads, keys, D // H), None)
+    want = masked_softmax(scaled_dot_scores(heads, keys), None)
     assert torch.allclose(weights, want, atol=1e-6)

@@ -408,22 +408,25 @@ def test_a_restart_skips_a_damaged_newest_checkpoint_and_says_which(
 
 
 def test_checkpoints_by_the_clock_follow_rank_0_and_change_nothing_else(
-    corpus: Path, one_process_reference: Path, tmp_path: Path, threads_restored: None
+    corpus: Path,
+    one_process_reference: Path,
+    tmp_path: Path,
+    threads_restored: None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import itertools
 
     from nmt.train.command import train
-    from nmt.train.loop import Functions
 
     from .helpers import compose_config
 
     ticks = itertools.count(step=20.0)  # every look at the clock: 20 s later
-    functions = Functions(wall=lambda: next(ticks))
+    monkeypatch.setattr("nmt.train.loop.monotonic", lambda: next(ticks))
     extra = ("trainer.threads=1", *RUN, "trainer.save_every_minutes=1", "trainer.keep_last=2",
              "trainer.average_last=2")  # fmt: skip
     cfg = compose_config("train", tiny_run_overrides(corpus, tmp_path, *extra))
     run_dir = tmp_path / "clock"
-    train(cfg, run_dir, functions)
+    train(cfg, run_dir)
     events = read_events(run_dir)
     saved = [(e["step"], e["path"]) for e in of_kind(events, "checkpoint")]
     # a minute is three looks at the clock after a checkpoint: 3 updates after the last one,
@@ -468,11 +471,12 @@ def test_a_two_process_checkpoint_continues_its_epoch_exactly_in_one_process(
 CLOCKS = """
 import itertools, sys
 from pathlib import Path
+import nmt.train.loop
 from nmt.train.command import train
-from nmt.train.loop import Functions
 from tests.helpers import compose_config
 ticks = itertools.count(step=20.0 if sys.argv[1] == "0" else 0.001)
-train(compose_config("train", sys.argv[3:]), Path(sys.argv[2]), Functions(wall=lambda: next(ticks)))
+nmt.train.loop.monotonic = lambda: next(ticks)
+train(compose_config("train", sys.argv[3:]), Path(sys.argv[2]))
 """
 
 

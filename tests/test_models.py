@@ -36,7 +36,10 @@ VARIANTS = {
     "gru-additive": (GRUBahdanauConfig, {"attention": "additive"}),
     "gru-dot-unidir": (GRUBahdanauConfig, {"attention": "dot", "bidirectional": False}),
     "gru-general-tied": (GRUBahdanauConfig, {"attention": "general", "tie_embeddings": True}),
-    "gru-scaled-dot": (GRUBahdanauConfig, {"attention": "scaled_dot", "dec_layers": 1}),
+    "gru-scaled-dot-unidir": (
+        GRUBahdanauConfig,
+        {"attention": "scaled_dot", "bidirectional": False, "dec_layers": 1},
+    ),
     "transformer-prenorm": (TransformerConfig, {"norm_first": True}),
     "transformer-postnorm-learned": (
         TransformerConfig,
@@ -281,6 +284,18 @@ def test_gru_ties_output_projection() -> None:
     assert not _same(untied.out_proj.weight, untied.tgt_embed.weight)
 
 
+@pytest.mark.parametrize("attention", ["dot", "scaled_dot"])
+def test_gru_refuses_a_parameter_free_dot_score_over_a_bidirectional_encoder(attention) -> None:
+    """The keys (2 x hidden_dim) are not of the query's size (hidden_dim): only ``general``
+    learns the map between them, and the parameter-free scores say so instead of adding one."""
+    tiny = GRUBahdanauConfig(**{**GRU_TINY, "attention": attention, "bidirectional": True})
+    with pytest.raises(ValueError, match=rf"model\.attention={attention} .* 12 .* 24 .*general"):
+        create_model(OmegaConf.structured(tiny), src_vocab_size=SRC_V, tgt_vocab_size=TGT_V)
+    general = OmegaConf.structured(replace(tiny, attention="general"))
+    model = create_model(general, src_vocab_size=SRC_V, tgt_vocab_size=TGT_V)
+    assert model.attention.key_proj.weight.shape == (12, 24)
+
+
 # -- equivalence with torch's reference layers ------------------------------------------------
 
 
@@ -304,10 +319,9 @@ def test_encoder_layer_matches_torch(norm_first: bool) -> None:
     mine = EncoderLayer(16, 2, 32, dropout=0.0, norm_first=norm_first)
     _copy_common(mine, ref, norms=2)
     x = torch.randn(3, 5, 16)  # (B, S, D)
-    pad = ~lengths_to_mask(torch.tensor([5, 2, 4]))  # (B, S) True = pad
-    real = ~pad
-    expected = ref.eval()(x, src_key_padding_mask=pad)
-    out, _ = mine.eval()(x, pad)
+    real = lengths_to_mask(torch.tensor([5, 2, 4]))  # (B, S) True = a real token
+    expected = ref.eval()(x, src_key_padding_mask=~real)  # torch's sense: True = padding
+    out, _ = mine.eval()(x, real)
     assert torch.allclose(out[real], expected[real], atol=1e-5)
 
 
@@ -321,10 +335,10 @@ def test_decoder_layer_matches_torch(norm_first: bool) -> None:
     _copy_common(mine, ref, norms=3)
     mine.cross_attn.load_torch_weights(ref.multihead_attn)
     x, memory = torch.randn(3, 4, 16), torch.randn(3, 6, 16)  # (B, T, D), (B, S, D)
-    pad = ~lengths_to_mask(torch.tensor([6, 2, 5]))  # (B, S) True = pad
+    real = lengths_to_mask(torch.tensor([6, 2, 5]))  # (B, S) True = a real token
     future = torch.ones(4, 4, dtype=torch.bool).triu(1)  # (T, T) True = not allowed
-    expected = ref.eval()(x, memory, tgt_mask=future, memory_key_padding_mask=pad)
-    out, _, _ = mine.eval()(x, memory, pad)
+    expected = ref.eval()(x, memory, tgt_mask=future, memory_key_padding_mask=~real)
+    out, _, _ = mine.eval()(x, memory, real)
     assert torch.allclose(out, expected, atol=1e-5)
 
 

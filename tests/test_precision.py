@@ -29,7 +29,6 @@ from nmt.runtime.precision import (
 )
 from nmt.store.checkpoint import load_checkpoint
 from nmt.train.command import train
-from nmt.train.loop import Functions
 from nmt.train.setup import training_precision
 from nmt.train.step import loss_sum
 
@@ -277,10 +276,10 @@ def test_the_probe_leaves_weights_gradients_mode_and_rng_as_they_were(kind: str)
 
 
 def test_training_records_the_measured_choice_and_a_resumed_run_keeps_it(
-    bf16_cpu, corpus, tmp_path
+    bf16_cpu, corpus, tmp_path, monkeypatch
 ) -> None:
     stub = StubProbe(300.0, 100.0)  # fp32 faster: the opposite of what native bf16 suggests
-    functions = Functions(probe=lambda *a, **k: stub.measure())
+    monkeypatch.setattr("nmt.train.setup.probe_model", lambda *a, **k: stub.measure())
     extra = (
         "trainer.precision=auto",
         "trainer.val_every=1000",
@@ -292,7 +291,7 @@ def test_training_records_the_measured_choice_and_a_resumed_run_keeps_it(
     )
     assert str(cfg.trainer.precision) == "auto"
     run_dir = tmp_path / "run"
-    train(cfg, run_dir, functions)
+    train(cfg, run_dir)
     assert stub.calls == 1
     assert str(cfg.trainer.precision) == "auto"  # the caller's config is left as it was
     saved = load_checkpoint(run_dir / "checkpoints" / "last.pt")
@@ -311,7 +310,7 @@ def test_training_records_the_measured_choice_and_a_resumed_run_keeps_it(
             corpus, tmp_path, "trainer.max_steps=3", f"trainer.resume={run_dir}", *extra
         ),
     )
-    train(resumed, tmp_path / "unused", functions)
+    train(resumed, tmp_path / "unused")
     assert stub.calls == 0
     saved = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert saved["state"]["step"] == 3 and saved["config"]["trainer"]["precision"] == "32"

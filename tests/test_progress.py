@@ -31,7 +31,14 @@ from nmt.data.tokenizer import train_tokenizer
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import decode_dataset
 from nmt.models.registry import create_model
-from nmt.train.progress import Limits, Position, ProgressBar, clock, seconds_left, share_done
+from nmt.train.progress import (
+    Limits,
+    Position,
+    ProgressBar,
+    format_duration,
+    seconds_left,
+    share_done,
+)
 
 from .helpers import compose_config, corpus_overrides, tiny_run_overrides
 
@@ -60,7 +67,7 @@ def test_the_time_left_is_the_least_any_limit_leaves_at_the_rate_so_far() -> Non
     assert seconds_left(Limits(max_steps=1000, time_limit=1800.0), at) == pytest.approx(1200.0)
     assert seconds_left(Limits(max_steps=10), Position(0, 0.0, 0.0)) is None  # no rate yet
     assert seconds_left(Limits(), at) is None
-    assert clock(3725) == "1:02:05" and clock(65.4) == "1:05"
+    assert format_duration(3725) == "1:02:05" and format_duration(65.4) == "1:05"
 
 
 def test_on_a_terminal_the_bar_shows_step_time_left_and_the_figures() -> None:

@@ -22,7 +22,7 @@ from nmt.store.checkpoint import load_checkpoint
 from nmt.store.paths import checkpoint_path
 from nmt.train import optim
 from nmt.train.command import train
-from nmt.train.loop import Checkpointer, Functions
+from nmt.train.loop import Checkpointer
 from nmt.train.runlog import of_kind, read_events, summarize
 from nmt.train.step import loss_sum, train_step
 from nmt.train.validation import validation_scores
@@ -30,9 +30,9 @@ from nmt.train.validation import validation_scores
 from .helpers import REPO, compose_config, tiny_run_overrides
 
 
-def run(corpus, tmp_path, name, *extra, functions=None):
+def run(corpus, tmp_path, name, *extra):
     cfg = compose_config("train", tiny_run_overrides(corpus, tmp_path, *extra))
-    return train(cfg, tmp_path / "outputs" / "runs" / name, functions)
+    return train(cfg, tmp_path / "outputs" / "runs" / name)
 
 
 def weights(run_dir, name="last.pt"):
@@ -186,7 +186,7 @@ def test_accumulation_equals_one_big_batch(corpus, tmp_path):
     assert (g_one - g_acc).norm() / g_one.norm() < 5e-3
 
 
-def test_non_finite_updates_are_skipped_then_stop_the_run(corpus, tmp_path, caplog):
+def test_non_finite_updates_are_skipped_then_stop_the_run(corpus, tmp_path, caplog, monkeypatch):
     calls = {"n": 0}
 
     def sometimes_nan(model, batch, ls):
@@ -194,11 +194,9 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(corpus, tmp_path, capl
         loss = loss_sum(model, batch, ls)
         return loss * float("nan") if calls["n"] == 3 or calls["n"] >= 10 else loss
 
+    monkeypatch.setattr("nmt.train.loop.loss_sum", sometimes_nan)
     with pytest.raises(FloatingPointError, match="in a row"):
-        run(
-            corpus, tmp_path, "nan", "trainer.max_steps=40", "trainer.val_every=100",
-            functions=Functions(loss=sometimes_nan),
-        )  # fmt: skip
+        run(corpus, tmp_path, "nan", "trainer.max_steps=40", "trainer.val_every=100")
     assert calls["n"] == 14  # updates 3 and 10..14 skipped: the fifth in a row stops the run
     assert "update skipped" in caplog.text
     assert "non-finite" in caplog.text
@@ -219,38 +217,36 @@ def _nan_on_third_update(on_nan):
     return nan_on_third
 
 
-def test_a_skipped_update_counts_toward_the_time_limit(corpus, tmp_path):
+def test_a_skipped_update_counts_toward_the_time_limit(corpus, tmp_path, monkeypatch):
     clock = {"now": 0.0}  # the trainer's clock stands still but for the skipped update
-    functions = Functions(
-        loss=_nan_on_third_update(lambda: clock.update(now=clock["now"] + 1000.0)),
-        clock=lambda: clock["now"],
-    )
+    loss = _nan_on_third_update(lambda: clock.update(now=clock["now"] + 1000.0))
+    monkeypatch.setattr("nmt.train.loop.loss_sum", loss)
+    monkeypatch.setattr("nmt.train.loop.perf_counter", lambda: clock["now"])
     res = run(
         corpus, tmp_path, "t", "trainer.max_steps=20", "trainer.max_time=500",
-        "trainer.val_every=100", functions=functions,
+        "trainer.val_every=100",
     )  # fmt: skip
     assert res["state"]["train_time"] == pytest.approx(1000.0)
     assert res["stop_reason"].startswith("reached the time limit")
     assert res["state"]["step"] == 2  # stopped right after the skipped third update
 
 
-def test_a_signal_during_a_skipped_update_stops_there(corpus, tmp_path):
+def test_a_signal_during_a_skipped_update_stops_there(corpus, tmp_path, monkeypatch):
     loss = _nan_on_third_update(lambda: signal.raise_signal(signal.SIGTERM))
-    res = run(
-        corpus, tmp_path, "s", "trainer.max_steps=20", "trainer.val_every=100",
-        functions=Functions(loss=loss),
-    )  # fmt: skip
+    monkeypatch.setattr("nmt.train.loop.loss_sum", loss)
+    res = run(corpus, tmp_path, "s", "trainer.max_steps=20", "trainer.val_every=100")
     assert res["stop_reason"] == "stopped by SIGTERM"
     assert res["state"]["step"] == 2  # no further update after the signal
 
 
-def test_early_stopping_with_patience(corpus, tmp_path):
+def test_early_stopping_with_patience(corpus, tmp_path, monkeypatch):
     def flat(*args):
         return {"loss": 1.0, "ppl": 2.7, "bleu": 5.0, "chrf": 9.0, "seconds": 0.0}
 
+    monkeypatch.setattr("nmt.train.loop.validation_scores", flat)
     res = run(
         corpus, tmp_path, "es", "trainer.max_steps=100", "trainer.val_every=2",
-        "trainer.patience=3", functions=Functions(validation=flat),
+        "trainer.patience=3",
     )  # fmt: skip
     assert res["stop_reason"].startswith("early stopping")
     assert res["state"]["step"] == 8  # best at 2, then 3 validations without a gain
@@ -458,7 +454,7 @@ def test_multirun_sweep_gives_one_run_per_combination_and_a_summary(corpus, tmp_
     assert "Sweep summary" in proc.stdout
 
 
-def test_validation_decodes_in_decodings_own_precision(corpus, tmp_path):
+def test_validation_decodes_in_decodings_own_precision(corpus, tmp_path, monkeypatch):
     # bf16 training on a CPU validates with an fp32 decode: the BLEU nmt-eval gives the
     # checkpoint, and no new bf16 kernel shape at every decoding step
     from nmt.decode.search import translate_dataset
@@ -471,9 +467,11 @@ def test_validation_decodes_in_decodings_own_precision(corpus, tmp_path):
         return translate_dataset(model, data, tokenizer, opts, device, limit)
 
     extra = ("trainer.max_steps=2", "trainer.val_every=2", "trainer.average_last=0")
-    functions = Functions(validation=partial(validation_scores, translate=spy))
-    run(corpus, tmp_path, "bf16", "trainer.precision=bf16", *extra, functions=functions)
-    run(corpus, tmp_path, "fp32", "trainer.precision=32", *extra, functions=functions)
+    monkeypatch.setattr(
+        "nmt.train.loop.validation_scores", partial(validation_scores, translate=spy)
+    )
+    run(corpus, tmp_path, "bf16", "trainer.precision=bf16", *extra)
+    run(corpus, tmp_path, "fp32", "trainer.precision=32", *extra)
     assert len(seen) == 2
     assert resolve_precision(seen[0], torch.device("cpu")) == "32"
     assert seen[1] == "32"

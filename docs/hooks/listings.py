@@ -12,7 +12,8 @@ from pathlib import Path
 # <file stem>-<name with '.' as '-'> on reference/code.md.
 CODE = [
     ("nmt/models/attention.py", "masked_softmax"),
-    ("nmt/models/attention.py", "scaled_dot_product"),
+    ("nmt/models/attention.py", "dot_scores"),
+    ("nmt/models/attention.py", "scaled_dot_scores"),
     ("nmt/models/attention.py", "ScoredAttention.forward"),
     ("nmt/models/attention.py", "AdditiveScore"),
     ("nmt/models/attention.py", "DotScore"),

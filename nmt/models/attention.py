@@ -1,10 +1,11 @@
 """Attention: masked softmax, the recurrent model's scoring functions, multi-head attention.
 
-Mask conventions (the same as PyTorch's):
+One mask convention: a boolean mask is True where attention may go, False where it may not.
 
-* ``mask`` (:func:`masked_softmax`, the scoring modules): bool, True = a real key that may be
-  attended to, as made by :func:`nmt.models.base.lengths_to_mask`;
-* ``key_padding_mask`` (:class:`MultiHeadAttention`): bool (B, Tk), True = padding, ignored.
+* ``key_valid`` (the scoring modules, :class:`MultiHeadAttention`): bool (B, Tk), True = a real
+  key, False = padding, as made by :func:`nmt.models.base.lengths_to_mask`;
+* ``allowed`` (:func:`masked_softmax`): bool, broadcastable to the scores, True = the query
+  may attend to the key; :func:`attention_mask` makes it from ``key_valid`` and causality.
 
 Scores are scaled by 1/sqrt(d_k) before the softmax wherever scaling is used.
 """
@@ -12,6 +13,7 @@ Scores are scaled by 1/sqrt(d_k) before the softmax wherever scaling is used.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,28 +22,37 @@ from torch import Tensor, nn
 from nmt.models.dropout import dropout
 
 
-def masked_softmax(scores: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
-    """Softmax of ``scores`` over ``dim``, keeping only the entries where ``mask`` is True.
+def masked_softmax(scores: Tensor, allowed: Tensor | None, dim: int = -1) -> Tensor:
+    """Softmax of ``scores`` over ``dim``, keeping only the entries where ``allowed`` is True.
 
-    scores: any shape, e.g. (B, S) or (B, H, Tq, Tk); mask: bool, broadcastable to ``scores``,
-    True = real key. Masked entries get exactly 0; a slice with every entry masked gives all
-    zeros, never NaN. Returns a tensor of the shape of ``scores``.
+    scores: any shape, e.g. (B, S) or (B, H, Tq, Tk); allowed: bool, broadcastable to
+    ``scores``, True = may be attended to (None: everything may). Entries not allowed get
+    exactly 0; a slice with no entry allowed gives all zeros, never NaN. Returns a tensor of the
+    shape of ``scores``.
     """
-    if mask is None:
+    if allowed is None:
         return scores.softmax(dim)
     lowest = torch.finfo(scores.dtype).min
-    filled = scores.masked_fill(~mask, lowest)  # like scores
-    return filled.softmax(dim) * mask  # like scores; an all-masked slice becomes 0 here
+    filled = scores.masked_fill(~allowed, lowest)  # like scores
+    return filled.softmax(dim) * allowed  # like scores; a slice with none allowed becomes 0
 
 
-def scaled_dot_product(q: Tensor, k: Tensor, dim: int) -> Tensor:
-    """score(q, k) = q . k / sqrt(dim) for every query against every key.
+def dot_scores(q: Tensor, k: Tensor) -> Tensor:
+    """score(q, k) = q . k for every query against every key.
 
-    q: (..., Tq, D), k: (..., Tk, D); returns (..., Tq, Tk). ``dim`` = D gives the scaled
-    dot-product scores of multi-head attention and of :class:`ScaledDotScore`; ``dim`` = 1 the
-    plain dot products of :class:`DotScore`.
+    q: (..., Tq, D), k: (..., Tk, D); returns (..., Tq, Tk): the scores of :class:`DotScore`
+    and :class:`GeneralScore` (whose keys are projected first).
     """
-    return q @ k.transpose(-2, -1) / math.sqrt(dim)
+    return q @ k.transpose(-2, -1)
+
+
+def scaled_dot_scores(q: Tensor, k: Tensor) -> Tensor:
+    """score(q, k) = q . k / sqrt(D) for every query against every key.
+
+    q: (..., Tq, D), k: (..., Tk, D); returns (..., Tq, Tk): the scores of multi-head attention
+    (D = d_k, per head) and of :class:`ScaledDotScore`.
+    """
+    return dot_scores(q, k) / math.sqrt(q.size(-1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,10 +80,16 @@ class ScoredAttention(nn.Module):
         raise NotImplementedError
 
     def forward(
-        self, query: Tensor, projected_keys: Tensor, values: Tensor, mask: Tensor, group: int = 1
+        self,
+        query: Tensor,
+        projected_keys: Tensor,
+        values: Tensor,
+        key_valid: Tensor | None,
+        group: int = 1,
     ) -> tuple[Tensor, Tensor]:
-        """Query (G * B, Dq), projected keys (B, S, *), values (B, S, Dv), mask (B, S) True =
-        real or None; ``group`` = G consecutive queries per sentence (1 but in beam search).
+        """Query (G * B, Dq), projected keys (B, S, *), values (B, S, Dv), key_valid (B, S)
+        True = a real key, or None; ``group`` = G consecutive queries per sentence (1 but in
+        beam search).
 
         Returns the context (G * B, Dv) and the attention weights (G * B, S).
         """
@@ -80,8 +97,8 @@ class ScoredAttention(nn.Module):
         if query.size(0) != group * b:
             raise ValueError(f"{query.size(0)} queries are not {group} per sentence of {b}")
         grouped = query.view(b, group, query.size(-1))  # (B, G, Dq)
-        mask = mask[:, None] if mask is not None else None  # (B, 1, S)
-        weights = masked_softmax(self.score(grouped, projected_keys), mask)  # (B, G, S)
+        allowed = key_valid[:, None] if key_valid is not None else None  # (B, 1, S)
+        weights = masked_softmax(self.score(grouped, projected_keys), allowed)  # (B, G, S)
         context = torch.bmm(weights, values)  # (B, G, Dv)
         return context.view(-1, values.size(-1)), weights.view(-1, weights.size(-1))
 
@@ -109,60 +126,80 @@ class AdditiveScore(ScoredAttention):
         return scores if grouped else scores.squeeze(1)
 
 
-class DotScore(ScoredAttention):
-    """Luong dot scoring: score(q, k) = q . k.
+def _grouped_scores(
+    scores: Callable[[Tensor, Tensor], Tensor], query: Tensor, keys: Tensor
+) -> Tensor:
+    """``scores`` of query (B, Dq) or (B, G, Dq) against keys (B, S, Dq): (B, S) or (B, G, S)."""
+    grouped = query.dim() == 3
+    q = query if grouped else query.unsqueeze(1)  # (B, G, Dq)
+    out = scores(q, keys)  # (B, G, S)
+    return out if grouped else out.squeeze(1)
 
-    When ``key_dim != query_dim`` the dot product is undefined, so the keys are first mapped to
-    ``query_dim`` by a bias-free linear layer, once per source (which makes it the "general"
-    score). With equal dimensions there are no parameters.
+
+class DotScore(ScoredAttention):
+    """Luong dot scoring: score(q, k) = q . k, without parameters.
+
+    The dot product needs queries and keys of one size: other sizes are refused (the
+    ``general`` score learns a map from the keys to the query size).
     """
+
+    name = "dot"  # the score's name in make_score (model.attention)
 
     def __init__(self, query_dim: int, key_dim: int) -> None:
         super().__init__()
-        same = query_dim == key_dim
-        self.key_proj = nn.Identity() if same else nn.Linear(key_dim, query_dim, bias=False)
-        self.scale_dim = 1  # the dot product is not scaled
+        if query_dim != key_dim:
+            raise ValueError(
+                f"model.attention={self.name} has no parameters, so queries and keys must be of "
+                f"one size, but the queries are of size {query_dim} and the keys of size "
+                f"{key_dim} (the GRU's keys are 2 x model.hidden_dim with a bidirectional "
+                "encoder): use model.attention=general, which learns the map from keys to queries"
+            )
+
+    def project_keys(self, keys: Tensor) -> Tensor:
+        return keys  # (B, S, Dq): nothing to precompute
+
+    def score(self, query: Tensor, projected_keys: Tensor) -> Tensor:
+        return _grouped_scores(dot_scores, query, projected_keys)
+
+
+class ScaledDotScore(DotScore):
+    """Scaled dot-product scoring: score(q, k) = q . k / sqrt(d), d = query_dim; without
+    parameters, for queries and keys of one size as :class:`DotScore`."""
+
+    name = "scaled_dot"
+
+    def score(self, query: Tensor, projected_keys: Tensor) -> Tensor:
+        return _grouped_scores(scaled_dot_scores, query, projected_keys)
+
+
+class GeneralScore(ScoredAttention):
+    """Luong general scoring: score(q, k) = q^T W k, W of shape (Dq, Dk), for any two sizes.
+
+    ``W k`` is computed once per source by :meth:`project_keys`.
+    """
+
+    name = "general"
+
+    def __init__(self, query_dim: int, key_dim: int) -> None:
+        super().__init__()
+        self.key_proj = nn.Linear(key_dim, query_dim, bias=False)
 
     def project_keys(self, keys: Tensor) -> Tensor:
         return self.key_proj(keys)  # (B, S, Dq)
 
     def score(self, query: Tensor, projected_keys: Tensor) -> Tensor:
-        grouped = query.dim() == 3
-        q = query if grouped else query.unsqueeze(1)  # (B, G, Dq)
-        scores = scaled_dot_product(q, projected_keys, self.scale_dim)  # (B, G, S)
-        return scores if grouped else scores.squeeze(1)
-
-
-class ScaledDotScore(DotScore):
-    """Scaled dot-product scoring: score(q, k) = q . k / sqrt(d), d = query_dim.
-
-    Keys are projected to ``query_dim`` when the dimensions differ, as in :class:`DotScore`.
-    """
-
-    def __init__(self, query_dim: int, key_dim: int) -> None:
-        super().__init__(query_dim, key_dim)
-        self.scale_dim = query_dim
-
-
-class GeneralScore(DotScore):
-    """Luong general scoring: score(q, k) = q^T W k, W of shape (Dq, Dk).
-
-    ``W k`` is computed once per source by :meth:`project_keys`.
-    """
-
-    def __init__(self, query_dim: int, key_dim: int) -> None:
-        super().__init__(query_dim, key_dim)
-        self.key_proj = nn.Linear(key_dim, query_dim, bias=False)
+        return _grouped_scores(dot_scores, query, projected_keys)
 
 
 def make_score(name: str, query_dim: int, key_dim: int, attn_dim: int) -> ScoredAttention:
     """The scoring module called ``name``: additive | dot | general | scaled_dot.
 
-    ``attn_dim`` is the hidden size of the additive score; the others do not use it.
+    ``attn_dim`` is the hidden size of the additive score; the others do not use it. ``dot``
+    and ``scaled_dot`` refuse a ``key_dim`` other than ``query_dim`` (ValueError).
     """
     if name == "additive":
         return AdditiveScore(query_dim, key_dim, attn_dim)
-    kinds = {"dot": DotScore, "general": GeneralScore, "scaled_dot": ScaledDotScore}
+    kinds = {kind.name: kind for kind in (DotScore, GeneralScore, ScaledDotScore)}
     if name not in kinds:
         raise ValueError(f"unknown attention {name!r}: additive, {', '.join(kinds)}")
     return kinds[name](query_dim, key_dim)
@@ -174,22 +211,23 @@ def make_score(name: str, query_dim: int, key_dim: int, attn_dim: int) -> Scored
 
 
 def attention_mask(
-    key_padding_mask: Tensor | None, causal: bool, tq: int, tk: int, device: torch.device
+    key_valid: Tensor | None, causal: bool, tq: int, tk: int, device: torch.device
 ) -> Tensor | None:
-    """Boolean mask, True = may attend, broadcastable to (B, H, Tq, Tk); None if nothing is masked.
+    """``allowed``: bool, True = may attend, broadcastable to (B, H, Tq, Tk); None if every key
+    is allowed.
 
-    key_padding_mask: (B, Tk), True = padding. With ``causal``, the Tq queries are the last Tq
-    of the Tk positions (Tk > Tq when earlier keys come from a cache), and query i sees the keys
-    up to its own position Tk - Tq + i.
+    key_valid: (B, Tk), True = a real key. With ``causal``, the Tq queries are the last Tq of
+    the Tk positions (Tk > Tq when earlier keys come from a cache), and query i sees the keys up
+    to its own position Tk - Tq + i.
     """
-    mask = None
-    if key_padding_mask is not None:
-        mask = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, Tk)
+    allowed = None
+    if key_valid is not None:
+        allowed = key_valid[:, None, None, :]  # (B, 1, 1, Tk)
     if causal and tq > 1:
         ones = torch.ones(tq, tk, dtype=torch.bool, device=device)  # (Tq, Tk)
         past = ones.tril(diagonal=tk - tq)  # (Tq, Tk)
-        mask = past if mask is None else mask & past  # (B, 1, Tq, Tk)
-    return mask
+        allowed = past if allowed is None else allowed & past  # (B, 1, Tq, Tk)
+    return allowed
 
 
 class MultiHeadAttention(nn.Module):
@@ -244,12 +282,12 @@ class MultiHeadAttention(nn.Module):
         cache["v"] = torch.cat([cache["v"], new["v"]], dim=2)  # (B, H, t + Tnew, dk)
         return cache["k"], cache["v"]
 
-    def _explicit(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
+    def _with_weights(
+        self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None
     ) -> tuple[Tensor, Tensor]:
         """Attention with materialised weights: (B, H, Tq, dk) output, (B, H, Tq, Tk) weights."""
-        scores = scaled_dot_product(q, k, self.d_head)  # (B, H, Tq, Tk)
-        weights = masked_softmax(scores, mask)  # (B, H, Tq, Tk)
+        scores = scaled_dot_scores(q, k)  # (B, H, Tq, Tk)
+        weights = masked_softmax(scores, allowed)  # (B, H, Tq, Tk)
         dropped = dropout(weights, self.dropout, self.training)  # (B, H, Tq, Tk)
         return dropped @ v, weights  # (B, H, Tq, dk), (B, H, Tq, Tk)
 
@@ -258,7 +296,7 @@ class MultiHeadAttention(nn.Module):
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        key_padding_mask: Tensor | None,
+        key_valid: Tensor | None,
         need_weights: bool,
         group: int,
     ) -> tuple[Tensor, Tensor | None]:
@@ -272,13 +310,13 @@ class MultiHeadAttention(nn.Module):
                 f"got {tuple(q.shape)}"
             )
         grouped = q.view(b, group, heads, dk).transpose(1, 2)  # (B, H, G, dk)
-        mask = attention_mask(key_padding_mask, False, grouped.size(2), k.size(2), q.device)
+        allowed = attention_mask(key_valid, False, grouped.size(2), k.size(2), q.device)
         weights = None
         if need_weights:
-            out, weights = self._explicit(grouped, k, v, mask)  # (B, H, G, dk), (B, H, G, S)
+            out, weights = self._with_weights(grouped, k, v, allowed)  # (B,H,G,dk), (B,H,G,S)
             weights = weights.transpose(1, 2).reshape(-1, heads, 1, k.size(2))  # (G*B, H, 1, S)
         else:
-            out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)  # (B, H, G, dk)
+            out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=allowed)  # (B,H,G,dk)
         out = out.transpose(1, 2).reshape(-1, 1, heads * dk)  # (G * B, 1, D)
         return self.out_proj(out), weights
 
@@ -287,7 +325,7 @@ class MultiHeadAttention(nn.Module):
         query: Tensor,
         key: Tensor | None = None,
         value: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
+        key_valid: Tensor | None = None,
         causal: bool = False,
         need_weights: bool = False,
         cache: dict[str, Tensor] | None = None,
@@ -295,7 +333,8 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` (B, Tq, D) to ``key``/``value`` (B, Tk, D); value defaults to key.
 
-        key_padding_mask: (B, Tk) bool, True = padding (over all keys, cached ones included).
+        key_valid: (B, Tk) bool, True = a real key, False = padding (over all keys, cached ones
+            included); None: every key is real.
         causal: query i (the last Tq positions) sees only keys up to its own position.
         need_weights: also return the per-head weights (B, H, Tq, Tk), before dropout; computed
             with an explicit softmax, otherwise ``F.scaled_dot_product_attention`` is used.
@@ -310,22 +349,22 @@ class MultiHeadAttention(nn.Module):
         q = self._split(self.q_proj(query))  # (B, H, Tq, dk)
         k, v = self._keys_values(key, value, cache)  # (B, H, Tk, dk) each
         if group > 1:  # G beams per sentence share its cached keys/values
-            return self._grouped(q, k, v, key_padding_mask, need_weights, group)
+            return self._grouped(q, k, v, key_valid, need_weights, group)
         if k.size(0) != q.size(0):
             raise ValueError(f"{q.size(0)} query rows but {k.size(0)} key rows (group={group})")
         tq, tk = q.size(2), k.size(2)
-        if not need_weights and causal and key_padding_mask is None and tq == tk:
+        if not need_weights and causal and key_valid is None and tq == tk:
             out = F.scaled_dot_product_attention(
                 q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
             )  # (B, H, Tq, dk)
             return self.out_proj(self._merge(out)), None
-        mask = attention_mask(key_padding_mask, causal, tq, tk, q.device)  # (B|1, 1, Tq|1, Tk)
+        allowed = attention_mask(key_valid, causal, tq, tk, q.device)  # (B|1, 1, Tq|1, Tk)
         weights = None
         if need_weights:
-            out, weights = self._explicit(q, k, v, mask)  # (B, H, Tq, dk), (B, H, Tq, Tk)
+            out, weights = self._with_weights(q, k, v, allowed)  # (B,H,Tq,dk), (B,H,Tq,Tk)
         else:
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+                q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0
             )  # (B, H, Tq, dk)
         return self.out_proj(self._merge(out)), weights  # (B, Tq, D)
 

@@ -6,7 +6,8 @@ A bridge, tanh(W [h_fwd_last; h_bwd_first] + b), gives every decoder layer its i
 
 Decoder step t (one code path for teacher forcing and incremental decoding):
 
-* c_t = attention(query = s_{t-1} of the top layer, keys = h, values = h, source mask);
+* c_t = attention(query = s_{t-1} of the top layer, keys = h, values = h, the real source
+  tokens);
 * s_t = GRU cells over [E y_{t-1}; c_t];
 * logits_t = W_out dropout(W_pre [s_t; c_t; E y_{t-1}] + b_pre) + b_out, a linear pre-output
   layer of size emb_dim (no tanh/maxout), so W_out can be tied to the target embedding.
@@ -17,7 +18,7 @@ G = ``state.group`` consecutive hypothesis rows each (N = G * B)::
     rows = {"hidden": [(N, H) per decoder layer]}  # s_{t-1} of every hypothesis
     sentences = {"memory": (B, S, C),              # encoder outputs h, the attention values
                  "keys": (B, S, *),                # h projected once by the scoring module
-                 "src_mask": (B, S) bool}          # True = real source token
+                 "src_valid": (B, S) bool}         # True = real source token, False = pad
 
 The G query rows of a sentence attend to its one row of the per-sentence tensors.
 """
@@ -126,7 +127,7 @@ class GRUBahdanau(Seq2Seq):
         sentences = {  # one row per sentence, whatever the number of hypotheses
             "memory": memory,
             "keys": self.attention.project_keys(memory),  # (B, S, *)
-            "src_mask": lengths_to_mask(src_lens, src.size(1)),  # (B, S)
+            "src_valid": lengths_to_mask(src_lens, src.size(1)),  # (B, S)
         }
         return DecoderState({"hidden": self._bridge(final)}, sentences)
 
@@ -136,7 +137,7 @@ class GRUBahdanau(Seq2Seq):
         """Embedded previous tokens (N, E) -> hidden [(N, H)], context (N, C), weights (N, S)."""
         hidden, sentences = state.rows["hidden"], state.sentences
         context, weights = self.attention(
-            hidden[-1], sentences["keys"], sentences["memory"], sentences["src_mask"], state.group
+            hidden[-1], sentences["keys"], sentences["memory"], sentences["src_valid"], state.group
         )  # (N, C), (N, S): N hypotheses, G per sentence
         x = torch.cat([emb, context], dim=-1)  # (N, E + C)
         new_hidden: list[Tensor] = []

@@ -10,9 +10,10 @@ G = ``state.group`` consecutive hypothesis rows each (N = G * B)::
     rows = {"self": [{"k", "v"}]}        # per decoder layer, (N, H, t, dk) each: self-attention
                                          # keys/values of the t target tokens so far (t = 0 at
                                          # first), new dicts at every step
-    sentences = {"memory_pad": (B, S) bool,  # True = source padding
-                 "cross": [{"k", "v"}]}      # per decoder layer, (B, H, S, dk) each: the encoder
-                                             # memory projected for cross-attention, made once
+    sentences = {"memory_valid": (B, S) bool,  # True = real source token, False = padding
+                 "cross": [{"k", "v"}]}        # per decoder layer, (B, H, S, dk) each: the
+                                               # encoder memory projected for cross-attention,
+                                               # made once
     step                                 # position of the next target token
 
 With G > 1 the cross-attention takes the grouped-query path: the G query rows of a sentence
@@ -35,6 +36,7 @@ from nmt.models.base import DecoderState, Seq2Seq, lengths_to_mask
 from nmt.models.dropout import Dropout
 
 AttnOut = tuple[Tensor, Tensor | None]  # (output, weights or None)
+SubLayer = Callable[[Tensor], AttnOut]  # what a residual block wraps: (B, T, D) -> AttnOut
 
 
 def sinusoidal_positions(length: int, d_model: int) -> Tensor:
@@ -81,20 +83,24 @@ class _Layer(nn.Module):
         self.act_dropout = Dropout(act_dropout)
         self.dropout = Dropout(dropout)  # on every sub-layer output, before the residual sum
 
-    def feed_forward(self, x: Tensor) -> AttnOut:
-        """W_2 ReLU(W_1 x + b_1) + b_2: (B, T, D) -> (B, T, D); no weights."""
+    def feed_forward(self, x: Tensor) -> Tensor:
+        """W_2 ReLU(W_1 x + b_1) + b_2: (B, T, D) -> (B, T, D)."""
         hidden = self.act_dropout(F.relu(self.linear1(x)))  # (B, T, F)
-        return self.linear2(hidden), None  # (B, T, D)
+        return self.linear2(hidden)  # (B, T, D)
 
-    def residual(
-        self, x: Tensor, norm: nn.LayerNorm, sublayer: Callable[[Tensor], AttnOut]
-    ) -> AttnOut:
-        """x + sublayer(norm(x)) (pre-norm) or norm(x + sublayer(x)) (post-norm); (B, T, D)."""
+    def residual(self, x: Tensor, norm: nn.LayerNorm, sublayer: SubLayer) -> AttnOut:
+        """x + sublayer(norm(x)) (pre-norm) or norm(x + sublayer(x)) (post-norm), (B, T, D),
+        and the sublayer's attention weights (or None)."""
         if self.norm_first:
             out, weights = sublayer(norm(x))  # (B, T, D)
             return x + self.dropout(out), weights
         out, weights = sublayer(x)  # (B, T, D)
         return norm(x + self.dropout(out)), weights
+
+    def residual_feed_forward(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        """The feed-forward sub-layer in its residual block: (B, T, D) -> (B, T, D)."""
+        out, _ = self.residual(x, norm, lambda h: (self.feed_forward(h), None))
+        return out
 
 
 class EncoderLayer(_Layer):
@@ -115,14 +121,15 @@ class EncoderLayer(_Layer):
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
 
-    def forward(self, x: Tensor, pad_mask: Tensor | None, need_weights: bool = False) -> AttnOut:
-        """x (B, S, D), pad_mask (B, S) True = padding -> (B, S, D), weights (B, H, S, S) | None."""
+    def forward(self, x: Tensor, src_valid: Tensor | None, need_weights: bool = False) -> AttnOut:
+        """x (B, S, D), src_valid (B, S) True = a real token, False = padding -> (B, S, D),
+        weights (B, H, S, S) | None."""
 
         def attend(h: Tensor) -> AttnOut:
-            return self.self_attn(h, h, h, key_padding_mask=pad_mask, need_weights=need_weights)
+            return self.self_attn(h, h, h, key_valid=src_valid, need_weights=need_weights)
 
         x, weights = self.residual(x, self.norm1, attend)  # (B, S, D)
-        x, _ = self.residual(x, self.norm2, self.feed_forward)  # (B, S, D)
+        x = self.residual_feed_forward(x, self.norm2)  # (B, S, D)
         return x, weights
 
 
@@ -150,7 +157,7 @@ class DecoderLayer(_Layer):
         self,
         x: Tensor,
         memory: Tensor | None,
-        memory_pad: Tensor | None,
+        memory_valid: Tensor | None,
         self_cache: dict[str, Tensor] | None = None,
         cross_cache: dict[str, Tensor] | None = None,
         need_weights: bool = False,
@@ -161,9 +168,10 @@ class DecoderLayer(_Layer):
         x: (B, T, D) the target positions (T = 1 when decoding step by step);
         memory: (B, S, D) encoder output; ignored (may be None) when ``cross_cache`` holds
             its projections (from ``cross_attn.project_kv``);
-        memory_pad: (B, S) True = source padding; self_cache: updated in place (appended);
+        memory_valid: (B, S) True = a real source token, False = padding; self_cache: updated
+            in place (appended);
         group: hypotheses per sentence of ``x`` when the memory (or ``cross_cache``) and
-            ``memory_pad`` hold one row per sentence (see :class:`MultiHeadAttention`).
+            ``memory_valid`` hold one row per sentence (see :class:`MultiHeadAttention`).
         Returns x (B, T, D), self weights (B, H, T, t + T) and cross weights (B, H, T, S),
         the weights only when ``need_weights``.
         """
@@ -178,7 +186,7 @@ class DecoderLayer(_Layer):
                 h,
                 source,
                 source,
-                key_padding_mask=memory_pad,
+                key_valid=memory_valid,
                 need_weights=need_weights,
                 cache=cross_cache,
                 group=group,
@@ -186,7 +194,7 @@ class DecoderLayer(_Layer):
 
         x, self_weights = self.residual(x, self.norm1, self_attend)  # (B, T, D)
         x, cross_weights = self.residual(x, self.norm2, cross_attend)  # (B, T, D)
-        x, _ = self.residual(x, self.norm3, self.feed_forward)  # (B, T, D)
+        x = self.residual_feed_forward(x, self.norm3)  # (B, T, D)
         return x, self_weights, cross_weights
 
 
@@ -264,14 +272,15 @@ class Transformer(Seq2Seq):
     def _encode(
         self, src: Tensor, src_lens: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, Tensor, list[Tensor]]:
-        """Memory (B, S, D), source padding mask (B, S) True = pad, per-layer (B, H, S, S)."""
-        pad = ~lengths_to_mask(src_lens, src.size(1))  # (B, S)
+        """Memory (B, S, D), the real source tokens (B, S) (False = padding), per-layer
+        self-attention weights (B, H, S, S)."""
+        valid = lengths_to_mask(src_lens, src.size(1))  # (B, S)
         x = self._embed(src, self.src_embed, self.src_pos, 0)  # (B, S, D)
         weights = []
         for layer in self.encoder_layers:
-            x, w = layer(x, pad, need_weights)  # (B, S, D)
+            x, w = layer(x, valid, need_weights)  # (B, S, D)
             weights.append(w)
-        return self.enc_norm(x), pad, weights
+        return self.enc_norm(x), valid, weights
 
     @property
     def max_positions(self) -> int:
@@ -280,14 +289,14 @@ class Transformer(Seq2Seq):
 
     def encode(self, src: Tensor, src_lens: Tensor) -> DecoderState:
         """Encode once and project the memory for every decoder layer's cross-attention."""
-        memory, pad, _ = self._encode(src, src_lens)  # (B, S, D)
+        memory, valid, _ = self._encode(src, src_lens)  # (B, S, D), (B, S)
         caches, crosses = [], []
         for layer in self.decoder_layers:
             cross = layer.cross_attn.project_kv(memory, memory)  # (B, H, S, dk) each
             crosses.append(cross)
             caches.append({name: t[:, :, :0] for name, t in cross.items()})  # t = 0
         # the projected memory and its mask: one row per sentence, whatever the hypotheses
-        return DecoderState({"self": caches}, {"memory_pad": pad, "cross": crosses})
+        return DecoderState({"self": caches}, {"memory_valid": valid, "cross": crosses})
 
     def decode_step(
         self, tokens: Tensor, state: DecoderState
@@ -302,14 +311,14 @@ class Transformer(Seq2Seq):
         ):
             self_cache = dict(cache)  # a new dict: the old state stays valid
             x, _, cross = layer(  # x (N, 1, D)
-                x, None, sentences["memory_pad"], self_cache, cross_cache,
+                x, None, sentences["memory_valid"], self_cache, cross_cache,
                 need_weights=i == last, group=state.group,
             )  # fmt: skip
             new_caches.append(self_cache)
         logits = self.out_proj(self.dec_norm(x)).squeeze(1)  # (N, V)
         return logits, state.next({"self": new_caches}), cross[:, :, 0].mean(dim=1)  # (N, S)
 
-    def _run(
+    def _teacher_forced(
         self,
         src: Tensor,
         src_lens: Tensor,
@@ -318,11 +327,11 @@ class Transformer(Seq2Seq):
         positions: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """Features (B, T, D), or (N, D) at ``positions``, and the attention weights."""
-        memory, pad, enc_self = self._encode(src, src_lens, need_weights)  # (B, S, D)
+        memory, valid, enc_self = self._encode(src, src_lens, need_weights)  # (B, S, D)
         x = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, 0)  # (B, T, D)
         dec_self, cross = [], []
         for layer in self.decoder_layers:
-            x, sw, cw = layer(x, memory, pad, need_weights=need_weights)  # (B, T, D)
+            x, sw, cw = layer(x, memory, valid, need_weights=need_weights)  # (B, T, D)
             dec_self.append(sw)
             cross.append(cw)
         if positions is not None:
@@ -333,12 +342,15 @@ class Transformer(Seq2Seq):
         self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
     ) -> Tensor:
         """Teacher-forced features (B, T, D), or (N, D) at flat ``positions`` (N,)."""
-        return self._run(src, src_lens, tgt_in, need_weights=False, positions=positions)[0]
+        features, _ = self._teacher_forced(
+            src, src_lens, tgt_in, need_weights=False, positions=positions
+        )
+        return features
 
     def forward_with_attention(
         self, src: Tensor, src_lens: Tensor, tgt_in: Tensor
     ) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """Logits (B, T, V); "enc_self" (B, H, S, S), "dec_self" (B, H, T, T), "cross"
         (B, H, T, S), one tensor per layer."""
-        features, weights = self._run(src, src_lens, tgt_in, need_weights=True)
+        features, weights = self._teacher_forced(src, src_lens, tgt_in, need_weights=True)
         return self.out_proj(features), weights

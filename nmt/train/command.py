@@ -2,7 +2,7 @@
 
 One explicit loop for every model. :func:`train` is :func:`~nmt.train.setup.setup` (data and
 model, or a checkpoint's to resume, or, to fine-tune, a new run from a checkpoint's weights and
-tokenizers), :func:`~nmt.train.setup.build_trainer` (the optimizer, schedule and the other
+tokenizers), :func:`~nmt.train.build.build_trainer` (the optimizer, schedule and the other
 parts the :class:`~nmt.train.loop.Trainer` is handed), :func:`run_training` (the trainer
 repeats :func:`~nmt.train.step.train_step` over token batches, validates every
 ``trainer.val_every`` updates and writes checkpoints) and :func:`finish`. Everything a run
@@ -28,16 +28,15 @@ from nmt.cli import config_dir, exit_on_error, setup_logging
 from nmt.config import register_configs, to_container
 from nmt.data.batching import padding_share
 from nmt.runtime.distributed import exit_joined
+from nmt.train.build import build_trainer
 from nmt.train.elastic import drop_record, requeue_status
-from nmt.train.loop import Functions, Trainer
+from nmt.train.loop import Trainer
 from nmt.train.runlog import write_summary
-from nmt.train.setup import build_trainer, setup
+from nmt.train.setup import setup
 from nmt.viz.visualize import log_hparams
 
 log = logging.getLogger(__name__)
 register_configs()
-"""(model, batch, label smoothing) -> the summed loss of the batch, as :func:`loss_sum`."""
-"""(model, data, config, device) -> loss, ppl, bleu, chrf, seconds, as :func:`validation_scores`."""
 
 
 # --------------------------------------------------------------------------- entry points
@@ -109,13 +108,9 @@ def finish(trainer: Trainer, reason: str) -> dict[str, Any]:
     return result
 
 
-def train(cfg: DictConfig, run_dir: Path, functions: Functions | None = None) -> dict[str, Any]:
-    """Train a model as configured; returns the final training state and stop reason.
-
-    ``functions`` replaces the loss, validation, clock or precision probe (tests).
-    """
-    functions = functions or Functions()
-    trainer = build_trainer(setup(cfg, run_dir, functions), functions)
+def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Train a model as configured; returns the final training state and stop reason."""
+    trainer = build_trainer(setup(cfg, run_dir))
     return finish(trainer, run_training(trainer))
 
 

@@ -1,6 +1,10 @@
 """The training loop: :class:`Trainer` (updates, log windows, validation, checkpoints, early
-stopping, signals, the averaged checkpoint) and what it is handed (:class:`Setup`,
-:class:`Functions`, :class:`Checkpointer`).
+stopping, signals, the averaged checkpoint) and the :class:`Checkpointer` it writes with.
+
+The trainer times its updates with :func:`time.perf_counter` (``trainer.max_time``) and the
+checkpoints of ``trainer.save_every_minutes`` with :func:`time.monotonic`, its losses with
+:func:`~nmt.train.step.loss_sum` and validates with
+:func:`~nmt.train.validation.validation_scores`.
 """
 
 from __future__ import annotations
@@ -9,10 +13,9 @@ import contextlib
 import logging
 import shutil
 import signal
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from time import monotonic, perf_counter
 from typing import Any
 
 import torch
@@ -25,22 +28,19 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from nmt.atomic import TEMP_SUFFIX
 from nmt.config import to_container
 from nmt.data.batching import TokenDataset, make_batch
-from nmt.data.datasets import EvalSet, PreparedData
+from nmt.data.datasets import EvalSet
 from nmt.data.resegment import TrainingEpochs
 from nmt.models.base import Seq2Seq
 from nmt.runtime.device import device_name
 from nmt.runtime.distributed import DistInfo
-from nmt.runtime.precision import (
-    Measurement,
-    probe_model,
-)
 from nmt.store import checkpoint as ckpt
 from nmt.store.average import average_checkpoints
 from nmt.store.gate import CheckpointError
-from nmt.train.elastic import Restart
+from nmt.train.optim import start_time_decay
 from nmt.train.progress import Limits, Position, ProgressBar
 from nmt.train.runlog import RunLog
-from nmt.train.step import MAX_BAD_STEPS, LossFn, StepResult, TrainState, loss_sum, train_step
+from nmt.train.setup import Setup
+from nmt.train.step import MAX_BAD_STEPS, StepResult, TrainState, loss_sum, train_step
 from nmt.train.validation import direction_set, drawing_due, validation_options, validation_scores
 from nmt.viz.explorer import TrainingExplorer
 from nmt.viz.visualize import log_validation_views
@@ -176,41 +176,7 @@ class Window:
         self.steps += 1
 
 
-# --------------------------------------------------------------------------- what a run uses
-
-ValidationFn = Callable[[Seq2Seq, PreparedData, DictConfig, torch.device], dict[str, float]]
-
-
-@dataclass(frozen=True)
-class Functions:
-    """The functions a run calls for its losses, validation scores, clock and precision probe.
-
-    The defaults are the real ones; a test passes others to count, fake or break them.
-    """
-
-    loss: LossFn = loss_sum
-    validation: ValidationFn = validation_scores
-    clock: Callable[[], float] = time.perf_counter  # times the updates (trainer.max_time)
-    wall: Callable[[], float] = time.monotonic  # rank 0's clock of trainer.save_every_minutes
-    probe: Callable[..., Measurement] = probe_model  # measures for trainer.precision=auto
-
-
-@dataclass
-class Setup:
-    """What :func:`setup` made ready: the run's config, place, device, data and model."""
-
-    cfg: DictConfig  # the run's own copy, with trainer.precision resolved
-    run_dir: Path
-    dist: DistInfo
-    device: torch.device
-    data: PreparedData
-    model: Seq2Seq
-    time_limit: float  # seconds of training allowed (0: none)
-    resume_file: Path | None = None  # the checkpoint a resumed run continues
-    resumed: dict[str, Any] | None = None  # its payload
-    init_info: dict[str, Any] = field(default_factory=dict)  # fine-tuning: file, step, sha256
-    data_time: float = 0.0  # when the data was ready (Unix seconds)
-    restart: Restart = field(default_factory=Restart)  # torchrun's restarts; submitit's signal
+# --------------------------------------------------------------------------- the trainer
 
 
 @dataclass
@@ -226,7 +192,8 @@ class _Loop:
 
 @dataclass
 class Trainer:
-    """The training loop, with everything it uses handed in (see :func:`build_trainer`)."""
+    """The training loop, with everything it uses handed in (see
+    :func:`nmt.train.build.build_trainer`)."""
 
     run: Setup
     state: TrainState
@@ -239,8 +206,7 @@ class Trainer:
     writer: SummaryWriter | None  # TensorBoard (main rank only)
     run_log: RunLog  # metrics.jsonl (writes nothing on other ranks)
     explorer: TrainingExplorer | None = None  # trainer.attention_html (main rank only)
-    functions: Functions = field(default_factory=Functions)
-    last_save: float = 0.0  # functions.wall() at the last checkpoint (or the start)
+    last_save: float = 0.0  # monotonic() at the last checkpoint (or the start), rank 0's clock
     preempted: tuple[str, Any] | None = None  # the signal that stopped it, its earlier handler
 
     @property
@@ -252,7 +218,7 @@ class Trainer:
         return self.run.model
 
     @property
-    def sync_clock(self) -> bool:
+    def ranks_share_clock(self) -> bool:
         """Ranks share one clock when the lr follows it (one scalar all-reduce per update)."""
         return self.run.dist.enabled and self.run.cfg.optim.decay_over == "time"
 
@@ -277,7 +243,7 @@ class Trainer:
     def save(self, is_best: bool, validated: bool = True) -> None:
         """Rank 0 writes the checkpoint (``validated``: a validation's, else one only to resume
         from); every rank calls this (its random state goes in too)."""
-        self.last_save = self.functions.wall()
+        self.last_save = monotonic()
         ranks_rng = None
         if self.run.dist.enabled:  # each rank's own: their dropout draws differ
             ranks_rng = [None] * self.run.dist.world_size if self.run.dist.is_main else None
@@ -295,7 +261,7 @@ class Trainer:
     def validate(self) -> bool:
         """Validate, log and checkpoint; True when early stopping says stop."""
         s, run = self.state, self.run
-        metrics = self.functions.validation(self.model, run.data, run.cfg, run.device)
+        metrics = validation_scores(self.model, run.data, run.cfg, run.device)
         self.model.train()
         improved = metrics["bleu"] > s.best_bleu
         if improved:
@@ -432,7 +398,7 @@ class Trainer:
         minutes = self.t.save_every_minutes
         if minutes <= 0:
             return False
-        due = self.functions.wall() - self.last_save >= 60 * minutes
+        due = monotonic() - self.last_save >= 60 * minutes
         if self.run.dist.enabled:
             flag = torch.tensor([1.0 if due else 0.0], device=self.run.device)
             dist.broadcast(flag, src=0)
@@ -445,7 +411,7 @@ class Trainer:
         limits = Limits(t.max_steps, self.run.time_limit, t.max_epochs)
         pbar = ProgressBar(limits, enabled=t.progress and self.run.dist.is_main)
         self.model.train()
-        self.last_save = self.functions.wall()
+        self.last_save = monotonic()
         with StopSignal(self.run.restart.stop_signal) as stop, logging_redirect_tqdm():
             reason = self.stop_reason(stop)  # a resumed run may already be at its limit
             loop = _Loop(pbar, Window.new(self.run.device), stop)
@@ -478,23 +444,24 @@ class Trainer:
     def _update(self, data: TokenDataset, group: list[Any], loop: _Loop) -> str:
         """One optimizer update over ``group``'s batches, then its log line and validation
         when due; early stopping's reason, else ""."""
-        s, t, run, clock = self.state, self.t, self.run, self.functions.clock
-        tic = clock()
+        s, t, run = self.state, self.t, self.run
+        tic = perf_counter()
         micro = [make_batch(data, idx).to(run.device, non_blocking=True) for idx in group]
         res = train_step(
             self.train_model, micro, self.optimizer, self.scaler, run.cfg, run.device, run.dist,
-            self.functions.loss,
+            loss_sum,
         )  # fmt: skip
         s.batch_in_epoch += len(group)
-        seconds = clock() - tic
+        seconds = perf_counter() - tic
         s.train_time += seconds  # a skipped update took its time too
-        if self.sync_clock:  # same lr on every rank
+        if self.ranks_share_clock:  # same lr on every rank
             s.train_time = self._slowest_rank(s.train_time)
         if not res.finite:
             loop.bad_in_row += 1
             self._non_finite(loop.bad_in_row)
             return ""
         loop.bad_in_row = 0
+        start_time_decay(s, run.cfg.optim, s.step + 1)  # the schedule's next value is at s.step + 1
         self.scheduler.step()
         s.step += 1
         loop.window.add(res, seconds)
@@ -550,7 +517,7 @@ class Trainer:
             return None
         payload = average_checkpoints(paths)
         self.model.load_state_dict(payload["model"])
-        metrics = self.functions.validation(self.model, run.data, run.cfg, run.device)
+        metrics = validation_scores(self.model, run.data, run.cfg, run.device)
         payload["averaged"]["validation"] = metrics
         target = self.checkpointer.dir / "averaged.pt"
         ckpt.save_checkpoint(payload, target)

@@ -15,6 +15,8 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from nmt.train.step import TrainState
+
 
 def _warmup(step: int, warmup: int) -> float:
     return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
@@ -45,6 +47,28 @@ DecayProgress = Callable[[int], float]
 def step_progress(total: int, warmup: int) -> DecayProgress:
     """Decay measured in updates: from the end of warmup to update ``total``."""
     return lambda step: (step - warmup) / max(1, total - warmup)
+
+
+def time_progress(state: TrainState, time_limit: float, step: int) -> float:
+    """Decay measured in training time (``optim.decay_over=time``): the share of the time from
+    ``state.decay_start`` (set by :func:`start_time_decay`) to ``time_limit`` spent."""
+    return (state.train_time - state.decay_start) / max(time_limit - state.decay_start, 1e-9)
+
+
+DECAYING = ("cosine", "linear")  # the schedules that consult a DecayProgress after warmup
+
+
+def start_time_decay(state: TrainState, cfg: DictConfig, step: int) -> None:
+    """With ``optim.decay_over=time``, record where the decay starts: ``state.decay_start`` is
+    the training time when the schedule is first evaluated past warmup (at update ``step``).
+
+    Called before every evaluation of the schedule (when the scheduler is built, at update 0,
+    and before each of its steps); later calls, and a resumed run's, keep the recorded start.
+    """
+    if cfg.decay_over != "time" or state.decay_start >= 0:
+        return
+    if cfg.schedule in DECAYING and step >= cfg.warmup_steps:
+        state.decay_start = state.train_time
 
 
 def cosine(step: int, warmup: int, progress: DecayProgress, floor: float) -> float:

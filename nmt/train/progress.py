@@ -62,7 +62,7 @@ def seconds_left(limits: Limits, at: Position) -> float | None:
     return max(min(left), 0.0) if left else None
 
 
-def clock(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
     """``h:mm:ss`` (or ``m:ss`` under an hour)."""
     whole = int(round(seconds))
     h, rest = divmod(whole, 3600)
@@ -74,7 +74,9 @@ def describe(limits: Limits, at: Position, figures: dict[str, str]) -> str:
     """The text after the bar: the step (of max_steps), time spent and left, and ``figures``."""
     step = f"step {at.step}" + (f"/{limits.max_steps}" if limits.max_steps else "")
     left = seconds_left(limits, at)
-    timing = clock(at.train_time) + (f" < {clock(left)} left" if left is not None else "")
+    timing = format_duration(at.train_time)
+    if left is not None:
+        timing += f" < {format_duration(left)} left"
     return ", ".join([step, timing, *(f"{k} {v}" for k, v in figures.items())])
 
 

@@ -1,6 +1,6 @@
-"""Everything before the first update: the run directory and its log, the device, seeds, data
-and model, ``trainer.precision`` resolved, and the parts a :class:`~nmt.train.loop.Trainer`
-is built from (optimizer, schedule, scaler, DDP / compile wrapping, sampler, TensorBoard).
+"""Everything before the first update: :func:`setup` makes the run directory and its log, the
+device, seeds, data and model, and resolves ``trainer.precision``; it returns them as a
+:class:`Setup`, from which :func:`nmt.train.build.build_trainer` builds the trainer.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,173 +18,50 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.tensorboard import SummaryWriter
 
 from nmt.atomic import atomic_write_bytes
 from nmt.cli import Progress, setup_logging, write_to_log_file
-from nmt.config import ConfigError, to_container
+from nmt.config import to_container
 from nmt.config_checks import check_train_config
-from nmt.data.batching import TokenBatchSampler
 from nmt.data.datasets import PreparedData, prepare_data
-from nmt.data.resegment import Resegmenter, TrainingEpochs
 from nmt.data.tokenizer import TokenizerPair
 from nmt.environment import launcher_variables, multi30k_source
 from nmt.models.base import Seq2Seq
 from nmt.runtime.device import pick_device, seed_everything
 from nmt.runtime.distributed import DistInfo, init_distributed
-from nmt.runtime.precision import (
-    Measurement,
-    SpeedProbe,
-    probe_model,
-    resolve_precision,
-)
-from nmt.store import checkpoint as ckpt
+from nmt.runtime.precision import SpeedProbe, probe_model, resolve_precision
 from nmt.store.loading import build_model
 from nmt.store.paths import checkpoint_run_dir, update_latest_link
 from nmt.train.elastic import (
+    Restart,
     continue_restarted,
     decided_by_rank0,
-    rescaled_position,
     submitit_signal,
     torchrun_restart,
     write_record,
 )
-from nmt.train.loop import Checkpointer, Functions, Setup, Trainer
-from nmt.train.optim import build_optimizer, build_scheduler, load_optimizer_state
-from nmt.train.runlog import RunLog
 from nmt.train.start import Origin, find_origin, log_origin
-from nmt.train.step import TrainState, loss_sum
-from nmt.viz.explorer import TrainingExplorer, model_info
+from nmt.train.step import loss_sum
 
 log = logging.getLogger(__name__)
 
-# --------------------------------------------------------------------------- building the trainer
 
+@dataclass
+class Setup:
+    """What :func:`setup` made ready: the run's config, place, device, data and model."""
 
-def time_progress(state: TrainState, time_limit: float, step: int) -> float:
-    """Share of the post-warmup training time spent (optim.decay_over=time)."""
-    if state.decay_start < 0:
-        state.decay_start = state.train_time
-    return (state.train_time - state.decay_start) / max(time_limit - state.decay_start, 1e-9)
-
-
-def build_lr_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: DictConfig, state: TrainState, time_limit: float
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """``optim.schedule``; with ``optim.decay_over=time`` its decay follows ``state``'s
-    training time up to ``time_limit``."""
-    progress = None
-    if cfg.optim.decay_over == "time":
-        if time_limit <= 0:
-            raise ConfigError(
-                "optim.decay_over=time needs a training-time limit: set trainer.max_time"
-            )
-        progress = partial(time_progress, state, time_limit)
-    return build_scheduler(optimizer, cfg.optim, cfg.trainer.max_steps, progress)
-
-
-def build_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
-    """fp16 training's loss scaler (None for other precisions)."""
-    return torch.amp.GradScaler(device.type) if precision == "16" else None
-
-
-def restore(
-    payload: dict[str, Any],
-    model: Seq2Seq,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler | None,
-) -> None:
-    """Load a checkpoint's weights, optimizer, schedule, loss scale and random state."""
-    model.load_state_dict(payload["model"])
-    load_optimizer_state(optimizer, payload["optimizer"])
-    scheduler.load_state_dict(payload["scheduler"])
-    if scaler is not None and payload["scaler"] is not None:
-        scaler.load_state_dict(payload["scaler"])
-    ckpt.set_rng_state(payload["rng"])
-
-
-def build_train_model(
-    model: Seq2Seq, dist_info: DistInfo, device: torch.device, compile_model: bool
-) -> torch.nn.Module:
-    """The module the updates run: ``model`` wrapped for DDP and torch.compile as configured."""
-    wrapped: torch.nn.Module = model
-    if dist_info.enabled:
-        ids = [device.index] if device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=ids)
-    if compile_model:
-        wrapped = torch.compile(wrapped)
-    return wrapped
-
-
-def build_sampler(cfg: DictConfig, data: PreparedData, dist_info: DistInfo) -> TokenBatchSampler:
-    """This rank's token batches of the training data, shuffled per epoch from the seed."""
-    return TokenBatchSampler(
-        data.train.src_lens,
-        data.train.tgt_lens,
-        cfg.data.max_tokens,
-        shuffle=True,
-        seed=cfg.trainer.seed,
-        num_replicas=dist_info.world_size,
-        rank=dist_info.rank,
-        corpora=[(c.pairs, c.weight) for c in data.train_corpora] or None,
-    )
-
-
-def build_epochs(cfg: DictConfig, data: PreparedData, dist_info: DistInfo) -> TrainingEpochs:
-    """Each epoch's training pairs and this rank's batches: the prepared ones, or with
-    ``data.subword_alpha`` a sampled segmentation per epoch (:mod:`nmt.data.resegment`)."""
-    alpha, resegmenter = cfg.data.subword_alpha, None
-    if alpha > 0:
-        resegmenter = Resegmenter(
-            data.train, data.tokenizers, alpha, cfg.data.max_len, cfg.trainer.seed
-        )
-    return TrainingEpochs(data.train, build_sampler(cfg, data, dist_info), resegmenter)
-
-
-def build_writer(run_dir: Path, step: int) -> SummaryWriter:
-    """TensorBoard's writer; a resumed run drops the events logged after its step."""
-    return SummaryWriter(str(run_dir / "tb"), purge_step=step or None)
-
-
-def build_explorer(cfg: DictConfig, run_dir: Path, step: int) -> TrainingExplorer:
-    """The explorer page of every validation (``trainer.attention_html``)."""
-    return TrainingExplorer(run_dir / "attention", model_info(cfg), step)
-
-
-def build_trainer(run: Setup, functions: Functions) -> Trainer:
-    """The trainer of ``run`` and everything it uses; a resumed run's weights, optimizer,
-    schedule, state and random state restored."""
-    cfg, t, main = run.cfg, run.cfg.trainer, run.dist.is_main
-    state = TrainState(**run.resumed["state"]) if run.resumed else TrainState()
-    if run.resumed:
-        saved_world = run.resumed.get("world_size")
-        state.batch_in_epoch = rescaled_position(
-            state.batch_in_epoch, saved_world, run.dist.world_size
-        )
-    if run.init_info:
-        state.init_from = run.init_info
-    optimizer = build_optimizer(run.model, cfg.optim)
-    scheduler = build_lr_scheduler(optimizer, cfg, state, run.time_limit)
-    scaler = build_scaler(str(t.precision), run.device)
-    if run.resumed is not None:
-        restore(run.resumed, run.model, optimizer, scheduler, scaler)
-        ranks_rng = run.resumed.get("ranks_rng")  # each rank's, as many as now: its own
-        if isinstance(ranks_rng, list) and len(ranks_rng) == run.dist.world_size:
-            ckpt.set_rng_state(ranks_rng[run.dist.rank])
-    return Trainer(
-        run, state, optimizer, scheduler, scaler,
-        train_model=build_train_model(run.model, run.dist, run.device, t.compile),
-        epochs=build_epochs(cfg, run.data, run.dist),
-        checkpointer=Checkpointer(run.run_dir / "checkpoints", t.keep_last),
-        writer=build_writer(run.run_dir, state.step) if main else None,
-        run_log=RunLog(run.run_dir if main else None),
-        explorer=(
-            build_explorer(cfg, run.run_dir, state.step) if main and t.attention_html else None
-        ),
-        functions=functions,
-    )  # fmt: skip
+    cfg: DictConfig  # the run's own copy, with trainer.precision resolved
+    run_dir: Path
+    dist: DistInfo
+    device: torch.device
+    data: PreparedData
+    model: Seq2Seq
+    time_limit: float  # seconds of training allowed (0: none)
+    resume_file: Path | None = None  # the checkpoint a resumed run continues
+    resumed: dict[str, Any] | None = None  # its payload
+    init_info: dict[str, Any] = field(default_factory=dict)  # fine-tuning: file, step, sha256
+    data_time: float = 0.0  # when the data was ready (Unix seconds)
+    restart: Restart = field(default_factory=Restart)  # torchrun's restarts; submitit's signal
 
 
 # --------------------------------------------------------------------------- setup
@@ -205,18 +83,13 @@ def time_limit(cfg: DictConfig, device: torch.device) -> float:
     return 0.0
 
 
-def speed_probe(
-    cfg: DictConfig,
-    model: Seq2Seq,
-    data: PreparedData,
-    probe: Callable[..., Measurement] = probe_model,
-) -> SpeedProbe:
+def speed_probe(cfg: DictConfig, model: Seq2Seq, data: PreparedData) -> SpeedProbe:
     """The measurement behind ``trainer.precision=auto`` on a CPU with native bf16.
 
     Forward and backward of this model on synthetic batches of the training data's median sentence
-    lengths under ``data.max_tokens`` (``probe``: :func:`nmt.runtime.precision.probe_model`); cached
-    under ``<data.root>/cache/precision``. The model runs eagerly even where ``trainer.compile``
-    will compile it.
+    lengths under ``data.max_tokens`` (:func:`nmt.runtime.precision.probe_model`); cached under
+    ``<data.root>/cache/precision``. The model runs eagerly even where ``trainer.compile`` will
+    compile it.
     """
     lengths = (
         max(1, int(np.median(data.train.src_lens))),
@@ -232,7 +105,7 @@ def speed_probe(
         "lengths": list(lengths),
     }
     return SpeedProbe(
-        measure=lambda: probe(
+        measure=lambda: probe_model(
             model, lambda m, b: loss_sum(m, b, smoothing), int(cfg.data.max_tokens), lengths, vocab
         ),
         shape=shape,
@@ -323,7 +196,7 @@ def data_and_model(
     return data, data_time, model if model is not None else build_model(cfg, data.tokenizers)
 
 
-def setup(cfg: DictConfig, run_dir: Path, functions: Functions) -> Setup:
+def setup(cfg: DictConfig, run_dir: Path) -> Setup:
     """Everything before the first update, in the order that keeps runs reproducible.
 
     Checks the config, finds the checkpoint to resume or fine-tune (before anything is written),
@@ -354,7 +227,7 @@ def setup(cfg: DictConfig, run_dir: Path, functions: Functions) -> Setup:
     seed_everything(cfg.trainer.seed)
     data, data_time, model = data_and_model(cfg, origin, run_dir, dist_info)
     model.to(device)
-    probe = partial(speed_probe, cfg, model, data, functions.probe)
+    probe = partial(speed_probe, cfg, model, data)
     precision = training_precision(cfg, device, dist_info, origin.resumed, probe)
     if precision != str(cfg.trainer.precision):
         log.info("trainer.precision=%s: using %s on %s", cfg.trainer.precision, precision, device)
