@@ -240,9 +240,8 @@ class TrainerConfig:
     max_epochs: int = 0  # 0 = no limit
     max_time: float = 0.0  # seconds of training; 0 = no limit
     cpu_max_time: float = 1800.0  # cap applied when running on CPU with no other limit set
-    # auto | 32 | bf16 | 16 (auto: see nmt.runtime.precision); a str, since Hydra parses 32 and
-    # 16 as ints
-    precision: str = "auto"
+    precision: str = "auto"  # auto | 32 | bf16 | 16 (auto: see nmt.runtime.precision)
+    tf32: bool = True  # CUDA: fp32 matrix products in TF32 where the GPU has it (Ampere on)
     accumulate: int = 1  # batches per optimizer update (gradient accumulation)
     label_smoothing: float = 0.1  # share of the target probability spread over the vocabulary
     clip_grad_norm: float = 1.0  # 0 disables clipping
@@ -291,8 +290,7 @@ class DecodeConfig:
     max_output_len_b: int = 10  # the b of the output cap
     min_output_len: int = 0  # no EOS before this many tokens (equal-length timing runs)
     max_tokens: int = 8192  # token budget of a decoding batch
-    # 32 | bf16 | 16 | auto (see nmt.runtime.precision): autocast for decoding
-    precision: str = "32"
+    precision: str = "32"  # autocast for decoding: 32 | bf16 | 16 | auto (nmt.runtime.precision)
 
 
 @dataclass
@@ -344,6 +342,7 @@ class ModelSource:
     # a model package (nmt-export) instead of run/ckpt; `model=DIR` on the command line
     model_dir: str | None = None
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    tf32: bool = True  # as trainer.tf32, for our search (engine=torch) on a GPU
 
 
 @dataclass

@@ -27,6 +27,22 @@ def serve_config(package: Path, *extra: str):
     return compose_config("serve", [f"model_dir={package}", "device=cpu", "threads=1", *extra])
 
 
+def fake_ct2_gpus(monkeypatch: Any, gpus: int) -> dict[str, Any]:
+    """Make CTranslate2 see ``gpus`` CUDA devices and build no model: the returned dict gets
+    the keyword arguments of each ``ctranslate2.Translator`` made."""
+    import ctranslate2
+
+    seen: dict[str, Any] = {}
+
+    class Translator:
+        def __init__(self, model_path: str, **kwargs: Any) -> None:
+            seen.update(kwargs)
+
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: gpus)
+    monkeypatch.setattr(ctranslate2, "Translator", Translator)
+    return seen
+
+
 async def until(check: Callable[[], Awaitable[bool]], what: str, tries: int = 2000) -> None:
     """Wait for a condition (polled every 10 ms, at most ``tries`` times)."""
     for _ in range(tries):

@@ -31,6 +31,7 @@ from nmt.store.package import CT2_DIR, WEIGHTS
 from nmt.train.command import train
 
 from .helpers import TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
+from .serving import fake_ct2_gpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -105,6 +106,53 @@ def test_a_missing_extra_is_a_message_not_a_traceback(
     assert stop.value.code == 2
     assert "pip install 'nmt[export]'" in caplog.text
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(
+    ("device", "gpus", "expected"),
+    [
+        ("auto", 1, ("cuda", 0)),
+        ("auto", 0, ("cpu", 0)),
+        ("cpu", 1, ("cpu", 0)),
+        ("cuda", 1, ("cuda", 0)),
+        ("cuda:1", 2, ("cuda", 1)),
+        (torch.device("cuda", 1), 2, ("cuda", 1)),
+        (torch.device("cuda"), 1, ("cuda", 0)),
+        (CPU, 1, ("cpu", 0)),
+    ],
+)
+def test_ct2_device_is_ctranslate2s_device_and_index(
+    monkeypatch: pytest.MonkeyPatch, device: object, gpus: int, expected: tuple
+) -> None:
+    fake_ct2_gpus(monkeypatch, gpus)
+    assert ct2.ct2_device(device) == expected
+
+
+@pytest.mark.parametrize(
+    ("device", "gpus", "message"),
+    [
+        ("cuda", 0, "sees 0 CUDA device"),
+        ("cuda:2", 2, "sees 2 CUDA device"),
+        ("cuda:x", 2, "is not a device"),
+        ("tpu", 2, "is not a device"),
+    ],
+)
+def test_ct2_device_refuses_what_ctranslate2_cannot_decode_on(
+    monkeypatch: pytest.MonkeyPatch, device: str, gpus: int, message: str
+) -> None:
+    fake_ct2_gpus(monkeypatch, gpus)
+    with pytest.raises(ConfigError, match=message):
+        ct2.ct2_device(device)
+
+
+def test_ct2_engines_of_eval_and_translate_decode_on_the_gpu_picked(
+    serve_package: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``engine=ctranslate2`` of nmt-eval and nmt-translate: the device PyTorch picked."""
+    seen = fake_ct2_gpus(monkeypatch, 2)
+    package = load_package(serve_package, CPU)
+    make_engine("ctranslate2", package, DecodeOptions(), torch.device("cuda", 1))
+    assert (seen["device"], seen["device_index"]) == ("cuda", 1)
 
 
 # ------------------------------------------------------------------ a small trained model

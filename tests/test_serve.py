@@ -18,6 +18,7 @@ import pytest
 import torch
 from aiohttp.test_utils import TestClient
 
+from nmt.config import ConfigError
 from nmt.decode.options import DecodeOptions
 from nmt.decode.translate import translate_lines
 from nmt.serve.app import make_app
@@ -27,6 +28,7 @@ from nmt.store.loading import load_package
 from .serving import (
     SENTENCES,
     decoding_process,
+    fake_ct2_gpus,
     get,
     post,
     run_app,
@@ -176,6 +178,29 @@ def test_the_ctranslate2_backend_turns_mkls_memory_pool_off(
     monkeypatch.delenv("MKL_DISABLE_FAST_MM", raising=False)
     assert load_backend(serve_config(package, "engine=ctranslate2")).engine == "ctranslate2"
     assert os.environ["MKL_DISABLE_FAST_MM"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("device", "gpus", "expected"),
+    [("auto", 1, ("cuda", 0)), ("auto", 0, ("cpu", 0)), ("cuda", 2, ("cuda", 0)),
+     ("cuda:1", 2, ("cuda", 1)), ("cpu", 2, ("cpu", 0))],
+)  # fmt: skip
+def test_the_ct2_backend_decodes_on_the_device_it_is_given(
+    package: Path, monkeypatch: pytest.MonkeyPatch, device: str, gpus: int, expected: tuple
+) -> None:
+    """``auto`` is a GPU when CTranslate2 sees one, ``cuda:N`` is GPU N (without PyTorch)."""
+    seen = fake_ct2_gpus(monkeypatch, gpus)
+    backend = load_backend(serve_config(package, "engine=ctranslate2", f"device={device}"))
+    assert (seen["device"], seen["device_index"]) == expected
+    assert backend.engine == "ctranslate2"
+
+
+def test_the_ct2_backend_refuses_a_gpu_ctranslate2_does_not_see(
+    package: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_ct2_gpus(monkeypatch, 1)
+    with pytest.raises(ConfigError, match=r"device='cuda:1', but CTranslate2 sees 1 CUDA"):
+        load_backend(serve_config(package, "engine=ctranslate2", "device=cuda:1"))
 
 
 def malformed_requests(limit: int) -> list[tuple[str, bytes, int, str]]:

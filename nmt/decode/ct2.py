@@ -105,6 +105,29 @@ def version() -> str:
     return str(require().__version__)
 
 
+def ct2_device(device: Any) -> tuple[str, int]:
+    """CTranslate2's ``(device, device_index)`` for nmt's device: a ``torch.device`` or a name
+    (``auto | cpu | cuda | cuda:N``, the ``device`` of the commands). ``auto`` is the first GPU
+    when CTranslate2 sees one (its own CUDA build and driver decide, not PyTorch's), else the
+    CPU; ``cuda:N`` is GPU N. A ConfigError names a GPU CTranslate2 cannot see."""
+    name = str(device)
+    if name == "auto":
+        return ("cuda", 0) if require().get_cuda_device_count() > 0 else ("cpu", 0)
+    kind, colon, number = name.partition(":")
+    if kind == "cpu" and not colon:
+        return "cpu", 0
+    if kind != "cuda" or (colon and not number.isdigit()):
+        raise ConfigError(f"device={name!r} is not a device: auto | cpu | cuda | cuda:N")
+    index = int(number) if colon else 0
+    count = require().get_cuda_device_count()
+    if index >= count:
+        raise ConfigError(
+            f"device={name!r}, but CTranslate2 sees {count} CUDA device(s) (a CPU-only "
+            "CTranslate2 build sees none)"
+        )
+    return "cuda", index
+
+
 # ------------------------------------------------------------------------------------ decode
 
 
@@ -169,7 +192,7 @@ class CTranslate2Engine:
         threads: int = 0,
     ) -> None:
         ct2 = require()
-        device_type, index = (device.type, device.index) if hasattr(device, "type") else (device, 0)
+        device_type, index = ct2_device(device)
         cuda = device_type == "cuda"
         # On CPU, `threads` workers of one thread each decode whole calls side by side, sharing
         # the weights (inter_threads), rather than one worker splitting each operation over
@@ -183,8 +206,8 @@ class CTranslate2Engine:
         torch_threads = torch.get_num_threads() if torch is not None else 0
         self.translator = ct2.Translator(
             str(model_dir),
-            device="cuda" if cuda else "cpu",
-            device_index=index or 0,
+            device=device_type,
+            device_index=index,
             intra_threads=threads if cuda else 1,
             inter_threads=self.workers,
         )
@@ -199,7 +222,7 @@ class CTranslate2Engine:
         self.calls = 0  # translate_batch calls submitted, for tests and benchmarks
         self.redone = 0  # sentences decoded again with their own cap
         # on CPU, calls of about CALL_ROWS hypotheses decode faster than larger ones
-        self.call_rows = CALL_ROWS if device_type != "cuda" else 0
+        self.call_rows = CALL_ROWS if not cuda else 0
 
     def _source(self, ids: list[int]) -> list[str]:
         """Source pieces with EOS appended, cut to the position table as ours are."""

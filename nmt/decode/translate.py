@@ -30,7 +30,7 @@ from nmt.data.corpus import read_lines
 from nmt.decode.engines import Engine, TorchEngine, make_engine
 from nmt.decode.languages import Target, choose_target, target_dataset
 from nmt.decode.options import DecodeOptions
-from nmt.runtime.device import pick_device
+from nmt.runtime.device import setup_device
 from nmt.store.loading import Trained, decode_defaults, load_model
 from nmt.store.package import model_argument
 
@@ -107,7 +107,7 @@ def read_input(cfg: DictConfig) -> list[str]:
 
 def translate(cfg: DictConfig) -> None:
     """Run one ``nmt-translate`` command."""
-    device = pick_device(cfg.device)
+    device = setup_device(cfg.device, cfg.tf32)
     trained = load_model(cfg, device)
     target = choose_target(trained.cfg, trained.tokenizers, cfg.tgt_lang, cfg.src_lang)
     opts = DecodeOptions.from_config(cfg, decode_defaults(trained))

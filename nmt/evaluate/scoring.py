@@ -45,7 +45,7 @@ from nmt.evaluate.metrics import (
     paper_line,
 )
 from nmt.evaluate.multilingual import evaluate_multilingual
-from nmt.runtime.device import pick_device
+from nmt.runtime.device import setup_device
 from nmt.store.loading import Trained, decode_defaults, load_model
 from nmt.store.package import is_package, model_argument
 from nmt.store.paths import checkpoint_run_dir, resolve_run_dir
@@ -115,7 +115,7 @@ def evaluate(cfg: DictConfig) -> dict:
     if cfg.split == EvalSplit.valid and cfg.test:
         raise ConfigError("split=valid scores the run's validation split and test=[...] names "
                           "files to score instead: give one of them")  # fmt: skip
-    device = pick_device(cfg.device)
+    device = setup_device(cfg.device, cfg.tf32)
     trained = load_model(cfg, device)
     path = trained.path
     opts = DecodeOptions.from_config(cfg, decode_defaults(trained))

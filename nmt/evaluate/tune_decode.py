@@ -46,7 +46,7 @@ from nmt.decode.search import translate_dataset
 from nmt.environment import multi30k_source
 from nmt.evaluate.metrics import bleu, check_bootstrap, chrf, paired_bootstrap
 from nmt.evaluate.tune_directions import direction_report, direction_scores, direction_sets, pooled
-from nmt.runtime.device import pick_device
+from nmt.runtime.device import setup_device
 from nmt.store.gate import CheckpointError, load_run_config
 from nmt.store.loading import decode_defaults, load_trained
 from nmt.store.paths import checkpoint_path, checkpoint_run_dir, resolve_run_dir
@@ -244,12 +244,13 @@ def tune(
     seed: int = BOOTSTRAP_SEED,
     level: float = LEVEL,
     directions: Sequence[str] = (),
+    tf32: bool = True,
 ) -> dict[str, Any]:
     """Decode and score the validation split for each setting, choose by :func:`choose` and
     (``apply``) write a significant winner into the run; returns the JSON report. A
     multilingual run: each direction's validation split (or those of ``directions``), pooled
-    (:mod:`nmt.evaluate.tune_directions`)."""
-    device = pick_device(device_name)
+    (:mod:`nmt.evaluate.tune_directions`). ``tf32``: as ``tf32`` of ``nmt-eval``."""
+    device = setup_device(device_name, tf32)
     path = checkpoint_path(run, ckpt)
     run_dir = checkpoint_run_dir(path) or resolve_run_dir(run)
     trained = load_trained(path, device)
@@ -379,6 +380,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument(
+        "--no-tf32",
+        dest="tf32",
+        action="store_false",
+        help="on a GPU, fp32 matrix products in full fp32, not TF32 (nmt-eval's tf32=false)",
+    )
+    p.add_argument(
         "--bootstrap",
         type=int,
         default=BOOTSTRAP_RESAMPLES,
@@ -424,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.bootstrap_seed,
             args.level,
             [d for d in args.directions.split(",") if d.strip()],
+            args.tf32,
         )
     print(format_report(report))
 

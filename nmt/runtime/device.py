@@ -1,5 +1,5 @@
-"""The machine a command runs on: the device, its name, the CPU model, seeds, and autocast for a
-precision.
+"""The machine a command runs on: the device (and TF32 on it), its name, the CPU model, seeds,
+and autocast for a precision.
 """
 
 from __future__ import annotations
@@ -28,6 +28,27 @@ def pick_device(name: str) -> torch.device:
         raise ConfigError(f"trainer.device={name!r} is not a device: {e}") from e
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"trainer.device={name!r} but no CUDA device is available")
+    return device
+
+
+def use_tf32(device: torch.device, enabled: bool) -> None:
+    """On a CUDA device, let fp32 matrix products and cuDNN (the GRU encoder's kernels) run in
+    TF32 where the GPU has it (compute capability 8.0 and later: an fp32 input rounded to a
+    10-bit mantissa, products accumulated in fp32, several times the fp32 rate), or not
+    (``enabled`` False: full fp32). Nothing changes on a CPU. It sets torch's process-wide
+    ``allow_tf32`` flags of cuBLAS and cuDNN, which the fp32 operations under autocast follow
+    too."""
+    if device.type != "cuda":
+        return
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def setup_device(name: str, tf32: bool) -> torch.device:
+    """The device ``name`` picks (:func:`pick_device`), with TF32 on it as ``tf32`` says
+    (:func:`use_tf32`): how a command chooses where it runs."""
+    device = pick_device(name)
+    use_tf32(device, tf32)
     return device
 
 
@@ -65,9 +86,16 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
 
 
 def native_bf16(device: torch.device) -> bool:
-    """Whether the device computes in bf16 natively (CUDA bf16, or AVX512-BF16/AMX on CPU)."""
+    """Whether the device computes in bf16 natively: a GPU of compute capability 8.0 or later
+    (Ampere on; ROCm's GPUs as torch counts them), or a CPU with AVX512-BF16 or AMX.
+
+    Not ``torch.cuda.is_bf16_supported()``: by default it also says yes for a GPU that only
+    emulates bf16 (a V100 or T4, compute capability 7.x), where bf16 runs far slower than fp16.
+    """
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        if torch.version.hip:
+            return torch.cuda.is_bf16_supported()
+        return torch.cuda.get_device_capability(device)[0] >= 8
     if device.type == "cpu":
         probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
         return any(getattr(torch.cpu, name, lambda: False)() for name in probes)

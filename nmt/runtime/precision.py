@@ -3,7 +3,11 @@
 :func:`resolve_precision` is the one resolver, for training and for decoding:
 
 * a precision given explicitly (``32``, ``bf16``, ``16``) is used as given;
-* CUDA: bf16 where ``torch.cuda.is_bf16_supported()``, else fp32;
+* CUDA: bf16 on a GPU that computes it natively (compute capability 8.0 and later:
+  :func:`nmt.runtime.device.native_bf16`), else fp16, which training runs with a loss scaler
+  (the ``GradScaler`` that ``16`` gets). A V100 or T4 only emulates bf16, far slower than its
+  fp16 tensor cores, though ``torch.cuda.is_bf16_supported()``, counting emulation by
+  default, says yes there;
 * a CPU without native bf16 (neither AVX512-BF16 nor AMX): fp32;
 * a CPU with native bf16: training is measured (:class:`SpeedProbe`), because native bf16
   does not make every CPU faster in bf16. A 2-core AMD EPYC trained both default models
@@ -13,8 +17,8 @@
   incremental decoding (one target position per step), a decoding probe would delay every
   ``eval`` and ``translate``, and fp32 keeps a checkpoint's translations, and so its scores,
   the same whichever CPU decodes them;
-* the validation decode during training asks for fp32 when training is fp32 and for ``auto``
-  (decoding's rule above) otherwise: :func:`validation_decode_precision`.
+* the validation decode during training is fp32 whatever training's precision, as
+  ``nmt-eval`` decodes by default: :func:`validation_decode_precision`.
 
 The measured choice is cached per machine, torch version and model/batch shape in a small
 JSON file (``<data.root>/cache/precision/``, :mod:`nmt.runtime.measured`), so later runs start
@@ -35,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nmt.config import DecodeConfig
 from nmt.data.batching import Batch, TokenDataset, make_batch
 from nmt.runtime.device import autocast, cpu_model, native_bf16
 from nmt.runtime.measured import Choice, ChoiceCache
@@ -285,15 +290,17 @@ def resolve_precision(precision: str, device: torch.device, probe: SpeedProbe | 
     if precision != "auto":
         return precision
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "32"
+        return "bf16" if native_bf16(device) else "16"
     if device.type != "cpu" or probe is None or not native_bf16(device):
         return "32"
     return measured_choice(probe)
 
 
 def validation_decode_precision(training: str) -> str:
-    """The precision the validation decode asks for: fp32 when training is fp32, else ``auto``
-    (decoding's rule: bf16 on a GPU that has it, fp32 on a CPU), so that validation BLEU is the
-    greedy BLEU ``nmt-eval`` gives the checkpoint. On a CPU, bf16 incremental decoding would also
-    make a new shape at every decoding step for oneDNN to build kernels for."""
-    return "32" if training == "32" else "auto"
+    """The precision the validation decode asks for, whatever ``training`` is: the decoding
+    commands' default (:class:`nmt.config.DecodeConfig`, fp32), so that validation BLEU is the
+    greedy BLEU ``nmt-eval`` gives the checkpoint on any device. A validation in bf16 on a GPU
+    would score what that GPU's rounding makes of the checkpoint, which ``nmt-eval`` on another
+    device would not reproduce; on a CPU, bf16 incremental decoding would also make a new shape
+    at every decoding step for oneDNN to build kernels for."""
+    return DecodeConfig.precision

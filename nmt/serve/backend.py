@@ -82,7 +82,7 @@ def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
         package / CT2_DIR,
         tokenizers,
         max_positions,
-        "cuda" if cfg.device == "cuda" else "cpu",
+        cfg.device,
         threads=cfg.threads,
     )
     defaults = DecodeOptions.from_config(cfg, train_cfg.decode)
@@ -109,12 +109,12 @@ def torch_backend(cfg: DictConfig) -> Backend:
 
     from nmt.data.batching import TokenDataset
     from nmt.decode.engines import make_engine
-    from nmt.runtime.device import pick_device
+    from nmt.runtime.device import setup_device
     from nmt.store.loading import decode_defaults, load_model
 
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    device = pick_device(cfg.device)
+    device = setup_device(cfg.device, cfg.tf32)
     trained = load_model(cfg, device)
     defaults = DecodeOptions.from_config(cfg, decode_defaults(trained))
     engine = make_engine(cfg.engine, trained, defaults, device)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import random
 import re
 import struct
@@ -27,6 +28,8 @@ import torch
 
 from nmt.atomic import TEMP_SUFFIX, atomic_write_bytes
 from nmt.store.gate import CheckpointError  # defined without PyTorch, for the gate
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"NMTCKPT1"
 _TRAILER = struct.Struct("<8sQ32s")
@@ -154,8 +157,21 @@ def all_checkpoints(directory: Path) -> list[Path]:
 # --------------------------------------------------------------------------- random state
 
 
-def rng_state() -> dict[str, Any]:
-    """Python, numpy and torch (CPU, CUDA) random states, in a weights_only-loadable form."""
+def _cuda_index(device: torch.device | None) -> int:
+    """The index of the CUDA device a process draws from: ``device``'s, else the current one
+    (which :func:`nmt.runtime.distributed.init_distributed` sets to a rank's own GPU)."""
+    if device is not None and device.index is not None:
+        return device.index
+    return torch.cuda.current_device()
+
+
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """Python, numpy and torch (CPU, CUDA) random states, in a weights_only-loadable form.
+
+    With CUDA: the state of every visible GPU (``cuda``) and the index of the one this process
+    draws from (``cuda_device``: ``device``'s, else the current device), whose state
+    :func:`set_rng_state` gives back to the process's own GPU wherever it resumes.
+    """
     np_state = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
@@ -169,11 +185,13 @@ def rng_state() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda_device"] = _cuda_index(device)
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore the states saved by :func:`rng_state`."""
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore the states saved by :func:`rng_state`; ``device``: the CUDA device this process
+    draws from (default: the current one)."""
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
@@ -188,7 +206,36 @@ def set_rng_state(state: dict[str, Any]) -> None:
     )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        _set_cuda_rng_state(state["cuda"], state.get("cuda_device"), _cuda_index(device))
+
+
+def _set_cuda_rng_state(saved: Any, saved_device: int | None, own: int) -> None:
+    """Give each visible GPU its saved state, and this process's GPU (``own``) the state of the
+    GPU the saving process drew from (``saved_device``; checkpoints without it: the GPU of the
+    same index). A checkpoint saved where more or fewer GPUs were visible (a resume under a
+    narrower ``CUDA_VISIBLE_DEVICES``, a requeued job on a smaller allocation) restores what
+    matches and says what does not."""
+    states = [saved] if isinstance(saved, torch.Tensor) else list(saved)
+    visible = torch.cuda.device_count()
+    for index, cuda_state in enumerate(states[:visible]):
+        torch.cuda.set_rng_state(cuda_state, index)
+    source = own if saved_device is None else saved_device
+    if source >= len(states):
+        log.warning(
+            "the checkpoint holds the CUDA random states of %d GPU(s), none for cuda:%d, the "
+            "GPU this process draws from: it keeps its seeded state, so dropout does not "
+            "continue as in an unbroken run",
+            len(states), source,
+        )  # fmt: skip
+        return
+    if source != own:
+        torch.cuda.set_rng_state(states[source], own)
+    if len(states) != visible:
+        log.info(
+            "the checkpoint holds the CUDA random states of %d GPU(s), %d are visible now: "
+            "cuda:%d takes the state of saved cuda:%d",
+            len(states), visible, own, source,
+        )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- comparing

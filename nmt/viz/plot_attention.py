@@ -36,7 +36,7 @@ from nmt.data.batching import make_batch
 from nmt.data.corpus import read_lines
 from nmt.decode.languages import choose_target, target_dataset
 from nmt.decode.options import DecodeOptions
-from nmt.runtime.device import pick_device
+from nmt.runtime.device import setup_device
 from nmt.store.loading import Trained, load_model
 from nmt.store.package import is_package, model_argument
 from nmt.store.paths import checkpoint_run_dir, resolve_run_dir
@@ -178,7 +178,7 @@ def plot_attention(cfg: DictConfig) -> list[Path]:
     (the PNGs, or with ``format=html`` the explorer page)."""
     sentences, references = read_inputs(cfg)
     opts = check_request(cfg)
-    device = pick_device(cfg.device)
+    device = setup_device(cfg.device, cfg.tf32)
     trained = load_model(cfg, device)
     out = output_dir(cfg, trained.path)
     if cfg.format == "html":
