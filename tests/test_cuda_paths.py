@@ -26,7 +26,7 @@ from nmt.runtime.precision import SpeedProbe, resolve_precision
 from nmt.serve import backend
 from nmt.store import checkpoint as ckpt
 from nmt.train.build import build_scaler
-from nmt.train.setup import training_precision
+from nmt.train.setup import training_device, training_precision
 from nmt.train.validation import validation_options
 from nmt.viz import plot_attention
 
@@ -273,6 +273,20 @@ def test_the_decoding_commands_set_tf32_where_they_pick_their_device(
 def test_training_has_a_tf32_switch() -> None:
     assert compose_config("train").trainer.tf32 is True
     assert compose_config("train", ["trainer.tf32=false"]).trainer.tf32 is False
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_training_makes_its_gpu_current_with_tf32_as_configured(
+    monkeypatch, tf32_off, tf32: bool
+) -> None:
+    """A run on cuda:1 draws from (and checkpoints the random state of) cuda:1, not cuda:0."""
+    current = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    t = compose_config("train", ["trainer.device=cuda:1", f"trainer.tf32={tf32}"]).trainer
+    device = training_device(t, DistInfo())
+    assert device == torch.device("cuda", 1) and current == [device]
+    assert tf32_flags() == (tf32, tf32)
 
 
 # ---------------------------------------------------------------------------- the torch floor

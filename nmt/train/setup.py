@@ -27,7 +27,7 @@ from nmt.data.datasets import PreparedData, prepare_data
 from nmt.data.tokenizer import TokenizerPair
 from nmt.environment import launcher_variables, multi30k_source
 from nmt.models.base import Seq2Seq
-from nmt.runtime.device import pick_device, seed_everything
+from nmt.runtime.device import pick_device, seed_everything, use_tf32
 from nmt.runtime.distributed import DistInfo, init_distributed
 from nmt.runtime.precision import SpeedProbe, probe_model, resolve_precision
 from nmt.store.loading import build_model
@@ -170,10 +170,15 @@ def open_run_dir(run_dir: Path, outputs: Path, dist_info: DistInfo, early: list)
 
 
 def training_device(t: DictConfig, dist_info: DistInfo) -> torch.device:
-    """The device of this rank (its own GPU under DDP); sets ``trainer.threads``."""
+    """The device of this rank (its own GPU under DDP), with TF32 as ``trainer.tf32`` says; sets
+    ``trainer.threads``. A GPU becomes the process's current CUDA device, the one whose random
+    state checkpoints record and a resume restores (:func:`nmt.store.checkpoint.rng_state`)."""
     device = pick_device(t.device)
     if dist_info.enabled and device.type == "cuda":
         device = torch.device("cuda", dist_info.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    use_tf32(device, t.tf32)
     if t.threads > 0:
         torch.set_num_threads(t.threads)
     return device
