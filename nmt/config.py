@@ -576,20 +576,6 @@ def check_decode(d: Any, prefix: str = "") -> None:
     _choice(f"{prefix}precision", str(d.precision), ("auto", "32", "bf16", "16"))
 
 
-def check_model_config(m: DictConfig) -> None:
-    """Model-specific checks, keyed by the fields a model config has."""
-    _choice("model.arch", m.get("arch", "<missing>"), tuple(MODEL_SCHEMAS))
-    for key, value in m.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if key.endswith("dropout"):
-                if not 0 <= value < 1:
-                    raise ConfigError(f"model.{key}={value} must be in [0, 1)")
-            elif value <= 0:
-                raise ConfigError(f"model.{key}={value} must be > 0")
-    if "heads" in m and m.d_model % m.heads != 0:
-        raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.heads={m.heads}")
-
-
 def to_container(cfg: DictConfig) -> dict:
     """The resolved config as plain Python data (for checkpoints and logs): choices become their
     plain strings, since checkpoints load with ``weights_only=True``, which refuses Enum objects."""

@@ -7,12 +7,12 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from nmt.config import (
+    MODEL_SCHEMAS,
     ConfigError,
     Direction,
     _choice,
     _positive,
     check_decode,
-    check_model_config,
     parse_directions,
     train_corpora,
 )
@@ -157,4 +157,24 @@ def _check_trainer(t: DictConfig) -> None:
         raise ConfigError(
             f"trainer.average_last={t.average_last} needs trainer.keep_last>={t.average_last} "
             "step checkpoints on disk"
+        )
+
+
+def check_model_config(m: DictConfig) -> None:
+    """Model-specific checks, keyed by the fields a model config has."""
+    _choice("model.arch", m.get("arch", "<missing>"), tuple(MODEL_SCHEMAS))
+    for key, value in m.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key.endswith("dropout"):
+                if not 0 <= value < 1:
+                    raise ConfigError(f"model.{key}={value} must be in [0, 1)")
+            elif value <= 0:
+                raise ConfigError(f"model.{key}={value} must be > 0")
+    if "heads" in m and m.d_model % m.heads != 0:
+        raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.heads={m.heads}")
+    if m.get("attention") in ("dot", "scaled_dot") and m.get("bidirectional"):
+        raise ConfigError(
+            f"model.attention={m.attention} needs keys of the decoder's size, and "
+            "model.bidirectional=true makes them 2 x model.hidden_dim: use "
+            "model.attention=general, or model.bidirectional=false"
         )

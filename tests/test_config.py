@@ -104,6 +104,7 @@ def test_unknown_model_lists_choices():
     "override, key",
     [
         (["model.d_model=250", "model.heads=4"], "model.heads"),
+        (["model=gru_bahdanau", "model.attention=dot"], "model.attention=general"),
         (["optim.lr=-1"], "optim.lr"),
         (["data.max_tokens=50"], "data.max_tokens"),
         (["trainer.precision=8"], "trainer.precision"),
