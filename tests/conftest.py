@@ -47,9 +47,8 @@ def slow_seconds(item: pytest.Item) -> float:
 
 
 # session fixtures that take seconds to make: their tests run on one worker (real_corpus with
-# joint_tok, which test_prepare.py and test_prepare_cache.py share; the package nmt-serve serves;
-# the wheel installed outside the checkout)
-SHARED = ("trained_runs", "serve_package", "real_corpus", "multilingual_runs", "installed_wheel")
+# joint_tok, which test_prepare.py and test_prepare_cache.py share; the package nmt-serve serves)
+SHARED = ("trained_runs", "serve_package", "real_corpus", "multilingual_runs")
 
 
 def shared_fixtures(items: list[pytest.Item]) -> dict[str, str]:
