@@ -20,6 +20,9 @@ MULTI30K_OFFICIAL_URL = "https://github.com/multi30k/dataset/raw/master/data/tas
 # torchrun's rank variables, and submitit's marker of a SLURM task
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"
+# the seconds a rank waits in a collective for the others (torch's own default for NCCL)
+DIST_TIMEOUT = "NMT_DIST_TIMEOUT"
+DIST_TIMEOUT_SECONDS = 600.0
 # what torchrun's elastic agent sets besides the ranks: how often it restarted the workers and
 # the id of its rendezvous (the same across restarts)
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
@@ -51,6 +54,9 @@ VARIABLES: dict[str, str] = {
     SEPARATE_STORE: "set to 1 by `make train` for torchrun: each restarted worker group gets a "
     "store of its own; with the store torchrun shares by default, a restarted group can read "
     "the previous group's addresses and fail to connect (pytorch#135712)",
+    DIST_TIMEOUT: "read: the seconds a rank of `nmt-train` under torchrun waits in a collective "
+    "operation for the other ranks (rank 0's validation and checkpoint writing included) before "
+    f"it fails with an error (default: {DIST_TIMEOUT_SECONDS:.0f})",
     SUBMITIT_EXECUTOR: "read (set by submitit): a SLURM task of several gets its rank "
     "variables from SLURM (`hydra/launcher=slurm`)",
     ", ".join(ONEDNN_CACHES): f"set to {ONEDNN_CACHE_ENTRIES} when nmt is imported, "
@@ -91,6 +97,21 @@ def multi30k_source() -> Multi30kSource:
 def launcher_variables() -> dict[str, str]:
     """The launcher's variables that are set (torchrun's ranks, submitit's executor)."""
     return {k: os.environ[k] for k in LAUNCHER if k in os.environ}
+
+
+def dist_timeout() -> float:
+    """``$NMT_DIST_TIMEOUT`` in seconds, else :data:`DIST_TIMEOUT_SECONDS`; ValueError unless
+    a finite number above 0."""
+    value = os.environ.get(DIST_TIMEOUT, "").strip()
+    if not value:
+        return DIST_TIMEOUT_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{DIST_TIMEOUT}={value!r}: expected a number of seconds above 0")
+    return seconds
 
 
 def export_launcher_variables(values: Mapping[str, str]) -> None:

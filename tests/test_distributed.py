@@ -159,3 +159,138 @@ def test_the_exit_status_of_a_system_exit() -> None:
 
     assert [exit_status(c) for c in (None, 0, 2, 138, 256 + 3, -1)] == [0, 0, 2, 138, 3, 255]
     assert exit_status("a message") == 1
+
+
+# A rank of a two-process run (RANK, WORLD_SIZE and MASTER_* set by the test) whose validation
+# scores are its own: rank 0's BLEU falls from the first validation on, rank 1's rises. The
+# timeout each rank's process group gets is printed.
+DISAGREEING_RANK = """
+import itertools, json, sys
+from pathlib import Path
+import torch.distributed as dist
+import nmt.train.loop
+from nmt.runtime.distributed import exit_joined
+from nmt.train.command import train
+from tests.helpers import compose_config
+rank = int(sys.argv[1])
+count = itertools.count()
+def scores(*args, **kwargs):
+    n = next(count)
+    bleu = 30.0 - n if rank == 0 else 10.0 + n
+    return {"loss": 1.0, "ppl": 2.0, "bleu": bleu, "chrf": bleu, "seconds": 0.0}
+nmt.train.loop.validation_scores = scores
+init = dist.init_process_group
+def init_recorded(*args, **kwargs):
+    print("process group timeout", kwargs.get("timeout"), flush=True)
+    init(*args, **kwargs)
+dist.init_process_group = init_recorded
+result = train(compose_config("train", sys.argv[3:]), Path(sys.argv[2]))
+print("RESULT", json.dumps({"stop_reason": result["stop_reason"], **result["state"]}), flush=True)
+exit_joined(0)
+"""
+
+
+@pytest.mark.slow(seconds=25)
+def test_ranks_whose_validation_scores_disagree_stop_together_by_rank_0s(corpus, tmp_path):
+    from datetime import timedelta
+
+    run_dir = tmp_path / "two"
+    plain = ("trainer.threads=1", "trainer.val_every=2", "trainer.patience=2", *DETERMINISTIC)
+    args = tiny_run_overrides(corpus, tmp_path, "trainer.max_steps=12", *plain)
+    port = str(free_port())
+    procs = []
+    for rank in ("0", "1"):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": rank, "LOCAL_RANK": rank,
+               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+               "NMT_DIST_TIMEOUT": "60"}  # fmt: skip
+        cmd = [sys.executable, "-c", DISAGREEING_RANK, rank, str(run_dir), *args]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    for out in outs:  # the timeout of NMT_DIST_TIMEOUT reached each rank's process group
+        assert f"process group timeout {timedelta(seconds=60)}" in out
+    results = [json.loads(out.split("RESULT ", 1)[1].splitlines()[0]) for out in outs]
+    # rank 0's scores decide on every rank: a new best at step 2, then two validations
+    # without a gain stop both ranks at step 6 (rank 1's own scores would never stop it)
+    for r in results:
+        assert r["stop_reason"] == "early stopping: no BLEU gain in 2 validations"
+        assert (r["step"], r["best_step"], r["best_bleu"], r["bad_validations"]) == (6, 2, 30.0, 2)
+        assert [(h["step"], h["bleu"]) for h in r["history"]] == [(2, 30.0), (4, 29.0), (6, 28.0)]
+    events = read_events(run_dir)
+    assert [(e["step"], e["best"]) for e in of_kind(events, "checkpoint")] == [
+        (2, True), (4, False), (6, False),
+    ]  # fmt: skip
+    assert load_checkpoint(run_dir / "checkpoints" / "best.pt")["state"]["step"] == 2
+
+
+def test_the_process_group_times_out_as_the_environment_says(monkeypatch) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from nmt.environment import DIST_TIMEOUT, DIST_TIMEOUT_SECONDS, dist_timeout
+    from nmt.runtime.distributed import DistInfo, init_distributed
+
+    joined = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: joined.append((a, kw)))
+    launcher = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    assert init_distributed("cpu", launcher, 42.5) == DistInfo(1, 2, 1)
+    assert init_distributed("cpu", launcher) == DistInfo(1, 2, 1)
+    assert joined == [
+        (("gloo",), {"timeout": timedelta(seconds=42.5)}),
+        (("gloo",), {"timeout": timedelta(seconds=DIST_TIMEOUT_SECONDS)}),
+    ]
+    monkeypatch.delenv(DIST_TIMEOUT, raising=False)
+    assert dist_timeout() == DIST_TIMEOUT_SECONDS == 600
+    monkeypatch.setenv(DIST_TIMEOUT, "90")
+    assert dist_timeout() == 90.0
+    for bad in ("soon", "0", "-5", "inf", "nan"):
+        monkeypatch.setenv(DIST_TIMEOUT, bad)
+        with pytest.raises(ValueError, match=DIST_TIMEOUT):
+            dist_timeout()
+
+
+def test_ddp_wraps_the_model_without_broadcasting_its_buffers(monkeypatch) -> None:
+    from nmt.runtime.distributed import DistInfo
+    from nmt.train.build import build_train_model
+
+    from .test_models import build
+
+    wrapped = []
+    monkeypatch.setattr(
+        "nmt.train.build.DistributedDataParallel", lambda *a, **kw: wrapped.append(kw) or a[0]
+    )
+    model = build("transformer-prenorm")
+    assert build_train_model(model, DistInfo(0, 2, 0), torch.device("cpu"), False) is model
+    assert wrapped == [{"device_ids": None, "broadcast_buffers": False}]
+
+
+def test_every_buffer_of_every_model_is_the_same_on_every_rank() -> None:
+    """What broadcast_buffers=False relies on: no model has a buffer that its seed or an update
+    could change (no BatchNorm statistics), only the sinusoidal position tables."""
+    from nmt.models.transformer import PositionalEmbedding
+
+    from .test_models import VARIANTS, build
+
+    tables = 0
+    for name in VARIANTS:
+        torch.manual_seed(0)
+        model = build(name)
+        owners = [m for m in model.modules() if list(m.buffers(recurse=False))]
+        assert all(type(m) is PositionalEmbedding for m in owners), name
+        assert [key for key, _ in model.named_buffers()] == [
+            f"{key}.table" for key, m in model.named_modules() if m in owners
+        ]  # fmt: skip
+        torch.manual_seed(1)
+        again = dict(build(name).named_buffers())
+        for key, value in model.named_buffers():
+            assert torch.equal(value, again[key]), (name, key)
+            tables += 1
+    assert tables > 0

@@ -8,11 +8,14 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from nmt.environment import export_launcher_variables
+from nmt.environment import DIST_TIMEOUT, DIST_TIMEOUT_SECONDS, export_launcher_variables
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,11 +55,17 @@ def slurm_dist_env(launcher: Mapping[str, str], port: int = 29500) -> dict[str, 
     }
 
 
-def init_distributed(device_name: str, launcher: Mapping[str, str]) -> DistInfo:
+def init_distributed(
+    device_name: str, launcher: Mapping[str, str], timeout: float = DIST_TIMEOUT_SECONDS
+) -> DistInfo:
     """Join the process group when started by torchrun or a SLURM job, else run single.
 
     ``launcher``: the launcher's variables (:func:`nmt.environment.launcher_variables`); those
-    derived from SLURM are exported for ``torch.distributed``'s rendezvous.
+    derived from SLURM are exported for ``torch.distributed``'s rendezvous. ``timeout``: the
+    seconds a collective operation waits for the other ranks before it fails
+    (:func:`nmt.environment.dist_timeout`): gloo raises an error in the waiting rank; NCCL's
+    watchdog ends the process (``TORCH_NCCL_ASYNC_ERROR_HANDLING``'s default), and torchrun
+    then stops the other ranks.
     """
     derived = slurm_dist_env(launcher)
     export_launcher_variables(derived)
@@ -69,7 +78,10 @@ def init_distributed(device_name: str, launcher: Mapping[str, str]) -> DistInfo:
     if use_cuda:
         torch.cuda.set_device(info.local_rank)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        backend = "nccl" if use_cuda else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        log.info("rank %d of %d (%s): a collective operation fails after waiting %.0f s for the "
+                 "other ranks (%s)", info.rank, world, backend, timeout, DIST_TIMEOUT)  # fmt: skip
     return info
 
 

@@ -76,11 +76,15 @@ def restore(
 def build_train_model(
     model: Seq2Seq, dist_info: DistInfo, device: torch.device, compile_model: bool
 ) -> torch.nn.Module:
-    """The module the updates run: ``model`` wrapped for DDP and torch.compile as configured."""
+    """The module the updates run: ``model`` wrapped for DDP and torch.compile as configured.
+
+    DDP does not broadcast the model's buffers before each forward: the models' only buffers
+    are the sinusoidal position tables, which every rank computes alike and no update changes.
+    """
     wrapped: torch.nn.Module = model
     if dist_info.enabled:
         ids = [device.index] if device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=ids)
+        wrapped = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
     if compile_model:
         wrapped = torch.compile(wrapped)
     return wrapped

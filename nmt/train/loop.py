@@ -4,7 +4,8 @@ stopping, signals, the averaged checkpoint) and the :class:`Checkpointer` it wri
 The trainer times its updates with :func:`time.perf_counter` (``trainer.max_time``) and the
 checkpoints of ``trainer.save_every_minutes`` with :func:`time.monotonic`, its losses with
 :func:`~nmt.train.step.loss_sum` and validates with
-:func:`~nmt.train.validation.validation_scores`.
+:func:`~nmt.train.validation.validation_scores` (under DDP on rank 0, whose scores every rank
+takes).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from nmt.runtime.distributed import DistInfo
 from nmt.store import checkpoint as ckpt
 from nmt.store.average import average_checkpoints
 from nmt.store.gate import CheckpointError
+from nmt.train.elastic import decided_by_rank0
 from nmt.train.optim import start_time_decay
 from nmt.train.progress import Limits, Position, ProgressBar
 from nmt.train.runlog import RunLog
@@ -259,9 +261,17 @@ class Trainer:
     # ----------------------------------------------------------------- validation
 
     def validate(self) -> bool:
-        """Validate, log and checkpoint; True when early stopping says stop."""
+        """Validate, log and checkpoint; True when early stopping says stop.
+
+        Under DDP rank 0 alone validates and every rank takes its scores
+        (:func:`~nmt.train.elastic.decided_by_rank0`), so that the new best, the patience count,
+        ``best.pt`` and the stop are decided alike on every rank; scores of their own could
+        differ between ranks in the last digits and stop one rank while the others go on.
+        """
         s, run = self.state, self.run
-        metrics = validation_scores(self.model, run.data, run.cfg, run.device)
+        metrics = decided_by_rank0(
+            run.dist, lambda: validation_scores(self.model, run.data, run.cfg, run.device)
+        )
         self.model.train()
         improved = metrics["bleu"] > s.best_bleu
         if improved:

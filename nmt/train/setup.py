@@ -25,7 +25,7 @@ from nmt.config import to_container
 from nmt.config_checks import check_train_config
 from nmt.data.datasets import PreparedData, prepare_data
 from nmt.data.tokenizer import TokenizerPair
-from nmt.environment import launcher_variables, multi30k_source
+from nmt.environment import dist_timeout, launcher_variables, multi30k_source
 from nmt.models.base import Seq2Seq
 from nmt.runtime.device import pick_device, seed_everything, use_tf32
 from nmt.runtime.distributed import DistInfo, init_distributed
@@ -212,7 +212,7 @@ def setup(cfg: DictConfig, run_dir: Path) -> Setup:
     check_train_config(cfg)
     cfg = copy.deepcopy(cfg)
     launcher = launcher_variables()
-    dist_info = init_distributed(cfg.trainer.device, launcher)
+    dist_info = init_distributed(cfg.trainer.device, launcher, dist_timeout())
     restart = torchrun_restart(Path(cfg.outputs), launcher, dist_info)
     restart.stop_signal = submitit_signal(launcher)
     restarted = continue_restarted(cfg.trainer, restart, run_dir, launcher)
