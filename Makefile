@@ -109,10 +109,10 @@ bench-joeynmt: install ## Speed next to JoeyNMT on this CPU (JOEY_PYTHON=python 
 GPU_WHEELS ?= scripts/gpu_wheels
 GPU_PYTHON_VERSION ?= 3.12
 .PHONY: gpu-wheels gpu-check
-gpu-wheels: install ## Wheels gpu_check.sh installs offline (hydra-core, omegaconf, matplotlib...; GPU_PYTHON_VERSION=3.12, x86_64)
+gpu-wheels: install ## Wheels gpu_check.sh installs offline (hydra-core, omegaconf, matplotlib, sacremoses...; ctranslate2 in optional/; GPU_PYTHON_VERSION=3.12, x86_64)
 	$(BIN)/python scripts/gpu_check.py fetch-wheels --dest $(GPU_WHEELS) --python-version $(GPU_PYTHON_VERSION)
 
-gpu-check: ## On a GPU: 3 minutes of bf16 training on Multi30k; tokens/s, MFU, BLEU over time (ARGS="--train-seconds 120")
+gpu-check: ## On a GPU: every training path in one run of at most 8 minutes, a table of what passed (ARGS="--parts transformer,resume", "--parts quality")
 	PYTHON="$(PYTHON)" NMT_GPU_WHEELS="$(GPU_WHEELS)" bash scripts/gpu_check.sh $(ARGS)
 
 tensorboard: install ## Watch training curves and attention maps (http://localhost:6006, PORT=...)

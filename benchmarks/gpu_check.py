@@ -1,61 +1,69 @@
-"""GPU check: the default Transformer trained on Multi30k for 3 minutes in bf16, measured.
+"""GPU check: every training path of nmt on one machine in one run, and a table of what passed.
 
-One run (under 8 minutes on an H200) that
+First it prints the PyTorch version against nmt's floor and the GPU's compute capability
+(:mod:`benchmarks.gpu_check_env`); a PyTorch below the floor stops it there. Then each part
+(:data:`benchmarks.gpu_check_parts.PARTS`) runs as subprocesses of the real command lines
+(``python -m nmt.train``, ``torch.distributed.run -m nmt.train``, ``nmt.ship.export``,
+``nmt.evaluate``) with the project's Hydra overrides:
 
-1. measures the device's matrix-product peak in the training precision
-   (:func:`benchmarks.machine.matmul_peak`);
-2. trains ``experiment=gpu_quick`` (``python -m nmt.train``) for ``--train-seconds`` of
-   training time, and reads the run's events (``metrics.jsonl``, :mod:`nmt.train.runlog`) for the
-   validation BLEU against wall-clock time and the training throughput (target tokens/s);
-3. times real training steps of the trained configuration
-   (:func:`benchmarks.timing.time_training`): target tokens/s, achieved TFLOP/s and model FLOPs
-   utilisation against the measured peak;
-4. scores the run as it is meant to be decoded (beam 5; the averaged weights if they beat the
-   best checkpoint on validation) on the test split
-   (``python -m nmt.evaluate``);
-5. prints a summary and writes one JSON (``--out``).
+* both models (Transformer, GRU+Bahdanau) trained shortly in bf16 (compute capability 8.0 and
+  later), fp16 with the loss scaler and fp32 (TF32 where the GPU has it): target tokens/s and
+  whether the loss decreased;
+* a run SIGKILLed after its first checkpoint and resumed with ``trainer.resume=auto``: it
+  must go on from that checkpoint's step, and is compared with the same run uninterrupted;
+* a trained Transformer exported for CTranslate2 and decoded on the device with
+  ``engine=ctranslate2`` and ``engine=torch``: the share of identical translations;
+* ``trainer.compile=true`` for a few updates;
+* two-process DDP under torchrun (NCCL over two GPUs; one GPU: two ranks on the CPU over gloo,
+  reported as a fallback);
+* on request (``--parts quality``), the 3-minute ``experiment=gpu_quick`` run with validation
+  BLEU over time, a timed bench (MFU) and the test BLEU (:mod:`benchmarks.gpu_check_quality`).
+
+Each part has its own time budget, and the check a total one (``--budget``): a part that
+overruns is stopped and reported failed, one with no time left is skipped; a failing part
+does not stop the others. The result is one JSON (``--out``) and a printed table
+(:mod:`benchmarks.gpu_check_report`).
 
 On the GPU machine run it through ``bash scripts/gpu_check.sh``, which first installs the
-Python packages the machine lacks from the wheels of ``make gpu-wheels``; ``scripts/
-gpu_check.py`` is the command line. This module holds the check's steps and the result
-they make; :mod:`benchmarks.gpu_wheels` finds and installs those packages' wheels,
-:mod:`benchmarks.gpu_check_report` prints the summary. All three import only the standard
-library at load time: the wheel helpers run before those packages are there.
+Python packages the machine lacks from the wheels of ``make gpu-wheels``
+(:mod:`benchmarks.gpu_wheels`); ``scripts/gpu_check.py`` is the command line. The check's
+modules import only the standard library at load time: nothing of nmt or torch before the first
+step.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-import os
-import statistics
-import subprocess
-import sys
+import math
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import run_summary
-from benchmarks.report import say as _say
-from nmt.environment import MULTI30K_MIRROR, child_environment, multi30k_source
-
-SCHEMA = "nmt-gpu-check/1"
+SCHEMA = "nmt-gpu-check/2"
 OUT = Path("outputs") / "gpu_check" / "gpu_check.json"  # in the repository: the default JSON
 MULTI30K_FILES = tuple(
     f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("de", "en")
 )
-TEST_SET = "test_2016_flickr"
+BUDGET_SECONDS = 480.0  # the whole check, by default
+MIN_PART_SECONDS = 10.0  # a part is skipped when less than this is left of the budget
 
 # Packages nmt imports that must be on the GPU machine already; the others come as
 # wheels (benchmarks.gpu_wheels).
 PREINSTALLED = ("torch", "numpy", "sentencepiece", "sacrebleu", "tensorboard")
-RUNTIME_IMPORTS = (*PREINSTALLED, "hydra", "omegaconf", "yaml", "tqdm", "matplotlib.figure")
+RUNTIME_IMPORTS = (
+    *PREINSTALLED, "hydra", "omegaconf", "yaml", "tqdm", "matplotlib.figure", "sacremoses",
+)  # fmt: skip
 
 
 class CheckFailed(RuntimeError):
     """A step of the check failed; the message says which and why."""
+
+
+class PartSkipped(Exception):
+    """A part that cannot run here (the message says why): reported as skipped."""
 
 
 @dataclass
@@ -63,11 +71,17 @@ class GpuCheckSettings:
     """What the check runs (the options of ``scripts/gpu_check.py``, same names)."""
 
     repo: Path  # the repository: training runs there, data/ holds Multi30k
-    out: Path  # the JSON; the run goes beside it
+    out: Path  # the JSON
+    work: Path | None = None  # the runs' folder (default: beside the JSON, check-<time>)
     device: str = "cuda"
+    parts: str = ""  # comma-separated parts or groups; "" = the default parts
+    quick: bool = False  # tiny models and a few updates per run (the CPU tests)
+    budget: float = BUDGET_SECONDS  # seconds for the whole check
+    run_seconds: float = 20  # training time of each short run
+    override: list[str] = field(default_factory=list)  # Hydra overrides for every run
+    # the quality part (--parts quality)
     train_seconds: float = 180
     experiment: str = "gpu_quick"
-    override: list[str] = field(default_factory=list)  # Hydra overrides for the training run
     matmul_n: int = 0  # 0: 8192 on a GPU, 512 on the CPU
     bench_steps: int = 20  # timed training steps (0 = no bench)
     bench_warmup: int = 5
@@ -75,9 +89,62 @@ class GpuCheckSettings:
     goal_bleu: float = 40.0
 
 
+@dataclass
+class Context:
+    """What a part runs with: the settings, its folder, the environment step's findings, its
+    deadline (``time.monotonic()``), and what earlier parts left for later ones (run folders
+    by part name, figures by part name)."""
+
+    s: GpuCheckSettings
+    work: Path
+    env: dict[str, Any]
+    deadline: float = math.inf
+    runs: dict[str, Path] = field(default_factory=dict)
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def cuda(self) -> bool:
+        return self.env["device_type"] == "cuda"
+
+    @property
+    def native_bf16(self) -> bool:
+        """bf16 and TF32 in hardware (compute capability 8.0 and later)."""
+        return bool(self.env.get("native_bf16"))
+
+    def left(self) -> float:
+        """Seconds until the part's deadline."""
+        return self.deadline - time.monotonic()
+
+
+@dataclass
+class Outcome:
+    """What a part that ran reports: one line of figures for the table, all figures for the
+    JSON, a note for the reader, and whether it ran a fallback instead of the path itself."""
+
+    summary: str
+    figures: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+    fallback: bool = False
+
+
+@dataclass(frozen=True)
+class Part:
+    """One row of the check: its name, what it does, the function that runs it, its time
+    budget in seconds (from the settings), whether it runs by default, and its groups."""
+
+    name: str
+    what: str
+    run: Callable[[Context], Outcome]
+    budget: Callable[[GpuCheckSettings], float]
+    default: bool = True
+    groups: tuple[str, ...] = ()
+
+
 def say(msg: str) -> None:
     """Progress on stderr."""
-    _say("gpu-check", msg)
+    from benchmarks.report import say as report_say
+
+    report_say("gpu-check", msg)
 
 
 # ------------------------------------------------------------------------------ preconditions
@@ -98,6 +165,12 @@ def override_keys(overrides: Sequence[str]) -> set[str]:
     return {o.split("=", 1)[0].lstrip("+~") for o in overrides}
 
 
+def with_defaults(defaults: Sequence[str], overrides: Sequence[str]) -> list[str]:
+    """``defaults`` less those whose key the overrides set, then the overrides."""
+    keys = override_keys(overrides)
+    return [d for d in defaults if d.split("=", 1)[0].lstrip("+~") not in keys] + list(overrides)
+
+
 def uses_multi30k(overrides: Sequence[str]) -> bool:
     """Whether the overrides keep the data on Multi30k (they may switch to other files)."""
     for o in overrides:
@@ -113,6 +186,8 @@ def uses_multi30k(overrides: Sequence[str]) -> bool:
 def corpus_problem(data_root: Path, mirror: str | None) -> str | None:
     """None when every Multi30k file the check needs is in ``data_root/multi30k`` or in the
     mirror directory; else an error naming both places."""
+    from nmt.environment import MULTI30K_MIRROR
+
     local = data_root / "multi30k"
     places = [local] + ([Path(mirror)] if mirror else [])
     missing = [f for f in MULTI30K_FILES if not any((p / f).is_file() for p in places)]
@@ -127,256 +202,8 @@ def corpus_problem(data_root: Path, mirror: str | None) -> str | None:
     )
 
 
-# ------------------------------------------------------------------------------ the run's events
-
-
-def tokens_per_s(windows: list[dict[str, Any]]) -> dict[str, float] | None:
-    """Training target tokens/s over the log windows, the first (warm-up) one left out when
-    there are others."""
-    rates = [w["tgt_tokens_per_s"] for w in windows]
-    if len(rates) > 1:
-        rates = rates[1:]
-    if not rates:
-        return None
-    return {"median": statistics.median(rates), "mean": statistics.mean(rates), "n": len(rates)}
-
-
-def run_history(events: list[dict[str, Any]], started: float) -> dict[str, Any]:
-    """What the check reports of a training run, from its events (:func:`nmt.train.runlog.
-    read_events`): validation BLEU over time, the log windows' throughput, epochs, the averaged
-    checkpoint. ``wall_s`` is seconds since the training process started (Unix time
-    ``started``); ``since_train_start_s`` since the run's ``start`` event."""
-    from nmt.train.runlog import of_kind
-
-    def wall(e: dict[str, Any]) -> float:
-        return round(e["time"] - started, 2)
-
-    starts = of_kind(events, "start")
-    first = starts[0] if starts else None
-    train_start = wall(first) if first else None
-
-    def since_start(e: dict[str, Any]) -> float:
-        return round(wall(e) - train_start, 2) if train_start is not None else 0.0
-
-    validations = [
-        {"step": v["step"], "loss": v["loss"], "ppl": v["ppl"], "bleu": v["bleu"],
-         "chrf": v["chrf"], "seconds": v["seconds"], "wall_s": wall(v),
-         "since_train_start_s": since_start(v)}
-        for v in of_kind(events, "validation")
-    ]  # fmt: skip
-    trains = of_kind(events, "train")
-    windows = [
-        {"step": t["step"], "loss": t["loss"], "lr": t["lr"],
-         "tgt_tokens_per_s": t["tokens_per_s"], "wall_s": wall(t)}
-        for t in trains
-    ]  # fmt: skip
-    # an epoch's end: the last window logged in it (the events have no epoch-end event)
-    epochs = [
-        {"epoch": a["epoch"], "step": a["step"], "wall_s": wall(a)}
-        for a, b in zip(trains, trains[1:], strict=False)
-        if b["epoch"] > a["epoch"]
-    ]
-    averaged = of_kind(events, "averaged")
-    avg = averaged[-1] if averaged else None
-    model = {}
-    if first:
-        model = {"parameters": first.get("parameters"), "device": first.get("device_type")}
-    return {
-        "model": model,
-        "train_pairs": first.get("train_pairs") if first else None,
-        "batches_per_epoch": first.get("batches_per_epoch") if first else None,
-        "train_start_wall_s": train_start,
-        "validation_history": validations,
-        "validation_seconds_total": sum(v["seconds"] for v in validations),
-        "averaged": {
-            "checkpoints": avg["checkpoints"],
-            "loss": avg.get("loss"),
-            "bleu": avg["bleu"],
-            "chrf": avg.get("chrf"),
-            "wall_s": wall(avg),
-        }
-        if avg
-        else None,  # fmt: skip
-        "log_windows": windows,
-        "epochs": epochs,
-        "tgt_tokens_per_s": tokens_per_s(windows),
-    }
-
-
-def stream(cmd: Sequence[str], cwd: Path, log_file: Path) -> int:
-    """Run ``cmd`` in ``cwd``, echo its output to stderr and copy it into ``log_file``;
-    returns the exit status."""
-    env = child_environment(PYTHONUNBUFFERED="1")
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(
-            list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, bufsize=1, errors="replace",
-        )  # fmt: skip
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stderr.write(line)
-            log.write(line)
-        return proc.wait()
-
-
-# ------------------------------------------------------------------------------ steps
-
-
-def with_defaults(defaults: Sequence[str], overrides: Sequence[str]) -> list[str]:
-    """``defaults`` less those whose key the user's overrides set, then the overrides."""
-    keys = override_keys(overrides)
-    return [d for d in defaults if d.split("=", 1)[0] not in keys] + list(overrides)
-
-
-def train_command(s: GpuCheckSettings, run_dir: Path) -> list[str]:
-    defaults = [
-        f"experiment={s.experiment}",
-        f"trainer.device={s.device}",
-        f"trainer.max_time={s.train_seconds}",
-        "trainer.progress=false",
-        f"outputs={run_dir.parent}",
-        f"hydra.run.dir={run_dir}",
-        f"data.root={s.repo / 'data'}",
-    ]
-    return [sys.executable, "-m", "nmt.train", *with_defaults(defaults, s.override)]
-
-
-def run_training(s: GpuCheckSettings, run_dir: Path) -> dict[str, Any]:
-    cmd = train_command(s, run_dir)
-    say("training: " + " ".join(cmd[1:]))
-    started = time.time()
-    rc = stream(cmd, s.repo, run_dir.parent / f"{run_dir.name}.console.log")
-    if rc != 0:
-        raise CheckFailed(f"training failed (exit status {rc}); its log: {run_dir}/train.log")
-    from nmt.train.runlog import METRICS_FILE, read_events
-
-    events = read_events(run_dir)
-    summary = run_summary(run_dir)
-    if not events or summary is None:
-        raise CheckFailed(f"training wrote no {run_dir / METRICS_FILE}")
-    history = run_history(events, started)
-    history["model"] = {"class": model_class(run_dir), **history["model"]}
-    return {"run_dir": str(run_dir), "command": cmd[1:], "summary": summary, **history}
-
-
-def model_class(run_dir: Path) -> str:
-    """The class name of the run's model (its config's ``model.arch``)."""
-    from nmt.models.registry import MODELS
-    from nmt.store.gate import load_run_config
-
-    arch = load_run_config(run_dir).model.arch
-    return MODELS[arch].__name__ if arch in MODELS else str(arch)
-
-
-def measure_peak(device: Any, precision: str, s: GpuCheckSettings) -> dict[str, Any]:
-    from benchmarks.machine import PRECISION_DTYPES, matmul_peak
-
-    n = s.matmul_n or (8192 if device.type == "cuda" else 512)
-    samples, seconds = (7, 0.2) if device.type == "cuda" else (3, 0.05)
-    say(f"matmul peak in {precision} ({n} x {n})")
-    return matmul_peak(device, PRECISION_DTYPES[precision], n, samples, seconds)
-
-
-def run_bench(
-    run_dir: Path, device: Any, precision: str, peak_tflops: float, s: GpuCheckSettings
-) -> dict[str, Any]:
-    """The training steps of the trained run's own config, data and tokenizers, timed."""
-    from omegaconf import OmegaConf
-
-    from benchmarks.timing import StepSettings, time_training
-    from nmt.data.datasets import prepare_data
-    from nmt.data.tokenizer import TokenizerPair
-    from nmt.store.checkpoint import load_checkpoint
-
-    payload = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    cfg = OmegaConf.create(payload["config"])
-    tokenizers = TokenizerPair.from_state_dict(payload["tokenizers"])
-    del payload
-    data = prepare_data(cfg.data, tokenizers, multi30k_source())
-    steps = StepSettings(device, s.bench_steps, s.bench_warmup)
-    say(f"bench: {s.bench_warmup} + {s.bench_steps} training steps in {precision}")
-    return time_training(cfg, data, precision, steps, peak_tflops)
-
-
-def run_eval(run_dir: Path, device: str, repo: Path) -> dict[str, Any]:
-    out_dir = run_dir / "eval"
-    cmd = [sys.executable, "-m", "nmt.evaluate", f"run={run_dir}", f"device={device}"]
-    cmd.append(f"out={out_dir}")
-    say("evaluation: " + " ".join(cmd[1:]))
-    before = set(out_dir.glob("scores.*.json"))
-    rc = stream(cmd, repo, run_dir.parent / f"{run_dir.name}.eval.log")
-    if rc != 0:
-        raise CheckFailed(f"evaluation failed (exit status {rc})")
-    new = sorted(set(out_dir.glob("scores.*.json")) - before, key=lambda p: p.stat().st_mtime)
-    if not new:
-        raise CheckFailed(f"evaluation wrote no scores into {out_dir}")
-    return json.loads(new[-1].read_text())
-
-
-def machine_info(device: Any) -> dict[str, Any]:
-    import platform
-
-    import torch
-
-    from nmt.runtime.device import device_name
-
-    info: dict[str, Any] = {
-        "device": str(device),
-        "device_name": device_name(device),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-    }
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info.update(
-            cuda=torch.version.cuda,
-            memory_bytes=props.total_memory,
-            multiprocessors=props.multi_processor_count,
-        )
-    return info
-
-
-# ------------------------------------------------------------------------------ scores and goal
-
-
-def test_scores(evaluation: dict[str, Any]) -> dict[str, Any]:
-    """{set name: {"bleu", "chrf", "sentences"}} from nmt.evaluate's report."""
-    out = {}
-    for name, s in evaluation.get("sets", {}).items():
-        scores = s["scores"]
-        out[name] = {
-            "bleu": scores["BLEU"]["score"],
-            "chrf": scores.get("chrF2", {}).get("score"),
-            "bleu_signature": scores["BLEU"]["signature"],
-            "sentences": s["sentences"],
-        }
-    return out
-
-
-def goal(result: dict[str, Any], target: float) -> dict[str, Any]:
-    """Whether the test BLEU reached ``target`` with the training time of this run."""
-    tests = result.get("test") or {}
-    name = TEST_SET if TEST_SET in tests else next(iter(tests), None)
-    bleu = tests[name]["bleu"] if name else None
-    train = result.get("training") or {}
-    history = train.get("validation_history") or []
-    first = next((v for v in history if v["bleu"] >= target), None)
-    return {
-        "target_bleu": target,
-        "test_set": name,
-        "test_bleu": bleu,
-        "train_seconds": (train.get("summary") or {}).get("train_time"),
-        "met": bleu is not None and bleu >= target,
-        "first_validation_at_target": first,
-    }
-
-
-# ------------------------------------------------------------------------------ main
-
-
 def preconditions(s: GpuCheckSettings) -> None:
+    """CheckFailed when a package nmt needs does not import or Multi30k is not there."""
     problems = import_problems()
     if problems:
         raise CheckFailed(
@@ -385,70 +212,111 @@ def preconditions(s: GpuCheckSettings) -> None:
             "the wheels of `make gpu-wheels` (bash scripts/gpu_check.sh installs them)"
         )
     if uses_multi30k(s.override):
+        from nmt.environment import multi30k_source
+
         mirror = multi30k_source().mirror
         problem = corpus_problem(s.repo / "data", str(mirror) if mirror else None)
         if problem:
             raise CheckFailed(problem)
 
 
-def run_check(s: GpuCheckSettings) -> dict[str, Any]:
-    """Every step of the check (module docstring); CheckFailed says which failed and why."""
-    start = time.perf_counter()
-    phases: dict[str, float] = {}
-    preconditions(s)
-    import torch
+# ------------------------------------------------------------------------------ the parts
 
-    from nmt.runtime.precision import resolve_precision
 
-    device = torch.device(s.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CheckFailed(f"--device {s.device}: torch.cuda.is_available() is False")
+def select_parts(parts: Sequence[Part], spec: str) -> list[Part]:
+    """The parts ``spec`` names, in the table's order: comma-separated part names or group
+    names (``all``: every part); "" = the default parts. CheckFailed names the choices for
+    a name that is neither."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        return [p for p in parts if p.default]
+    known = {p.name for p in parts} | {g for p in parts for g in p.groups} | {"all"}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise CheckFailed(
+            f"--parts: no part or group {', '.join(unknown)}; the parts: "
+            f"{', '.join(p.name for p in parts)}; the groups: "
+            f"{', '.join(sorted(known - {p.name for p in parts}))}"
+        )
+    wanted = set(names)
+    return [p for p in parts if "all" in wanted or p.name in wanted or wanted & set(p.groups)]
+
+
+def row(name: str, status: str, seconds: float, **fields: Any) -> dict[str, Any]:
+    """One part's entry of the result."""
+    return {"part": name, "status": status, "seconds": round(seconds, 1), "summary": "",
+            "note": "", "figures": {}, **fields}  # fmt: skip
+
+
+def run_part(part: Part, ctx: Context, end: float) -> dict[str, Any]:
+    """Run one part until its deadline (its budget, or what is left of the check's): passed,
+    fallback, skipped (PartSkipped, or no time left) or failed (anything raised)."""
+    start = time.monotonic()
+    if end - start < MIN_PART_SECONDS:
+        return row(part.name, "skipped", 0.0, note="no time left in the check's budget")
+    ctx.deadline = start + min(part.budget(ctx.s), end - start)
+    say(f"{part.name}: {part.what} (budget {ctx.deadline - start:.0f} s)")
+    try:
+        outcome = part.run(ctx)
+    except PartSkipped as e:
+        return row(part.name, "skipped", time.monotonic() - start, note=str(e))
+    except Exception as e:  # any failure is the part's finding; the next part runs
+        note = str(e) or type(e).__name__
+        return row(part.name, "failed", time.monotonic() - start, note=note,
+                   error=traceback.format_exc())  # fmt: skip
+    ctx.figures[part.name] = outcome.figures
+    status = "fallback" if outcome.fallback else "passed"
+    return row(part.name, status, time.monotonic() - start, summary=outcome.summary,
+               note=outcome.note, figures=outcome.figures)  # fmt: skip
+
+
+def run_parts(parts: Sequence[Part], ctx: Context, budget: float) -> list[dict[str, Any]]:
+    """Every part in turn within ``budget`` seconds in all; each part's entry."""
+    end = time.monotonic() + budget
+    results = []
+    for part in parts:
+        entry = run_part(part, ctx, end)
+        say(f"{part.name}: {entry['status']} ({entry['seconds']:.0f} s) {entry['note']}".rstrip())
+        results.append(entry)
+    return results
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def run_check(
+    s: GpuCheckSettings, announce: Callable[[str], None] = print, parts: Sequence[Part] = ()
+) -> dict[str, Any]:
+    """The environment step (its lines go to ``announce`` at once), then the selected parts
+    (of ``parts``, default :data:`benchmarks.gpu_check_parts.PARTS`). CheckFailed before
+    any part runs: a package or Multi30k missing, or an unknown part."""
+    from benchmarks.gpu_check_env import describe, environment
+
+    start = time.monotonic()
+    if not parts:
+        from benchmarks.gpu_check_parts import PARTS
+
+        parts = PARTS
+    selected = select_parts(parts, s.parts)
+    env = environment(s.device, s.repo)
+    for line in describe(env):
+        announce(line)
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_info(device),
-        "settings": {
-            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(s).items() if k != "repo"
-        },
+        "environment": env,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(s).items()},
     }
-
-    tic = time.perf_counter()
-    peaks = {"bf16": measure_peak(device, "bf16", s)}
-    phases["peak"] = time.perf_counter() - tic
-
-    run_dir = s.out.parent / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
-    tic = time.perf_counter()
-    train = run_training(s, run_dir)
-    phases["training"] = time.perf_counter() - tic
-    result["training"] = train
-
-    from omegaconf import OmegaConf
-
-    # the precision the run trained in (summary.json), else its config's resolved here
-    precision = train["summary"].get("hardware", {}).get("precision") or resolve_precision(
-        str(OmegaConf.load(run_dir / "config.yaml").trainer.precision), device
+    if env["problems"]:
+        result["parts"] = [row(p.name, "skipped", 0.0, note=env["problems"][0]) for p in selected]
+    else:
+        preconditions(s)
+        work = s.work or s.out.parent / f"check-{time.strftime('%Y%m%d-%H%M%S')}"
+        ctx = Context(s, work.resolve(), env)
+        result["work"] = str(ctx.work)
+        result["parts"] = run_parts(selected, ctx, s.budget - (time.monotonic() - start))
+    result["passed"] = not env["problems"] and all(
+        p["status"] in ("passed", "fallback", "skipped") for p in result["parts"]
     )
-    if precision not in peaks:
-        peaks[precision] = measure_peak(device, precision, s)
-    peak = peaks[precision]
-    result.update(precision=precision, peak=peak, peaks=peaks)
-
-    if s.bench_steps > 0:
-        tic = time.perf_counter()
-        bench_result = run_bench(run_dir, device, precision, peak["tflops"], s)
-        phases["bench"] = time.perf_counter() - tic
-        result["bench"] = bench_result
-        tps = train["tgt_tokens_per_s"]
-        if tps:
-            flops = bench_result["train_flops_per_tgt_token"] * tps["median"]
-            result["train_achieved_tflops"] = flops / 1e12
-            result["train_mfu"] = flops / 1e12 / peak["tflops"]
-    if not s.no_eval:
-        tic = time.perf_counter()
-        result["evaluation"] = run_eval(run_dir, s.device, s.repo)
-        result["test"] = test_scores(result["evaluation"])
-        phases["evaluation"] = time.perf_counter() - tic
-    result["goal"] = goal(result, s.goal_bleu)
-    result["phase_seconds"] = phases
-    result["seconds"] = time.perf_counter() - start
+    result["seconds"] = time.monotonic() - start
     return result

@@ -40,7 +40,13 @@ WHEEL_PACKAGES = {
     "dateutil": "python-dateutil",
     "tzdata": "tzdata",
     "packaging": "packaging",
+    "sacremoses": "sacremoses",  # nmt-eval's papers' BLEU
+    "joblib": "joblib",  # sacremoses imports it
 }
+# Packages only some parts of the check need, installed where their wheel is there: the
+# CTranslate2 engine (its wheel, about 40 MB with its CUDA kernels, has a folder of its own)
+OPTIONAL_PACKAGES = {"ctranslate2": "ctranslate2"}
+OPTIONAL_DIR = "optional"  # in the wheel folder
 SOURCE_ONLY = {"antlr4-python3-runtime"}  # no wheel on the index: built from its sdist
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
@@ -50,18 +56,33 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
+def _lacking(packages: dict[str, str], present: Callable[[str], bool] | None) -> list[str]:
+    present = present or (lambda module: importlib.util.find_spec(module) is not None)
+    return [dist for module, dist in packages.items() if not present(module)]
+
+
+def _by_dist(wheel_dir: Path) -> dict[str, Path]:
+    files = sorted(wheel_dir.glob("*.whl")) if wheel_dir.is_dir() else []
+    return {normalize(f.name.split("-", 1)[0]): f for f in files}
+
+
 def wheels_needed(
     wheel_dir: Path, present: Callable[[str], bool] | None = None
 ) -> tuple[list[Path], list[str]]:
     """Wheels in ``wheel_dir`` for the packages this Python lacks, and the lacking ones
     that have no wheel there."""
-    present = present or (lambda module: importlib.util.find_spec(module) is not None)
-    wanted = [dist for module, dist in WHEEL_PACKAGES.items() if not present(module)]
-    files = sorted(wheel_dir.glob("*.whl")) if wheel_dir.is_dir() else []
-    by_dist = {normalize(f.name.split("-", 1)[0]): f for f in files}
+    wanted, by_dist = _lacking(WHEEL_PACKAGES, present), _by_dist(wheel_dir)
     found = [by_dist[normalize(d)] for d in wanted if normalize(d) in by_dist]
     absent = [d for d in wanted if normalize(d) not in by_dist]
     return found, absent
+
+
+def optional_wheels(wheel_dir: Path, present: Callable[[str], bool] | None = None) -> list[Path]:
+    """Wheels in ``wheel_dir/optional`` for the optional packages this Python lacks (one
+    without a wheel there is left out: the parts that need it are skipped)."""
+    by_dist = _by_dist(wheel_dir / OPTIONAL_DIR)
+    return [by_dist[normalize(d)] for d in _lacking(OPTIONAL_PACKAGES, present)
+            if normalize(d) in by_dist]  # fmt: skip
 
 
 def wrong_python(wheels: Sequence[Path], version: tuple[int, int] | None = None) -> list[Path]:
@@ -87,11 +108,13 @@ def missing_wheels_message(wheel_dir: Path, absent: Sequence[str]) -> str:
 
 
 def wheels_to_install(wheel_dir: Path) -> list[Path]:
-    """The wheels of ``wheel_dir`` that this Python needs; CheckFailed says what is missing
-    (no wheel for a package it lacks, or wheels for another Python)."""
+    """The wheels of ``wheel_dir`` that this Python needs, and those of its optional packages
+    that it lacks; CheckFailed says what is missing (no wheel for a package it lacks, or wheels
+    for another Python)."""
     found, absent = wheels_needed(wheel_dir)
     if absent:
         raise CheckFailed(missing_wheels_message(wheel_dir, absent))
+    found += optional_wheels(wheel_dir)
     bad = wrong_python(found)
     if bad:
         raise CheckFailed(
@@ -138,26 +161,37 @@ def installed_version(dist: str) -> str:
         ) from None
 
 
-def fetch_wheels(dest: Path, python_version: str) -> list[Path]:
-    """Download (or build) the wheels, pinned to the versions installed here."""
-    pins = {dist: installed_version(dist) for dist in WHEEL_PACKAGES.values()}
+def download(dest: Path, pins: dict[str, str], python_version: str) -> None:
+    """``pip download`` of the binary wheels of ``pins`` for the GPU machine into ``dest``
+    (emptied of wheels first)."""
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("*.whl"):
         old.unlink()
-    pip = [sys.executable, "-m", "pip"]
     binary = [f"{d}=={v}" for d, v in pins.items() if d not in SOURCE_ONLY]
     platforms = [arg for plat in PLATFORMS for arg in ("--platform", plat)]
     subprocess.run(
-        [*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", python_version,
-         "--implementation", "cp", *platforms, "-d", str(dest), *binary],
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+         "--python-version", python_version, "--implementation", "cp", *platforms,
+         "-d", str(dest), *binary],
         check=True,
     )  # fmt: skip
+
+
+def fetch_wheels(dest: Path, python_version: str) -> list[Path]:
+    """Download (or build) the wheels, pinned to the versions installed here; the optional
+    ones into ``dest/optional``."""
+    pins = {dist: installed_version(dist) for dist in WHEEL_PACKAGES.values()}
+    optional = {dist: installed_version(dist) for dist in OPTIONAL_PACKAGES.values()}
+    download(dest, pins, python_version)
+    download(dest / OPTIONAL_DIR, optional, python_version)
+    pip = [sys.executable, "-m", "pip"]
     for dist in SOURCE_ONLY:
         subprocess.run(
             [*pip, "wheel", "--no-deps", f"{dist}=={pins[dist]}", "-w", str(dest)], check=True
         )
-    wheels = sorted(dest.glob("*.whl"))
     _, absent = wheels_needed(dest, present=lambda _module: False)
+    came = _by_dist(dest / OPTIONAL_DIR)
+    absent += [d for d in OPTIONAL_PACKAGES.values() if normalize(d) not in came]
     if absent:
         raise CheckFailed(f"no wheel came for: {', '.join(absent)}")
-    return wheels
+    return sorted(dest.glob("*.whl")) + sorted((dest / OPTIONAL_DIR).glob("*.whl"))

@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nmt.train.runlog import SUMMARY_FILE, read_events, summarize
-
 
 class SetupError(Exception):
     """A problem found before anything is measured (bad settings, missing files): the message
@@ -25,13 +23,21 @@ def say(tag: str, msg: str) -> None:
     print(f"[{tag} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
-    """A plain-text table, columns right-aligned, with a rule under the header."""
+def table(header: list[str], rows: list[list[str]], align: str = "") -> str:
+    """A plain-text table with a rule under the header; ``align`` holds one letter per column,
+    ``l`` (left) or ``r`` (right, also for the columns it does not reach)."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [" | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    sides = align.ljust(len(header), "r")[: len(header)]
+
+    def line(cells: list[str]) -> str:
+        padded = [
+            c.ljust(w) if a == "l" else c.rjust(w)
+            for c, w, a in zip(cells, widths, sides, strict=True)
+        ]
+        return " | ".join(padded)
+
     rule = "-+-".join("-" * w for w in widths)
-    head = " | ".join(c.rjust(w) for c, w in zip(header, widths, strict=True))
-    return "\n".join([head, rule, *lines])
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])
 
 
 def write_json(out: Path, result: dict[str, Any]) -> None:
@@ -59,6 +65,8 @@ def write_result(out: Path, result: dict[str, Any], text: str) -> None:
 def run_summary(run_dir: Path) -> dict[str, Any] | None:
     """A training run's summary, derived from its ``metrics.jsonl``; a run from before that
     file existed has only ``summary.json``, which is read instead. None: neither is there."""
+    from nmt.train.runlog import SUMMARY_FILE, read_events, summarize
+
     events = read_events(run_dir)
     if events:
         return summarize(events)

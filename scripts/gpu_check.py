@@ -1,8 +1,8 @@
-"""GPU check: the default Transformer trained on Multi30k for 3 minutes in bf16, measured
+"""GPU check: every training path of nmt in one run, and a table of what passed
 (benchmarks.gpu_check). On the GPU machine run it through ``bash scripts/gpu_check.sh``.
 Elsewhere::
 
-    python scripts/gpu_check.py --device cpu --train-seconds 10 --override model.d_model=64 ...
+    python scripts/gpu_check.py --device cpu --quick --parts precision,resume --override ...
 
 Helper commands (standard library only, used by gpu_check.sh and ``make gpu-wheels``)::
 
@@ -59,38 +59,68 @@ def fetch_wheels(argv: list[str]) -> int:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from benchmarks.gpu_check_parts import PARTS
+
+    listing = "\n".join(
+        f"  {p.name:<18} {p.what}{'' if p.default else ' (only when named)'}" for p in PARTS
+    )
+    groups = sorted({g for p in PARTS for g in p.groups})
     p = argparse.ArgumentParser(
-        description=f"{__doc__}\n{gpu_check.__doc__}", formatter_class=argparse.RawTextHelpFormatter
+        description=f"{__doc__}\n{gpu_check.__doc__}\nthe parts:\n{listing}",
+        formatter_class=argparse.RawTextHelpFormatter,
     )
     p.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (default cuda)")
-    p.add_argument("--train-seconds", type=float, default=180, help="training time (default 180)")
-    p.add_argument("--experiment", default="gpu_quick", help="training preset (default gpu_quick)")
+    p.add_argument(
+        "--parts",
+        default="",
+        help=f"comma-separated parts or groups ({', '.join(groups)}, all); default: every part "
+        "but quality",
+    )
+    p.add_argument("--quick", action="store_true", help="tiny models, a few updates per run")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=gpu_check.BUDGET_SECONDS,
+        help=f"seconds for the whole check (default {gpu_check.BUDGET_SECONDS:.0f})",
+    )
+    p.add_argument(
+        "--run-seconds", type=float, default=20, help="training time of each short run (20)"
+    )
     p.add_argument(
         "--override",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="Hydra override for the training run (repeatable)",
+        help="Hydra override for every training run (repeatable)",
     )
-    p.add_argument("--matmul-n", type=int, default=0, help="matmul size (default 8192; CPU 512)")
-    p.add_argument("--bench-steps", type=int, default=20, help="timed bench steps (0 = no bench)")
-    p.add_argument("--bench-warmup", type=int, default=5, help="untimed bench steps first")
-    p.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation")
-    p.add_argument("--goal-bleu", type=float, default=40.0, help="target test BLEU (default 40)")
+    p.add_argument("--work", type=Path, help="the runs' folder (default: beside --out)")
     p.add_argument(
         "--out", type=Path, default=REPO / gpu_check.OUT, help=f"JSON (default {gpu_check.OUT})"
     )
+    q = p.add_argument_group("the quality part (--parts quality)")
+    q.add_argument("--train-seconds", type=float, default=180, help="training time (180)")
+    q.add_argument("--experiment", default="gpu_quick", help="training preset (gpu_quick)")
+    q.add_argument("--matmul-n", type=int, default=0, help="matmul size (default 8192; CPU 512)")
+    q.add_argument("--bench-steps", type=int, default=20, help="timed bench steps (0 = no bench)")
+    q.add_argument("--bench-warmup", type=int, default=5, help="untimed bench steps first")
+    q.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation")
+    q.add_argument("--goal-bleu", type=float, default=40.0, help="target test BLEU (default 40)")
     return p.parse_args(argv)
 
 
 def check(argv: list[str]) -> int:
+    """The check; exit status 0 when no part failed, 1 otherwise."""
     args = parse_args(argv)
-    s = gpu_check.GpuCheckSettings(repo=REPO, **{**vars(args), "out": args.out.resolve()})
-    result = gpu_check.run_check(s)
+    work = args.work.resolve() if args.work else None
+    s = gpu_check.GpuCheckSettings(
+        repo=REPO, **{**vars(args), "out": args.out.resolve(), "work": work}
+    )
+    result = gpu_check.run_check(s, announce=lambda line: print(line, flush=True))
     write_json(s.out, result)
+    print()
     print(gpu_check_report.report(result))
     print(f"\nwritten: {s.out}")
-    return 0
+    return 0 if result["passed"] else 1
 
 
 SUBCOMMANDS = {

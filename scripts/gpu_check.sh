@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# GPU check: trains the default Transformer on Multi30k for 3 minutes in bf16 on one NVIDIA GPU
-# and prints tokens/s, FLOPs utilisation against the GPU's measured peak, and validation BLEU
-# over time (scripts/gpu_check.py; under 8 minutes on an H200).
+# GPU check: every training path of nmt on a machine with an NVIDIA GPU, in one run of about
+# 8 minutes at most (--budget 480), and a table of what passed (scripts/gpu_check.py,
+# benchmarks/gpu_check.py). First the PyTorch version against nmt's floor and the GPU's compute
+# capability; then both models in bf16, fp16 and fp32, a resume after SIGKILL, the CTranslate2
+# engine on the GPU, torch.compile and two-process DDP. The JSON goes to --out.
 #
 #   bash scripts/gpu_check.sh                       # or: make gpu-check
-#   bash scripts/gpu_check.sh --train-seconds 120 --out outputs/gpu_check/short.json
+#   bash scripts/gpu_check.sh --parts transformer,resume --out outputs/gpu_check/short.json
+#   bash scripts/gpu_check.sh --parts quality       # 3 minutes of gpu_quick, BLEU over time
 #
 # Needs PyTorch (CUDA), numpy, sentencepiece, sacrebleu and tensorboard on the machine. What
-# else nmt imports (hydra-core, omegaconf, matplotlib, ...) is installed, without network, from
-# the wheels of `make gpu-wheels` (scripts/gpu_wheels/, or NMT_GPU_WHEELS) into
-# /tmp/nmt-site (NMT_GPU_SITE), only where this Python lacks them. Multi30k comes from
-# NMT_MULTI30K_MIRROR or data/multi30k/. PYTHON picks the interpreter (default python3).
+# else nmt imports (hydra-core, omegaconf, matplotlib, sacremoses, ...) is installed, without
+# network, from the wheels of `make gpu-wheels` (scripts/gpu_wheels/, or NMT_GPU_WHEELS) into
+# /tmp/nmt-site (NMT_GPU_SITE), only where this Python lacks them; ctranslate2 too where its
+# wheel is in scripts/gpu_wheels/optional/. Multi30k comes from NMT_MULTI30K_MIRROR or
+# data/multi30k/. PYTHON picks the interpreter (default python3). Exit status 0: no part failed.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

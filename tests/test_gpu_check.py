@@ -1,9 +1,10 @@
-"""The GPU check (benchmarks.gpu_check, gpu_wheels; scripts/gpu_check.sh, gpu_check.py) on CPU:
-everything but the GPU.
+"""The GPU check (benchmarks.gpu_check, gpu_wheels, gpu_check_quality; scripts/gpu_check.sh,
+gpu_check.py) on CPU: everything but the GPU.
 
 The wheel selection and offline install, the corpus check, the reading of a run's events and
-the preset are checked directly; one slow test runs the whole check through gpu_check.sh with a
-tiny model on a small real Multi30k subset for a few seconds of training.
+the preset are checked directly; one slow test runs the quality part through gpu_check.sh with
+a tiny model on a small real Multi30k subset for a few seconds of training. The other parts:
+tests/test_gpu_check_parts.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from benchmarks import gpu_check as gc
 from benchmarks import gpu_wheels
+from benchmarks.gpu_check_quality import run_history
 from nmt.config_checks import check_train_config
 from nmt.train.runlog import RunLog, read_events
 
@@ -109,6 +111,21 @@ def test_unpack_wheel_installs_like_a_target_install(tmp_path):
     assert not (site / "tool").exists()  # scripts are not installed
 
 
+def test_an_optional_wheel_is_installed_where_it_is_there(tmp_path):
+    for module, dist in gpu_wheels.WHEEL_PACKAGES.items():
+        fake_wheel(tmp_path, dist, module)
+    optional = tmp_path / gpu_wheels.OPTIONAL_DIR
+    optional.mkdir()
+    ct2 = fake_wheel(optional, "ctranslate2", "ctranslate2")
+    lacking = {"hydra", "ctranslate2"}
+    assert gpu_wheels.optional_wheels(tmp_path, present=lambda m: m not in lacking) == [ct2]
+    assert gpu_wheels.optional_wheels(tmp_path, present=lambda m: True) == []
+    ct2.unlink()  # without its wheel the check installs the rest; its part is skipped
+    assert gpu_wheels.optional_wheels(tmp_path, present=lambda m: m not in lacking) == []
+    found, absent = gpu_wheels.wheels_needed(tmp_path, present=lambda m: m not in lacking)
+    assert [p.name.split("-")[0] for p in found] == ["hydra_core"] and absent == []
+
+
 def test_fetched_wheels_are_complete():
     """After `make gpu-wheels`: one wheel per package, and under 30 MB in all."""
     wheel_dir = REPO / gpu_wheels.WHEELS_DIR
@@ -121,6 +138,21 @@ def test_fetched_wheels_are_complete():
 
 
 # ------------------------------------------------------------------------------ gpu_check.sh
+
+
+def test_the_check_loads_without_nmt_or_torch():
+    """The wheel helpers and the first step run before anything else: importing nmt (which
+    refuses a PyTorch below its floor) or torch would stop them."""
+    modules = ["benchmarks.gpu_check", "benchmarks.gpu_check_env", "benchmarks.gpu_check_parts",
+               "benchmarks.gpu_check_runs", "benchmarks.gpu_check_quality",
+               "benchmarks.gpu_check_report", "benchmarks.gpu_wheels"]  # fmt: skip
+    code = (
+        f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('nmt', 'torch')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
 
 
 def test_script_without_wheels_or_hydra_says_what_to_do(tmp_path):
@@ -220,7 +252,7 @@ def test_run_history_reads_bleu_over_time_and_tokens_per_second(tmp_path, monkey
               loss=2.0, ppl=7.4, bleu=21.0, chrf=46.0)  # fmt: skip
     log.write("end", 300, epoch=7, train_time=3.0, stop_reason="max_steps", best_bleu=20.5,
               best_step=200)  # fmt: skip
-    h = gc.run_history(read_events(tmp_path), started=1000.0)
+    h = run_history(read_events(tmp_path), started=1000.0)
     assert h["model"] == {"parameters": 7578624, "device": "cuda"}
     assert (h["train_pairs"], h["batches_per_epoch"], h["train_start_wall_s"]) == (28997, 34, 11.0)
     [v] = h["validation_history"]
@@ -239,7 +271,7 @@ def test_run_history_reads_bleu_over_time_and_tokens_per_second(tmp_path, monkey
         {"epoch": 3, "step": 100, "wall_s": 12.0},
         {"epoch": 6, "step": 200, "wall_s": 13.0},
     ]
-    empty = gc.run_history([], started=0.0)
+    empty = run_history([], started=0.0)
     assert empty["validation_history"] == [] and empty["tgt_tokens_per_s"] is None
 
 
@@ -255,11 +287,11 @@ def test_gpu_quick_preset():
     assert cfg.data.max_tokens >= 12000
 
 
-# ------------------------------------------------------------------------------ the whole check
+# ------------------------------------------------------------------------------ the quality part
 
 
 @pytest.mark.slow(seconds=28)
-def test_whole_check_on_cpu(tmp_path, multi30k):
+def test_quality_part_on_cpu(tmp_path, multi30k):
     corpus = write_subset(multi30k, tmp_path / "corpus", "train", 200)
     overrides = [
         *corpus_overrides(corpus, tmp_path),
@@ -272,13 +304,16 @@ def test_whole_check_on_cpu(tmp_path, multi30k):
         "optim.warmup_steps=30",
     ]
     out = tmp_path / "check" / "gpu_check.json"
-    args = ["--device", "cpu", "--train-seconds", "6", "--bench-steps", "2", "--bench-warmup", "1"]
-    args += ["--out", str(out)] + [a for o in overrides for a in ("--override", o)]
+    args = ["--device", "cpu", "--parts", "quality", "--train-seconds", "6", "--bench-steps", "2"]
+    args += ["--bench-warmup", "1", "--out", str(out)]
+    args += [a for o in overrides for a in ("--override", o)]
     env = {"PYTHON": sys.executable, "NMT_GPU_SITE": str(tmp_path / "site")}
     result = run_script(args, {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, 300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "validation BLEU over time" in result.stdout and "MFU" in result.stdout
-    r = json.loads(out.read_text())
+    [part] = json.loads(out.read_text())["parts"]
+    assert (part["part"], part["status"]) == ("quality", "passed"), part["note"]
+    r = part["figures"]
     train = r["training"]
     assert train["summary"]["stop_reason"].startswith("reached the time limit")
     assert train["tgt_tokens_per_s"]["median"] > 0
@@ -296,3 +331,4 @@ def test_whole_check_on_cpu(tmp_path, multi30k):
     assert Path(r["evaluation"]["checkpoint"]).name == ("averaged.pt" if better else "best.pt")
     assert r["evaluation"]["options"]["beam"] == 5
     assert r["goal"]["test_bleu"] == test["bleu"] and r["goal"]["met"] is False
+    assert "goal 40: not met" in part["summary"]
