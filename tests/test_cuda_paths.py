@@ -246,7 +246,7 @@ OPTIONS = ["device=cuda:1", "tf32=false"]
         (
             plot_attention,
             lambda: plot_attention.plot_attention(
-                compose_config("attention", [*OPTIONS, "sentence=Ein Hund."])
+                compose_config("attention", [*OPTIONS, "sentence=Ein Hund.", "ckpt=unread.pt"])
             ),
         ),
         (device_module, lambda: backend.torch_backend(compose_config("serve", OPTIONS))),
