@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from nmt.cli import exit_on_error, setup_logging
-from nmt.ship.hf_check import check_run
-from nmt.store.paths import checkpoint_path, resolve_run_dir
 
 log = logging.getLogger("check_hf")
 
@@ -55,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
     args = parser.parse_args(argv)
+    # PyTorch and transformers load once the command line is known good (a usage error or
+    # --help answers at once)
+    from nmt.ship.hf_check import check_run
+    from nmt.store.paths import checkpoint_path, resolve_run_dir
+
     setup_logging()
     with exit_on_error(log):
         ckpt = checkpoint_path(resolve_run_dir(args.run), args.ckpt)

@@ -200,7 +200,7 @@ def test_int8_model_quantizes_without_a_deprecated_api() -> None:
     assert type(model["proj"]) is torch.nn.Linear and type(model["cells"][0]) is torch.nn.GRUCell
 
 
-@pytest.mark.slow(seconds=55)  # mostly the phases' clocks
+@pytest.mark.slow(seconds=42)  # mostly its 20 servers starting, and the phases' clocks
 def test_bench_serve_overload_quick_run(runs: dict[str, Path], tmp_path: Path) -> None:
     """--overload on both engines: the sustainable load, 4x it, the abandoned burst (on this code
     and, through --ab-base, on a checkout: here this one) and the A/B levels, in the JSON."""

@@ -69,6 +69,27 @@ def test_the_cli_module_needs_no_pytorch() -> None:
     assert out.stdout.strip() == "False", out.stderr
 
 
+# the commands that only decode, and what nmt-serve's decoding process loads
+DECODING_MODULES = (
+    "nmt.evaluate.scoring", "nmt.decode.translate", "nmt.evaluate.tune_decode",
+    "nmt.ship.export", "nmt.store.average", "nmt.serve.main", "nmt.decode.engines",
+    "nmt.store.loading",
+)  # fmt: skip
+
+
+def test_the_decoding_commands_load_neither_the_compiler_nor_matplotlib() -> None:
+    """Only training compiles and draws: a command that decodes starts without importing
+    torch._dynamo or matplotlib (seconds of every start), and nmt-train imports matplotlib
+    only to draw."""
+    loaded = "print(sorted(m for m in ('torch._dynamo', 'matplotlib') if m in sys.modules))"
+    decoding = f"import sys, {', '.join(DECODING_MODULES)}; {loaded}"
+    probe = f"{decoding}; import nmt.train.command; {loaded}"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    after_decoding, after_training = out.stdout.splitlines()
+    assert after_decoding == "[]" and "matplotlib" not in after_training, out.stdout
+
+
 def test_a_bad_option_ends_nmt_prepare_with_status_2(tmp_path: Path) -> None:
     """Through a real entry point: a compose-time error (a misspelt choice) names the key."""
     cmd = [

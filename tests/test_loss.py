@@ -135,3 +135,34 @@ def test_the_reference_is_cross_entropy_of_the_projection_by_hand() -> None:
         q[torch.arange(len(y)), y] += 1 - smoothing
         want = -(q * log_p).sum()
         assert torch.allclose(reference(x, w, b, y, smoothing), want, rtol=1e-5)
+
+
+def test_torch_compile_leaves_it_out_of_its_graphs() -> None:
+    """Compiled, the code around the loss is traced and the loss runs as it is: no graph holds
+    its operations (the log-softmax, the gather of the targets), and the value and gradients
+    are eager mode's."""
+    import torch._dynamo
+
+    graphs: list[set[str]] = []
+
+    def backend(gm: torch.fx.GraphModule, _: list[torch.Tensor]):
+        graphs.append({str(node.target) for node in gm.graph.nodes if node.op == "call_function"})
+        return gm.forward
+
+    def loss(x, w, b, y):
+        return projected_cross_entropy(torch.tanh(x), w, b, y, 0.1, rows=5) * 2
+
+    x, w, b, y = inputs(bias=True)
+    want = loss(x, w, b, y)
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(loss, backend=backend)(x, w, b, y)
+    finally:
+        torch._dynamo.reset()
+    traced = set().union(*graphs)
+    assert any("tanh" in op for op in traced) and any("mul" in op for op in traced), graphs
+    left_out = ("softmax", "gather", "autograd")  # the loss's operations, or its whole function
+    assert not any(word in op for op in traced for word in left_out), graphs
+    torch.testing.assert_close(got, want)
+    for g_got, g_want in zip(grads(got, (x, w, b)), grads(want, (x, w, b)), strict=True):
+        torch.testing.assert_close(g_got, g_want)

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.models.compile_exclusion import compile_excluded
+
 
 def reference_cross_entropy(
     x: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, label_smoothing: float = 0.0
@@ -130,7 +132,7 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
         return (*out, None, None, None, None, None)
 
 
-@torch.compiler.disable
+@compile_excluded
 def projected_cross_entropy(
     x: Tensor,
     weight: Tensor,

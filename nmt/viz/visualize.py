@@ -32,13 +32,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from matplotlib import rc_context
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
@@ -50,6 +47,10 @@ from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import Hypothesis, greedy_search, max_output_lengths
 from nmt.models.base import Seq2Seq
+
+if TYPE_CHECKING:  # matplotlib is imported where a view is drawn: a run that draws none
+    # starts without it (most of a second)
+    from matplotlib.figure import Figure
 
 FONT = "DejaVu Sans"  # has the glyphs of Latin, Czech, German, French and the U+2581 marker
 CMAP = "viridis"
@@ -266,6 +267,8 @@ def sentence_views(
 
 @contextmanager
 def _style() -> Iterator[None]:
+    from matplotlib import rc_context
+
     with rc_context({"font.family": "sans-serif", "font.sans-serif": [FONT]}):
         yield
 
@@ -301,6 +304,9 @@ def _label_axes(ax: Any, view: AttentionView, fontsize: float, x: bool, y: bool)
 
 def view_figure(view: AttentionView, title: str) -> Figure:
     """A figure of the view: one heatmap, or a grid with one panel per head; colour bar 0..1."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     rows, cols = _grid_shape(view.panels)
     n_query, n_key = view.weights.shape[1:]
     cell = _cell_inches(view, rows, cols)
