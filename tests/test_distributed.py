@@ -26,6 +26,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def two_ranks(script: str, args: list[str], timeout: float, **env_extra: str) -> list[str]:
+    """The outputs of ranks 0 and 1 of a gloo group on this machine, each running ``script``
+    (``python -c``) with its rank, then ``args``; both must exit 0."""
+    port, procs = str(free_port()), []
+    for rank in ("0", "1"):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": rank, "LOCAL_RANK": rank,
+               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+               **env_extra}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, "-c", script, rank, *args], cwd=REPO,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    return outs
+
+
 @pytest.mark.slow(seconds=13)
 def test_two_process_ddp_equals_single_process_with_the_same_global_batch(corpus, tmp_path):
     common = (
@@ -197,22 +218,7 @@ def test_ranks_whose_validation_scores_disagree_stop_together_by_rank_0s(corpus,
     run_dir = tmp_path / "two"
     plain = ("trainer.threads=1", "trainer.val_every=2", "trainer.patience=2", *DETERMINISTIC)
     args = tiny_run_overrides(corpus, tmp_path, "trainer.max_steps=12", *plain)
-    port = str(free_port())
-    procs = []
-    for rank in ("0", "1"):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": rank, "LOCAL_RANK": rank,
-               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-               "NMT_DIST_TIMEOUT": "60"}  # fmt: skip
-        cmd = [sys.executable, "-c", DISAGREEING_RANK, rank, str(run_dir), *args]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
-    try:
-        outs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    outs = two_ranks(DISAGREEING_RANK, [str(run_dir), *args], 180, NMT_DIST_TIMEOUT="60")
     for out in outs:  # the timeout of NMT_DIST_TIMEOUT reached each rank's process group
         assert f"process group timeout {timedelta(seconds=60)}" in out
     results = [json.loads(out.split("RESULT ", 1)[1].splitlines()[0]) for out in outs]

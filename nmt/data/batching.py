@@ -162,6 +162,9 @@ class Batch:
 
     src: Tensor  # (B, S) long, right-padded with PAD, each row ends with EOS
     src_lens: Tensor  # (B,) long, EOS counted
+    # (B,) int64: the same lengths in host memory, for a model that needs them there (the GRU
+    # packs its source with them); they stay on the host when the batch moves to a device
+    src_lens_host: np.ndarray
     tgt_in: Tensor  # (B, T) long, BOS + target, PAD after
     tgt_out: Tensor  # (B, T) long, target + EOS, PAD after
     index: Tensor  # (B,) long
@@ -180,6 +183,17 @@ class Batch:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """The batch on ``device``."""
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked host memory."""
+        return self._map(Tensor.pin_memory)
+
+    def to_device(self, device: torch.device) -> Batch:
+        """The batch on ``device`` without making the host wait for the copy: to a GPU from
+        page-locked memory, as a copy with ``non_blocking=True`` from pageable memory is not
+        asynchronous. The training loop moves its batches with this."""
+        batch = self.pin_memory() if device.type == "cuda" else self
+        return batch.to(device, non_blocking=True)
 
 
 def make_batch(ds: TokenDataset, indices: Sequence[int] | np.ndarray) -> Batch:
@@ -204,6 +218,7 @@ def make_batch(ds: TokenDataset, indices: Sequence[int] | np.ndarray) -> Batch:
     return Batch(
         src=src,
         src_lens=src_len + 1,
+        src_lens_host=src_len.numpy() + 1,
         tgt_in=tgt_in,
         tgt_out=tgt_out,
         index=torch.from_numpy(idx.copy()),

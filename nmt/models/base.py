@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -102,6 +103,12 @@ class DecoderState:
         return replace(self, rows=rows, sentences=kept, group=group)
 
 
+def host_to_device(x: Tensor, device: torch.device) -> Tensor:
+    """A tensor in host memory on ``device`` without making the host wait: to a GPU through
+    page-locked memory (a ``non_blocking`` copy from pageable memory is not asynchronous)."""
+    return (x.pin_memory() if device.type == "cuda" else x).to(device, non_blocking=True)
+
+
 def lengths_to_mask(lens: Tensor, max_len: int | None = None) -> Tensor:
     """(B,) lengths -> (B, L) bool mask, True at real tokens, False at padding."""
     max_len = int(lens.max()) if max_len is None else max_len
@@ -141,10 +148,20 @@ class Seq2Seq(nn.Module):
         raise NotImplementedError
 
     def features(
-        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
+        self,
+        src: Tensor,
+        src_lens: Tensor,
+        tgt_in: Tensor,
+        positions: Tensor | None = None,
+        src_lens_host: np.ndarray | None = None,
     ) -> Tensor:
         """Teacher-forced features (B, T, D) that ``out_proj`` turns into logits; with
-        ``positions`` (N,), flat indices into the B x T target positions, only those: (N, D)."""
+        ``positions`` (N,), flat indices into the B x T target positions, only those: (N, D).
+
+        ``src_lens_host``: the source lengths in host memory too, where the caller has them (a
+        :class:`~nmt.data.batching.Batch` does); a model that needs them on the host takes
+        these instead of copying ``src_lens`` back, which would make the host wait for the
+        device."""
         raise NotImplementedError
 
     def forward(
@@ -155,6 +172,7 @@ class Seq2Seq(nn.Module):
         positions: Tensor | None = None,
         targets: Tensor | None = None,
         label_smoothing: float = 0.0,
+        src_lens_host: np.ndarray | None = None,
     ) -> Tensor:
         """Teacher-forced logits (B, T, V); with ``positions`` (N,), only those are projected:
         (N, V) (the loss skips padding).
@@ -162,11 +180,11 @@ class Seq2Seq(nn.Module):
         With ``targets`` (N,), the target token at each of the ``positions``: the summed
         (label-smoothed) cross-entropy of those N predictions, a scalar, as
         ``F.cross_entropy(logits.float(), targets, label_smoothing=..., reduction="sum")``
-        would give it from the (N, V) logits.
+        would give it from the (N, V) logits. ``src_lens_host``: as for :meth:`features`.
         """
         if targets is not None and (positions is None or targets.shape != positions.shape):
             raise ValueError("targets need positions of the same shape (N,)")
-        features = self.features(src, src_lens, tgt_in, positions)
+        features = self.features(src, src_lens, tgt_in, positions, src_lens_host)
         if targets is None:
             return self.out_proj(features)
         proj = self.out_proj

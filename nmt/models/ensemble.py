@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -72,9 +73,7 @@ class Ensemble(Seq2Seq):
             attention = torch.stack([a.float() for a in attns]).mean(dim=0)  # (B, S)
         return mixed, state.next(rows), attention
 
-    def features(
-        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
-    ) -> Tensor:
+    def features(self, *args: Any, **kwargs: Any) -> Tensor:
         raise NotImplementedError("an ensemble decodes; train and score its members one by one")
 
     def forward_with_attention(

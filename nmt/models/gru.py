@@ -25,12 +25,14 @@ The G query rows of a sentence attend to its one row of the per-sentence tensors
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.models.attention import make_score
-from nmt.models.base import DecoderState, Seq2Seq, lengths_to_mask
+from nmt.models.base import DecoderState, Seq2Seq, host_to_device, lengths_to_mask
+from nmt.models.compile_exclusion import compile_excluded
 from nmt.models.dropout import Dropout
 
 
@@ -102,16 +104,28 @@ class GRUBahdanau(Seq2Seq):
 
     # -- encoder -----------------------------------------------------------------------------
 
-    def _encode(self, src: Tensor, src_lens: Tensor) -> tuple[Tensor, Tensor]:
+    def _encode(
+        self, src: Tensor, src_lens: Tensor, src_lens_host: np.ndarray | None = None
+    ) -> tuple[Tensor, Tensor]:
         """src (B, S), src_lens (B,) -> outputs (B, S, C) (zero at padding), final state (B, C).
 
         The final state joins the top layer's last forward state and first backward state.
+        Packing needs the lengths on the host: ``src_lens_host`` where given, else a copy of
+        ``src_lens`` (the host waits for the device then). The rows are sorted longest first
+        here, as ``pack_padded_sequence(enforce_sorted=False)`` sorts them, and put back in
+        order after the encoder; done by that function, the sorting and ``pad_packed_sequence``
+        would each make the host wait for the device.
         """
         b, s = src.shape
         emb = self.dropout(self.src_embed(src))  # (B, S, E)
-        packed = pack_padded_sequence(emb, src_lens.cpu(), batch_first=True, enforce_sorted=False)
-        out, h_n = self.encoder(packed)  # h_n (L * dirs, B, H)
+        host = torch.as_tensor(src_lens.cpu() if src_lens_host is None else src_lens_host)
+        lengths, order = torch.sort(host, descending=True)  # (B,), (B,) on the host
+        restore = torch.empty_like(order).scatter_(0, order, torch.arange(b))  # (B,)
+        order, restore = host_to_device(torch.stack([order, restore]), src.device)  # (B,) each
+        packed = pack_padded_sequence(emb.index_select(0, order), lengths, batch_first=True)
+        out, h_n = self.encoder(packed)  # h_n (L * dirs, B, H), longest first
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=s)  # (B, S, C)
+        out, h_n = out.index_select(0, restore), h_n.index_select(1, restore)  # input order
         top = h_n.view(self.enc_layers, self.directions, b, self.hidden_dim)[-1]  # (dirs, B, H)
         final = top.transpose(0, 1).reshape(b, -1)  # (B, C)
         return self.dropout(out), final
@@ -121,9 +135,12 @@ class GRUBahdanau(Seq2Seq):
         hidden = torch.tanh(self.bridge(final))  # (B, L * H)
         return list(hidden.view(final.size(0), self.dec_layers, self.hidden_dim).unbind(1))
 
-    def encode(self, src: Tensor, src_lens: Tensor) -> DecoderState:
-        """Encode once; the attention keys are projected here, once per source."""
-        memory, final = self._encode(src, src_lens)  # (B, S, C), (B, C)
+    def encode(
+        self, src: Tensor, src_lens: Tensor, src_lens_host: np.ndarray | None = None
+    ) -> DecoderState:
+        """Encode once; the attention keys are projected here, once per source.
+        ``src_lens_host``: as for :meth:`~nmt.models.base.Seq2Seq.features`."""
+        memory, final = self._encode(src, src_lens, src_lens_host)  # (B, S, C), (B, C)
         sentences = {  # one row per sentence, whatever the number of hypotheses
             "memory": memory,
             "keys": self.attention.project_keys(memory),  # (B, S, *)
@@ -162,38 +179,51 @@ class GRUBahdanau(Seq2Seq):
         logits = self.out_proj(self._features(hidden[-1], context, emb))  # (B, V)
         return logits, state.next({"hidden": hidden}), weights
 
-    def _teacher_forced(
-        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Features (B, T, E) and attention weights (B, T, S); the features are computed once
-        over all steps after the recurrent loop (at flat ``positions`` only, if given: (N, E)),
-        so that the vocabulary projection runs once too."""
-        state = self.encode(src, src_lens)
-        emb = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
+    @compile_excluded
+    def _recur(self, emb: Tensor, state: DecoderState) -> tuple[Tensor, Tensor, Tensor]:
+        """The decoder's steps over the embedded target (B, T, E): the top layer's states
+        (B, T, H), the contexts (B, T, C) and the attention weights (B, T, S).
+
+        ``torch.compile`` leaves the loop out of its graphs and runs it as it is: traced, it
+        would be unrolled into a new graph for every target length T."""
         tops, contexts, weights = [], [], []
-        for t in range(tgt_in.size(1)):
+        for t in range(emb.size(1)):
             hidden, context, w = self._step(emb[:, t], state)  # (B, H) x L, (B, C), (B, S)
             state = state.next({"hidden": hidden})
             tops.append(hidden[-1])
             contexts.append(context)
             weights.append(w)
-        top = torch.stack(tops, dim=1)  # (B, T, H)
-        context = torch.stack(contexts, dim=1)  # (B, T, C)
+        return torch.stack(tops, dim=1), torch.stack(contexts, dim=1), torch.stack(weights, dim=1)
+
+    def _teacher_forced(
+        self, state: DecoderState, tgt_in: Tensor, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Features (B, T, E) and attention weights (B, T, S) of the encoded source ``state``;
+        the features are computed once over all steps after the recurrent loop (at flat
+        ``positions`` only, if given: (N, E)), so that the vocabulary projection runs once too."""
+        emb = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
+        top, context, weights = self._recur(emb, state)  # (B, T, H), (B, T, C), (B, T, S)
         if positions is not None:  # (B, T, *) -> (N, *)
             top, context, emb = (
                 x.flatten(0, 1).index_select(0, positions) for x in (top, context, emb)
             )
-        return self._features(top, context, emb), torch.stack(weights, dim=1)  # (B, T, S)
+        return self._features(top, context, emb), weights
 
     def features(
-        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
+        self,
+        src: Tensor,
+        src_lens: Tensor,
+        tgt_in: Tensor,
+        positions: Tensor | None = None,
+        src_lens_host: np.ndarray | None = None,
     ) -> Tensor:
         """Teacher-forced features (B, T, E), or (N, E) at flat ``positions`` (N,)."""
-        return self._teacher_forced(src, src_lens, tgt_in, positions)[0]
+        return self._teacher_forced(self.encode(src, src_lens, src_lens_host), tgt_in, positions)[0]
 
     def forward_with_attention(
         self, src: Tensor, src_lens: Tensor, tgt_in: Tensor
     ) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """Logits (B, T, V) and {"cross": [alignment (B, 1, T, S)]}."""
-        features, weights = self._teacher_forced(src, src_lens, tgt_in)  # (B, T, E), (B, T, S)
+        state = self.encode(src, src_lens)
+        features, weights = self._teacher_forced(state, tgt_in)  # (B, T, E), (B, T, S)
         return self.out_proj(features), {"cross": [weights.unsqueeze(1)]}  # (B, 1, T, S)

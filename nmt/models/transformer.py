@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -339,9 +340,15 @@ class Transformer(Seq2Seq):
         return self.dec_norm(x), {"enc_self": enc_self, "dec_self": dec_self, "cross": cross}
 
     def features(
-        self, src: Tensor, src_lens: Tensor, tgt_in: Tensor, positions: Tensor | None = None
+        self,
+        src: Tensor,
+        src_lens: Tensor,
+        tgt_in: Tensor,
+        positions: Tensor | None = None,
+        src_lens_host: np.ndarray | None = None,
     ) -> Tensor:
-        """Teacher-forced features (B, T, D), or (N, D) at flat ``positions`` (N,)."""
+        """Teacher-forced features (B, T, D), or (N, D) at flat ``positions`` (N,); the masks
+        come from ``src_lens`` on the device (``src_lens_host`` is not needed)."""
         features, _ = self._teacher_forced(
             src, src_lens, tgt_in, need_weights=False, positions=positions
         )

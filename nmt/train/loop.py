@@ -14,7 +14,7 @@ import contextlib
 import logging
 import shutil
 import signal
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from time import monotonic, perf_counter
 from typing import Any
@@ -42,7 +42,16 @@ from nmt.train.optim import start_time_decay
 from nmt.train.progress import Limits, Position, ProgressBar
 from nmt.train.runlog import RunLog
 from nmt.train.setup import Setup
-from nmt.train.step import MAX_BAD_STEPS, StepResult, TrainState, loss_sum, train_step
+from nmt.train.step import (
+    Outcome,
+    Skips,
+    StepResult,
+    TrainState,
+    Window,
+    loss_sum,
+    settle,
+    train_step,
+)
 from nmt.train.validation import direction_set, drawing_due, validation_options, validation_scores
 from nmt.viz.explorer import TrainingExplorer
 from nmt.viz.visualize import log_validation_views
@@ -156,28 +165,6 @@ class StopSignal:
                 signal.signal(sig, self.previous[sig.name])
 
 
-@dataclass
-class Window:
-    """Training statistics between two log lines, kept on the device until read."""
-
-    loss: torch.Tensor
-    grad_norm: torch.Tensor
-    tokens: int = 0
-    seconds: float = 0.0
-    steps: int = 0
-
-    @classmethod
-    def new(cls, device: torch.device) -> Window:
-        return cls(torch.zeros((), device=device), torch.zeros((), device=device))
-
-    def add(self, res: StepResult, seconds: float) -> None:
-        self.loss += res.loss
-        self.grad_norm += res.grad_norm.float()
-        self.tokens += res.tokens
-        self.seconds += seconds
-        self.steps += 1
-
-
 # --------------------------------------------------------------------------- the trainer
 
 
@@ -188,8 +175,13 @@ class _Loop:
     pbar: ProgressBar
     window: Window
     stop: StopSignal
-    bad_in_row: int = 0  # consecutive non-finite updates
+    skips: Skips = field(default_factory=Skips)  # skipped updates since the last applied one
     batches_per_epoch: int = 1  # this rank's, of the current epoch
+    # agreed in the last update's read (Trainer._settle): the signal received by any rank, and
+    # whether rank 0's clock says the checkpoint of trainer.save_every_minutes is due
+    signal: str | None = None
+    save_due: bool = False
+    carry: float = 0.0  # seconds of the last update after its clock was taken (its wait)
 
 
 @dataclass
@@ -218,16 +210,6 @@ class Trainer:
     @property
     def model(self) -> Seq2Seq:
         return self.run.model
-
-    @property
-    def ranks_share_clock(self) -> bool:
-        """Ranks share one clock when the lr follows it (one scalar all-reduce per update)."""
-        return self.run.dist.enabled and self.run.cfg.optim.decay_over == "time"
-
-    def _slowest_rank(self, value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=self.run.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
 
     def payload(self) -> dict[str, Any]:
         return {
@@ -348,22 +330,24 @@ class Trainer:
         s = self.state
         return Position(s.step, s.train_time, s.epoch + s.batch_in_epoch / batches_per_epoch)
 
-    def log_window(self, w: Window, pbar: ProgressBar) -> None:
-        """One log window's line, progress-bar figures, TensorBoard scalars and ``train`` event."""
+    def log_window(self, w: Window, pbar: ProgressBar, sums: list[float]) -> None:
+        """One log window's line, progress-bar figures, TensorBoard scalars and ``train`` event;
+        ``sums``: the window's loss and gradient-norm sums as read (:meth:`Window.sums`)."""
         s, world = self.state, self.run.dist.world_size
-        loss = float(w.loss) / max(w.tokens, 1)
+        loss = sums[0] / max(w.tokens, 1)
         tps = w.tokens * world / max(w.seconds, 1e-9)
         lr = self.optimizer.param_groups[0]["lr"]
-        grad_norm = float(w.grad_norm) / w.steps
+        grad_norm = sums[1] / w.steps
         pbar.note(loss=f"{loss:.3f}", lr=f"{lr:.2e}", **{"tokens/s": f"{tps:,.0f}"})
         log.info(
-            "step %d: loss %.3f, lr %.2e, %.0f target tokens/s, grad norm %.2f",
+            "step %d: loss %.3f, lr %.2e, %.0f target tokens/s, grad norm %.2f%s",
             s.step, loss, lr, tps, grad_norm,
+            f", {w.skipped} update(s) skipped (non-finite)" if w.skipped else "",
         )  # fmt: skip
         self.run_log.write(
             "train", s.step, epoch=s.epoch, train_time=s.train_time, loss=loss, lr=lr,
             grad_norm=grad_norm, tokens=w.tokens * world, updates=w.steps, seconds=w.seconds,
-            tokens_per_s=tps,
+            tokens_per_s=tps, skipped=w.skipped,
         )  # fmt: skip
         if self.writer is None:
             return
@@ -375,22 +359,26 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
 
-    def stop_reason(self, stop: StopSignal | None) -> str:
+    def stop_reason(self, stop: StopSignal | None, loop: _Loop | None = None) -> str:
         """Why training should stop after the current update ("" to go on).
 
         Every rank stops at the same update; a signal that reached any rank is every rank's
         reason (the highest, where several came), so that all of them save and exit alike.
+        After an update (``loop`` given) the ranks have agreed on the signal and the training
+        time in its read (:meth:`_settle`); before the first, they agree here.
         """
         s, t, limit = self.state, self.t, self.run.time_limit
         reason = ""
         received = stop.received if stop is not None else None
+        if loop is not None and self.run.dist.enabled:
+            received = loop.signal  # one received since counts at the next update
         if t.max_steps and s.step >= t.max_steps:
             reason = f"reached trainer.max_steps={t.max_steps}"
         elif limit and s.train_time >= limit:
             reason = f"reached the time limit of {limit:.0f}s"
         elif received:
             reason = f"stopped by {received}"
-        if self.run.dist.enabled and stop is not None:
+        if self.run.dist.enabled and stop is not None and loop is None:
             code = stop.code(received) if received else (1 if reason else 0)
             flag = torch.tensor([float(code)], device=self.run.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -403,17 +391,10 @@ class Trainer:
         return reason
 
     def save_due(self) -> bool:
-        """Whether ``trainer.save_every_minutes`` have passed since the last checkpoint, by rank
-        0's clock, broadcast so that every rank takes the same decision."""
+        """Whether ``trainer.save_every_minutes`` have passed since the last checkpoint by this
+        rank's clock (every rank takes rank 0's answer: :meth:`_settle`)."""
         minutes = self.t.save_every_minutes
-        if minutes <= 0:
-            return False
-        due = monotonic() - self.last_save >= 60 * minutes
-        if self.run.dist.enabled:
-            flag = torch.tensor([1.0 if due else 0.0], device=self.run.device)
-            dist.broadcast(flag, src=0)
-            due = bool(flag.item())
-        return due
+        return minutes > 0 and monotonic() - self.last_save >= 60 * minutes
 
     def fit(self) -> str:
         """Train until a limit is reached; returns the reason for stopping."""
@@ -444,7 +425,7 @@ class Trainer:
         reason = ""
         while not reason and s.batch_in_epoch + t.accumulate <= len(batches):
             group = batches[s.batch_in_epoch : s.batch_in_epoch + t.accumulate]
-            reason = self._update(data, group, loop) or self.stop_reason(loop.stop)
+            reason = self._update(data, group, loop) or self.stop_reason(loop.stop, loop)
         if s.batch_in_epoch + t.accumulate > len(batches):
             s.epoch += 1
             s.batch_in_epoch = 0
@@ -456,33 +437,30 @@ class Trainer:
         when due; early stopping's reason, else ""."""
         s, t, run = self.state, self.t, self.run
         tic = perf_counter()
-        micro = [make_batch(data, idx).to(run.device, non_blocking=True) for idx in group]
+        micro = [make_batch(data, idx).to_device(run.device) for idx in group]
         res = train_step(
             self.train_model, micro, self.optimizer, self.scaler, run.cfg, run.device, run.dist,
             loss_sum,
         )  # fmt: skip
         s.batch_in_epoch += len(group)
-        seconds = perf_counter() - tic
-        s.train_time += seconds  # a skipped update took its time too
-        if self.ranks_share_clock:  # same lr on every rank
-            s.train_time = self._slowest_rank(s.train_time)
-        if not res.finite:
-            loop.bad_in_row += 1
-            self._non_finite(loop.bad_in_row)
+        out, seconds = self._settle(res, loop, tic)  # a skipped update took its time too
+        if not out.applied:  # neither a step of the schedule nor an update
+            loop.window.skipped += 1
+            loop.skips.count(out, self.scaler is not None, s.step)
             return ""
-        loop.bad_in_row = 0
+        loop.skips = Skips()
         start_time_decay(s, run.cfg.optim, s.step + 1)  # the schedule's next value is at s.step + 1
         self.scheduler.step()
         s.step += 1
         loop.window.add(res, seconds)
         if s.step % t.log_every == 0:
-            self.log_window(loop.window, loop.pbar)
+            self.log_window(loop.window, loop.pbar, out.read)
             loop.window = Window.new(run.device)
         stop = False
         if s.step % t.val_every == 0:
             stop = self.validate()
             loop.pbar.note(BLEU=f"{s.history[-1]['bleu']:.2f}")
-        elif self.save_due():
+        elif loop.save_due:
             log.info("step %d: %g minutes since the last checkpoint (trainer.save_every_minutes)",
                      s.step, t.save_every_minutes)  # fmt: skip
             self.save(is_best=False, validated=False)
@@ -491,13 +469,25 @@ class Trainer:
             return f"early stopping: no BLEU gain in {t.patience} validations"
         return ""
 
-    def _non_finite(self, bad_in_row: int) -> None:
-        log.warning("non-finite loss or gradient at step %d: update skipped", self.state.step)
-        if bad_in_row >= MAX_BAD_STEPS:
-            raise FloatingPointError(
-                f"{bad_in_row} updates in a row had a non-finite loss or gradient; stopping "
-                "(the last checkpoint is intact). Try a lower optim.lr or trainer.precision=32."
-            )
+    def _settle(self, res: StepResult, loop: _Loop, tic: float) -> tuple[Outcome, float]:
+        """Update ``res``'s outcome, read in the host's one wait for the device per update, and
+        the update's seconds (the previous update's wait included). The ranks agree in that
+        read on the signal received by any, on rank 0's checkpoint clock and on the training
+        time (the slowest rank's), so that they stop, save and set the learning rate alike;
+        it brings the log window's sums too when the update would end the window."""
+        s, run, stop = self.state, self.run, loop.stop
+        mark = perf_counter()
+        seconds = loop.carry + (mark - tic)
+        due = run.dist.is_main and self.save_due()
+        shared = [stop.code(stop.received), float(due), s.train_time + seconds]
+        sums = loop.window.sums(res) if (s.step + 1) % self.t.log_every == 0 else []
+        out = settle(res, shared, sums, run.device, run.dist)
+        code, due, s.train_time = out.agreed
+        loop.signal, loop.save_due = stop.name(int(code)) if code >= 2 else None, due > 0
+        if loop.signal:
+            stop.received = loop.signal
+        loop.carry = perf_counter() - mark
+        return out, seconds
 
     def _finish(self, signal_name: str | None) -> None:
         """Validate (or, when stopped by a signal, just save) unless this step already was."""

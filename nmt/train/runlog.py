@@ -10,7 +10,9 @@ optimizer updates done) and ``time`` (Unix seconds):
   and batches are ready, before the first update;
 * ``train`` (one per log window): epoch, train_time (seconds of training so far), loss (per
   target token), lr, grad_norm (mean over the window), tokens (target tokens, all ranks),
-  updates, seconds (training time of the window), tokens_per_s;
+  updates, seconds (training time of the window), tokens_per_s, skipped (updates not applied
+  for a non-finite loss or gradient, fp16's overflows included; loss, grad_norm, tokens and
+  seconds leave them out);
 * ``validation``: loss, ppl, bleu, chrf, seconds (of the validation), best (a new best BLEU);
   a multilingual run's bleu and chrf are the means over its directions, and ``directions``
   holds each one's loss, bleu, chrf, sentences and sacreBLEU signatures;
