@@ -14,8 +14,8 @@ First it prints the PyTorch version against nmt's floor and the GPU's compute ca
 * a trained Transformer exported for CTranslate2 and decoded on the device with
   ``engine=ctranslate2`` and ``engine=torch``: the share of identical translations;
 * ``trainer.compile=true`` for a few updates;
-* two-process DDP under torchrun (NCCL over two GPUs; one GPU: two ranks on the CPU over gloo,
-  reported as a fallback);
+* two-process DDP under torchrun (NCCL over two GPUs; one GPU: both ranks on it over gloo,
+  reported as a fallback, as NCCL is not run);
 * on request (``--parts quality``), the 3-minute ``experiment=gpu_quick`` run with validation
   BLEU over time, a timed bench (MFU) and the test BLEU (:mod:`benchmarks.gpu_check_quality`).
 

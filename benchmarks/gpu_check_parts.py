@@ -273,16 +273,15 @@ def ctranslate2_part(ctx: Context) -> Outcome:
 # ------------------------------------------------------------------------------ DDP
 
 ONE_GPU_NOTE = (
-    "one GPU visible: nmt puts rank r on cuda:r (nmt.train.setup.training_device, "
-    "nmt.runtime.distributed.init_distributed) and NCCL refuses two ranks on one GPU, so the "
-    "2 ranks ran on the CPU over gloo"
+    "one GPU visible: the 2 ranks shared it over gloo (nmt.runtime.distributed.rank_gpu; NCCL "
+    "refuses two ranks on one GPU), so NCCL itself was not run"
 )
 
 
 @dataclass(frozen=True)
 class DdpPlan:
     """Where the two ranks run: trainer.device, the backend nmt picks there, and the note of
-    a fallback (empty when the path itself runs)."""
+    what the run leaves unchecked (empty when the path itself runs)."""
 
     device: str
     backend: str
@@ -290,19 +289,16 @@ class DdpPlan:
 
 
 def ddp_plan(device: str, gpus: int) -> DdpPlan:
-    """NCCL on the GPUs where two are visible; on one GPU, gloo on the CPU (a fallback);
-    gloo on the CPU in a CPU check."""
+    """NCCL on the GPUs where two are visible; on one GPU, both ranks on it over gloo; gloo on
+    the CPU in a CPU check."""
     if device.split(":")[0] != "cuda":
         return DdpPlan("cpu", "gloo")
     if gpus >= 2:
         return DdpPlan("cuda", "nccl")
-    return DdpPlan("cpu", "gloo", ONE_GPU_NOTE)
+    return DdpPlan("cuda", "gloo", ONE_GPU_NOTE)
 
 
 DDP_STEPS = {"cuda": 40, "cpu": 10}  # updates; 8 with --quick
-FALLBACK_MAX_TOKENS = (
-    2000  # batches of the CPU fallback on a GPU machine (the GPU preset's are 16k)
-)
 
 
 def ddp_part(ctx: Context) -> Outcome:
@@ -315,8 +311,6 @@ def ddp_part(ctx: Context) -> Outcome:
     steps = 8 if ctx.s.quick else DDP_STEPS[plan.device]
     extra = [*limits(ctx, steps), f"trainer.device={plan.device}",
              f"trainer.log_every={max(1, steps // 5)}"]  # fmt: skip
-    if plan.note and not ctx.s.quick:
-        extra.append(f"data.max_tokens={FALLBACK_MAX_TOKENS}")
     run_dir, outputs = run_folder(ctx, "ddp")
     spec = RunSpec("ddp", "transformer", precision, extra)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",

@@ -18,7 +18,7 @@ MULTI30K_MIRROR = "NMT_MULTI30K_MIRROR"
 MULTI30K_URL = "NMT_MULTI30K_URL"
 MULTI30K_OFFICIAL_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"
 # torchrun's rank variables, and submitit's marker of a SLURM task
-TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SUBMITIT_EXECUTOR = "SUBMITIT_EXECUTOR"
 # the seconds a rank waits in a collective for the others (torch's own default for NCCL)
 DIST_TIMEOUT = "NMT_DIST_TIMEOUT"

@@ -1,7 +1,8 @@
 """The CUDA paths, checked on a machine without a GPU by faking what torch.cuda reports: the
 random states a checkpoint keeps and gives back on fewer or other GPUs, ``precision=auto`` by
-compute capability, TF32 where a command picks its device, the validation decode's precision
-against ``nmt-eval``'s, and the PyTorch floor checked when nmt is imported."""
+compute capability, TF32 where a command picks its device, the GPU and backend of each DDP
+rank, the validation decode's precision against ``nmt-eval``'s, and the PyTorch floor checked
+when nmt is imported."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,7 +23,7 @@ from nmt.decode.options import DecodeOptions
 from nmt.evaluate import scoring, tune_decode
 from nmt.runtime import device as device_module
 from nmt.runtime.device import native_bf16, setup_device
-from nmt.runtime.distributed import DistInfo
+from nmt.runtime.distributed import DistInfo, init_distributed, rank_gpu, slurm_dist_env
 from nmt.runtime.precision import SpeedProbe, resolve_precision
 from nmt.serve import backend
 from nmt.store import checkpoint as ckpt
@@ -287,6 +289,60 @@ def test_training_makes_its_gpu_current_with_tf32_as_configured(
     device = training_device(t, DistInfo())
     assert device == torch.device("cuda", 1) and current == [device]
     assert tf32_flags() == (tf32, tf32)
+
+
+# ------------------------------------------------------------------ the GPU of each DDP rank
+
+
+@pytest.mark.parametrize(
+    ("local_world", "gpus", "want"),
+    [
+        (2, 2, [(0, "nccl"), (1, "nccl")]),  # one GPU per rank
+        (2, 1, [(0, "gloo"), (0, "gloo")]),  # two ranks check DDP on one GPU
+        (4, 2, [(0, "gloo"), (1, "gloo"), (0, "gloo"), (1, "gloo")]),
+        (1, 8, [(0, "nccl")]),
+    ],
+)
+def test_ranks_take_a_gpu_each_or_share_them_over_gloo(local_world, gpus, want) -> None:
+    assert [rank_gpu(r, local_world, gpus) for r in range(local_world)] == want
+
+
+@pytest.mark.parametrize(
+    ("launcher", "gpus", "want"),
+    [
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, 1, (0, "gloo")),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, 2, (1, "nccl")),
+        # two machines of two GPUs: torchrun's LOCAL_WORLD_SIZE says each GPU has one rank
+        ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, 2,
+         (1, "nccl")),
+    ],
+)  # fmt: skip
+def test_a_rank_trains_on_its_own_gpu_or_shares_one(
+    monkeypatch, tf32_off, launcher, gpus, want
+) -> None:
+    """The process group's backend and the rank's current GPU, and the device training then
+    takes: the same one."""
+    import torch.distributed as dist
+
+    FakeGpus(monkeypatch, gpus)
+    current, joined = [], []
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: joined.append(backend))
+    info = init_distributed("auto", launcher)
+    assert (current, joined) == ([want[0]], [want[1]])
+    t = compose_config("train", ["trainer.device=auto"]).trainer
+    assert training_device(t, info) == torch.device("cuda", want[0])
+
+
+def test_a_slurm_task_says_how_many_ranks_share_its_machine(monkeypatch) -> None:
+    import submitit
+
+    job = SimpleNamespace(num_tasks=8, num_nodes=2, global_rank=5, local_rank=1,
+                          hostnames=["gpu07", "gpu08"])  # fmt: skip
+    monkeypatch.setattr(submitit, "JobEnvironment", lambda: job)
+    env = slurm_dist_env({"SUBMITIT_EXECUTOR": "slurm"})
+    assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["WORLD_SIZE"]) == ("1", "4", "8")
 
 
 # ---------------------------------------------------------------------------- the torch floor

@@ -23,6 +23,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    gpu: int = 0  # the index of this rank's GPU where it trains on one (rank_gpu)
 
     @property
     def is_main(self) -> bool:
@@ -50,9 +51,21 @@ def slurm_dist_env(launcher: Mapping[str, str], port: int = 29500) -> dict[str, 
         "RANK": str(job.global_rank),
         "WORLD_SIZE": str(job.num_tasks),
         "LOCAL_RANK": str(job.local_rank),
+        "LOCAL_WORLD_SIZE": str(job.num_tasks // max(job.num_nodes, 1)),
         "MASTER_ADDR": job.hostnames[0],
         "MASTER_PORT": launcher.get("MASTER_PORT", str(port)),
     }
+
+
+def rank_gpu(local_rank: int, local_world: int, gpus: int) -> tuple[int, str]:
+    """The GPU of the rank ``local_rank`` of ``local_world`` ranks on a machine with ``gpus``
+    visible, and the process group's backend: rank r takes GPU r modulo ``gpus``, over NCCL where
+    every rank has a GPU of its own. Where ranks outnumber GPUs (two ranks on one GPU, to check
+    DDP on a single card), they share them round-robin over gloo, as NCCL refuses two ranks on
+    one GPU; gloo's collectives copy through host memory, slower, but the same training."""
+    if gpus < 1:
+        raise RuntimeError("no CUDA device is visible to this rank")
+    return local_rank % gpus, "nccl" if local_world <= gpus else "gloo"
 
 
 def init_distributed(
@@ -73,12 +86,16 @@ def init_distributed(
     world = int(launcher.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
-    info = DistInfo(int(launcher["RANK"]), world, int(launcher.get("LOCAL_RANK", "0")))
-    use_cuda = torch.cuda.is_available() and device_name != "cpu"
-    if use_cuda:
-        torch.cuda.set_device(info.local_rank)
+    local_rank = int(launcher.get("LOCAL_RANK", "0"))
+    info, backend = DistInfo(int(launcher["RANK"]), world, local_rank), "gloo"
+    if torch.cuda.is_available() and device_name != "cpu":
+        local_world = int(launcher.get("LOCAL_WORLD_SIZE", str(world)))
+        info.gpu, backend = rank_gpu(local_rank, local_world, torch.cuda.device_count())
+        torch.cuda.set_device(info.gpu)
+        if backend == "gloo":
+            log.warning("%d ranks on this machine share %d GPU(s): gloo, not NCCL, carries "
+                        "their gradients", local_world, torch.cuda.device_count())  # fmt: skip
     if not dist.is_initialized():
-        backend = "nccl" if use_cuda else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
         log.info("rank %d of %d (%s): a collective operation fails after waiting %.0f s for the "
                  "other ranks (%s)", info.rank, world, backend, timeout, DIST_TIMEOUT)  # fmt: skip

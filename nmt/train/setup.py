@@ -175,7 +175,7 @@ def training_device(t: DictConfig, dist_info: DistInfo) -> torch.device:
     state checkpoints record and a resume restores (:func:`nmt.store.checkpoint.rng_state`)."""
     device = pick_device(t.device)
     if dist_info.enabled and device.type == "cuda":
-        device = torch.device("cuda", dist_info.local_rank)
+        device = torch.device("cuda", dist_info.gpu)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     use_tf32(device, t.tf32)
