@@ -8,7 +8,7 @@ First it prints the PyTorch version against nmt's floor and the GPU's compute ca
 
 * both models (Transformer, GRU+Bahdanau) trained shortly in bf16 (compute capability 8.0 and
   later), fp16 with the loss scaler and fp32 (TF32 where the GPU has it): target tokens/s and
-  whether the loss decreased;
+  whether the loss decreased, and the dtype the GRU encoder's cuDNN kernel computes in;
 * a run SIGKILLed after its first checkpoint and resumed with ``trainer.resume=auto``: it
   must go on from that checkpoint's step, and is compared with the same run uninterrupted;
 * a trained Transformer exported for CTranslate2 and decoded on the device with

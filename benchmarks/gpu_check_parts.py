@@ -66,6 +66,45 @@ def last_checkpoint(run_dir: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ precisions
 
+AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # what the GRU's kernel must run in
+
+
+def gru_kernel_dtype(device: str, precision: str) -> str:
+    """The dtype the GRU encoder's recurrent kernel (cuDNN's on a GPU) computes in, under the
+    autocast of training in ``precision``: a small GRU model's forward pass on ``device``, its
+    encoder's packed output read by a hook."""
+    import torch
+
+    from nmt.models.gru import GRUBahdanau
+    from nmt.runtime.device import autocast
+
+    torch.manual_seed(0)
+    model = GRUBahdanau(
+        emb_dim=16, hidden_dim=16, enc_layers=1, dec_layers=1, bidirectional=True, dropout=0.0,
+        attention="additive", attn_dim=16, tie_embeddings=False, src_vocab_size=32,
+        tgt_vocab_size=32,
+    ).to(device)  # fmt: skip
+    seen: list[torch.dtype] = []
+    model.encoder.register_forward_hook(lambda _m, _i, out: seen.append(out[0].data.dtype))
+    src = torch.randint(3, 32, (4, 7), device=device)
+    lens = torch.tensor([7, 6, 5, 3], device=device)
+    with torch.no_grad(), autocast(PRECISIONS[precision], torch.device(device)):
+        model(src, lens, torch.randint(3, 32, (4, 5), device=device))
+    return str(seen[0]).removeprefix("torch.")
+
+
+def checked_gru_dtype(ctx: Context, precision: str) -> str:
+    """On a GPU, the GRU encoder must run in the autocast's dtype: cuDNN's RNN path under
+    autocast casts its inputs itself, and a half-precision kernel under bf16 would train
+    without the loss scaling fp16 needs. Elsewhere the dtype is reported."""
+    dtype = gru_kernel_dtype(ctx.s.device, precision)
+    if ctx.cuda and dtype != AUTOCAST_DTYPES[precision]:
+        raise CheckFailed(
+            f"under {precision} autocast the GRU encoder ran in {dtype}, not "
+            f"{AUTOCAST_DTYPES[precision]}"
+        )
+    return dtype
+
 
 def precision_part(ctx: Context, model: str, precision: str) -> Outcome:
     """A short run of ``model`` in ``precision``: tokens/s, and the loss must decrease."""
@@ -84,6 +123,9 @@ def precision_part(ctx: Context, model: str, precision: str) -> Outcome:
             raise PartSkipped(f"needs CUDA: fp16 training failed on the CPU ({first})") from e
         raise
     figures = trained_figures(run_dir, precision)
+    if model == "gru" and precision in AUTOCAST_DTYPES:
+        figures["gru_encoder_dtype"] = checked_gru_dtype(ctx, precision)
+        notes.append(f"encoder GRU in {figures['gru_encoder_dtype']}")
     if precision == "fp16":
         scaler = last_checkpoint(run_dir)["scaler"]
         if not scaler:

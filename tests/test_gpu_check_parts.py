@@ -165,6 +165,18 @@ def test_ddp_runs_nccl_on_two_gpus_and_shares_one_over_gloo():
     assert (one.device, one.backend) == ("cuda", "gloo") and "NCCL itself was not run" in one.note
 
 
+def test_the_gru_encoder_must_run_in_the_autocast_dtype_on_a_gpu(tmp_path, monkeypatch):
+    """cuDNN's RNN under bf16 autocast in fp16 would train without loss scaling: on a GPU the
+    check fails then; on the CPU it reports the dtype it measured."""
+    cpu = context(tmp_path)
+    assert gp.checked_gru_dtype(cpu, "bf16") in ("bfloat16", "float32")  # as CPU autocast has it
+    gpu = context(tmp_path, device_type="cuda", gpus=1, capability=[9, 0], native_bf16=True)
+    monkeypatch.setattr(gp, "gru_kernel_dtype", lambda device, precision: "float16")
+    assert gp.checked_gru_dtype(gpu, "fp16") == "float16"
+    with pytest.raises(gc.CheckFailed, match="under bf16 autocast the GRU encoder ran in float16"):
+        gp.checked_gru_dtype(gpu, "bf16")
+
+
 def test_bf16_is_skipped_on_a_gpu_that_only_emulates_it(tmp_path):
     ctx = context(tmp_path, device_type="cuda", gpus=1, capability=[7, 0], native_bf16=False)
     [bf16] = gc.select_parts(gp.PARTS, "transformer-bf16")
