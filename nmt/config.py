@@ -244,6 +244,8 @@ class TrainerConfig:
     tf32: bool = True  # CUDA: fp32 matrix products in TF32 where the GPU has it (Ampere on)
     accumulate: int = 1  # batches per optimizer update (gradient accumulation)
     label_smoothing: float = 0.1  # share of the target probability spread over the vocabulary
+    # R-Drop: two dropout passes per batch, alpha x their symmetric KL added (0 = one pass)
+    rdrop_alpha: float = 0.0
     clip_grad_norm: float = 1.0  # 0 disables clipping
     log_every: int = 50  # updates per log line, TensorBoard point and train event
     val_every: int = 500  # updates per validation (and checkpoint)

@@ -4,6 +4,8 @@ values that span several keys, ranges, and the corpus lists of ``data.train`` an
 
 from __future__ import annotations
 
+import math
+
 from omegaconf import DictConfig
 
 from nmt.config import (
@@ -137,6 +139,8 @@ def _check_trainer(t: DictConfig) -> None:
         _positive(f"trainer.{key}", t[key], allow_zero=True)
     if not 0 <= t.label_smoothing < 1:
         raise ConfigError(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
+    if not 0 <= t.rdrop_alpha < math.inf:
+        raise ConfigError(f"trainer.rdrop_alpha={t.rdrop_alpha} must be 0 (off) or positive")
     if t.init_from and t.resume:
         raise ConfigError(
             f"trainer.init_from={t.init_from!r} and trainer.resume={t.resume!r} exclude each "

@@ -48,10 +48,14 @@ def two_ranks(script: str, args: list[str], timeout: float, **env_extra: str) ->
 
 
 @pytest.mark.slow(seconds=13)
-def test_two_process_ddp_equals_single_process_with_the_same_global_batch(corpus, tmp_path):
+@pytest.mark.parametrize("rdrop_alpha", [0.0, 0.5], ids=["plain", "rdrop"])
+def test_two_process_ddp_equals_single_process_with_the_same_global_batch(
+    corpus, tmp_path, rdrop_alpha
+):
     common = (
         f"trainer.max_steps={STEPS}",
         "trainer.val_every=1000",
+        f"trainer.rdrop_alpha={rdrop_alpha}",  # R-Drop's two passes: a batch twice the size
         *DETERMINISTIC,
     )
     # Rank r takes batches r, r+2, ... of the epoch, so an update of 2 ranks covers the same

@@ -30,7 +30,7 @@ from nmt.runtime.precision import (
 from nmt.store.checkpoint import load_checkpoint
 from nmt.train.command import train
 from nmt.train.setup import training_precision
-from nmt.train.step import loss_sum
+from nmt.train.step import LossTerms, loss_sum
 
 from .helpers import compose_config, tiny_run_overrides
 
@@ -257,7 +257,7 @@ def test_the_probe_leaves_weights_gradients_mode_and_rng_as_they_were(kind: str)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
     m = probe_model(
-        model, lambda mod, b: loss_sum(mod, b, 0.1), 200, lengths=(7, 9), vocab=(30, 30)
+        model, lambda mod, b: loss_sum(mod, b, LossTerms(0.1)), 200, lengths=(7, 9), vocab=(30, 30)
     )
     assert m.fp32 > 0 and m.bf16 > 0 and m.pairs >= prec.MIN_PAIRS
     assert 1 <= m.rows <= 200 // 10  # never more than a training batch of the probe's width

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.models.loss import projected_cross_entropy
+from nmt.models.rdrop import projected_rdrop_loss
 
 # a tensor, or a dict / list / tuple of them (nested), the batch dimension first
 Tensors = Any
@@ -173,6 +174,7 @@ class Seq2Seq(nn.Module):
         targets: Tensor | None = None,
         label_smoothing: float = 0.0,
         src_lens_host: np.ndarray | None = None,
+        rdrop_alpha: float = 0.0,
     ) -> Tensor:
         """Teacher-forced logits (B, T, V); with ``positions`` (N,), only those are projected:
         (N, V) (the loss skips padding).
@@ -181,9 +183,22 @@ class Seq2Seq(nn.Module):
         (label-smoothed) cross-entropy of those N predictions, a scalar, as
         ``F.cross_entropy(logits.float(), targets, label_smoothing=..., reduction="sum")``
         would give it from the (N, V) logits. ``src_lens_host``: as for :meth:`features`.
+        With ``rdrop_alpha`` > 0 as well, the summed R-Drop loss of two passes of the batch
+        under different dropout masks (:mod:`nmt.models.rdrop`): the batch runs twice over, as
+        one batch of 2B sentences.
         """
         if targets is not None and (positions is None or targets.shape != positions.shape):
             raise ValueError("targets need positions of the same shape (N,)")
+        if targets is not None and rdrop_alpha > 0:
+            twice = (torch.cat([x, x]) for x in (src, src_lens, tgt_in))
+            host = None if src_lens_host is None else np.concatenate([src_lens_host] * 2)
+            second = positions + tgt_in.numel()  # type: ignore[operator]  # the second copy's
+            features = self.features(*twice, torch.cat([positions, second]), host)  # (2N, D)
+            first, again = features.chunk(2)  # (N, D) each
+            proj = self.out_proj
+            return projected_rdrop_loss(
+                first, again, proj.weight, proj.bias, targets, label_smoothing, rdrop_alpha
+            )
         features = self.features(src, src_lens, tgt_in, positions, src_lens_host)
         if targets is None:
             return self.out_proj(features)

@@ -41,7 +41,7 @@ from nmt.train.elastic import (
     write_record,
 )
 from nmt.train.start import Origin, find_origin, log_origin
-from nmt.train.step import loss_sum
+from nmt.train.step import LossTerms, loss_sum
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def speed_probe(cfg: DictConfig, model: Seq2Seq, data: PreparedData) -> SpeedPro
         max(1, int(np.median(data.train.tgt_lens))),
     )
     vocab = (data.tokenizers.src.vocab_size, data.tokenizers.tgt.vocab_size)
-    smoothing = float(cfg.trainer.label_smoothing)
+    terms = LossTerms.of(cfg.trainer)
     shape = {
         "model": to_container(cfg.model),
         "vocab": list(vocab),
@@ -106,7 +106,7 @@ def speed_probe(cfg: DictConfig, model: Seq2Seq, data: PreparedData) -> SpeedPro
     }
     return SpeedProbe(
         measure=lambda: probe_model(
-            model, lambda m, b: loss_sum(m, b, smoothing), int(cfg.data.max_tokens), lengths, vocab
+            model, lambda m, b: loss_sum(m, b, terms), int(cfg.data.max_tokens), lengths, vocab
         ),
         shape=shape,
         cache_dir=Path(cfg.data.root) / "cache" / "precision",

@@ -57,20 +57,35 @@ class TrainState:
 # --------------------------------------------------------------------------- one update
 
 
-def loss_sum(model: torch.nn.Module, batch: Batch, label_smoothing: float) -> torch.Tensor:
-    """Summed (label-smoothed) cross-entropy over the non-pad target tokens of a batch.
+@dataclass(frozen=True)
+class LossTerms:
+    """What a training loss adds up: the label smoothing of the cross-entropy, and the weight
+    of R-Drop's consistency term (0: one pass, the plain loss; :mod:`nmt.models.rdrop`)."""
+
+    label_smoothing: float = 0.0
+    rdrop_alpha: float = 0.0
+
+    @classmethod
+    def of(cls, t: DictConfig) -> LossTerms:
+        """The terms of ``trainer``'s config."""
+        return cls(float(t.label_smoothing), float(t.rdrop_alpha))
+
+
+def loss_sum(model: torch.nn.Module, batch: Batch, terms: LossTerms) -> torch.Tensor:
+    """Summed (label-smoothed) cross-entropy over the non-pad target tokens of a batch, with
+    R-Drop's two passes and their consistency term where ``terms`` ask for it.
 
     Only the N real target positions are projected onto the vocabulary and scored, a block of
     them at a time (:func:`nmt.models.loss.projected_cross_entropy`).
     """
     targets = batch.tgt_out.flatten().index_select(0, batch.tgt_positions)  # (N,)
     return model(
-        batch.src, batch.src_lens, batch.tgt_in, batch.tgt_positions, targets, label_smoothing,
-        src_lens_host=batch.src_lens_host,
+        batch.src, batch.src_lens, batch.tgt_in, batch.tgt_positions, targets,
+        terms.label_smoothing, src_lens_host=batch.src_lens_host, rdrop_alpha=terms.rdrop_alpha,
     )  # fmt: skip
 
 
-LossFn = Callable[[torch.nn.Module, Batch, float], torch.Tensor]
+LossFn = Callable[[torch.nn.Module, Batch, LossTerms], torch.Tensor]
 
 LOSS, GRADIENT = 0, 1  # the entries of StepResult.flags
 
@@ -142,6 +157,7 @@ def train_step(
     loss scale. Nothing is read back from the device here.
     """
     t = cfg.trainer
+    terms = LossTerms.of(t)
     tokens = sum(b.n_tgt_tokens for b in micro_batches)
     scale = loss_scale(tokens, device, dist_info)
     optimizer.zero_grad(set_to_none=True)
@@ -151,7 +167,7 @@ def train_step(
         sync = contextlib.nullcontext() if last or not dist_info.enabled else model.no_sync()
         with sync:
             with record_function(PHASE_PREFIX + "forward"), autocast(str(t.precision), device):
-                loss = loss_fn(model, batch, t.label_smoothing)
+                loss = loss_fn(model, batch, terms)
             scaled = loss * scale
             with record_function(PHASE_PREFIX + "backward"):
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()

@@ -22,7 +22,7 @@ from nmt.runtime.device import autocast
 from nmt.runtime.precision import (
     validation_decode_precision,
 )
-from nmt.train.step import loss_sum
+from nmt.train.step import LossTerms, loss_sum
 
 # --------------------------------------------------------------------------- validation
 
@@ -37,7 +37,7 @@ def loss_and_tokens(
     for idx in eval_batches(ds.data.src_lens, cfg.data.eval_max_tokens, ds.data.tgt_lens):
         batch = make_batch(ds.data, idx).to(device)
         with autocast(str(cfg.trainer.precision), device):
-            total += float(loss_sum(model, batch, 0.0))
+            total += float(loss_sum(model, batch, LossTerms()))
         tokens += batch.n_tgt_tokens
     return total, tokens
 
