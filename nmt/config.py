@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -153,9 +154,12 @@ class DataConfig:
     test: list[str] = field(default_factory=lambda: ["test_2016_flickr"])
     # a dataset corpus's column holding {language code: sentence} in each row
     column: str = "translation"
-    # multilingual (one model for several directions, each written src-tgt: [de-en, en-fr]);
-    # empty: the one direction src_lang -> tgt_lang. See docs/how-to/multilingual.md
-    directions: list[str] = field(default_factory=list)
+    # multilingual (one model for several directions, each written src-tgt: [de-en, en-fr]),
+    # or all: every ordered pair of data.languages; empty: the one direction src_lang ->
+    # tgt_lang. See docs/how-to/multilingual.md
+    directions: Any = field(default_factory=list)
+    # the corpus's languages, whose every ordered pair data.directions=all trains
+    languages: list[str] = field(default_factory=list)
     # where the target-language tag <2xx> goes: source (the source's first token) or target
     # (the first target token, forced when decoding)
     tag_placement: TagPlacement = TagPlacement.source
@@ -538,15 +542,20 @@ class Direction:
         return self.name
 
 
-def parse_directions(value: Any, key: str = "data.directions") -> list[Direction]:
+def parse_directions(
+    value: Any, key: str = "data.directions", languages: Sequence[str] | None = None
+) -> list[Direction]:
     """The directions of ``data.directions`` (``[de-en, en-fr]``); raises ConfigError naming the
-    entry. An empty list is an empty result (a bilingual run)."""
+    entry. An empty list is an empty result (a bilingual run). ``all`` is every ordered pair of
+    ``languages`` (``data.languages``), sources in their order, then targets."""
     if value is None:
         return []
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple, ListConfig)):
         raise ConfigError(f"{key}={value!r} must be a list of directions such as [de-en, en-fr]")
+    if list(value) == [ALL_DIRECTIONS]:
+        value = every_pair(languages or [], key)
     out: list[Direction] = []
     for i, entry in enumerate(value):
         where = f"{key}[{i}]"
@@ -563,6 +572,21 @@ def parse_directions(value: Any, key: str = "data.directions") -> list[Direction
             raise ConfigError(f"{where}={entry!r} is named twice")
         out.append(d)
     return out
+
+
+ALL_DIRECTIONS = "all"
+
+
+def every_pair(languages: Sequence[str], key: str = "data.directions") -> list[str]:
+    """Every ordered pair of ``languages`` as directions (``de-en``); ConfigError for fewer
+    than two distinct languages."""
+    langs = list(dict.fromkeys(str(lang) for lang in languages))
+    if len(langs) < 2:
+        raise ConfigError(
+            f"{key}=all needs data.languages, the corpus's languages (two or more, such as "
+            f"[cs, de, en, fr]); it is {list(languages)}"
+        )
+    return [f"{a}-{b}" for a in langs for b in langs if a != b]
 
 
 def check_decode(d: Any, prefix: str = "") -> None:

@@ -33,7 +33,7 @@ def check_train_config(cfg: DictConfig) -> None:
 
 
 def _check_data(d: DictConfig) -> None:
-    directions = parse_directions(d.directions)
+    directions = parse_directions(d.directions, languages=d.get("languages"))
     if directions:
         _check_multilingual(d, directions)
     elif d.get("zero_shot"):

@@ -1,7 +1,8 @@
 """One model for several directions (Johnson et al. 2017): directions, language tags, the
 sampling of directions by temperature, and tagged token data.
 
-A multilingual run names its directions in ``data.directions`` (``[de-en, en-fr]``). One joint
+A multilingual run names its directions in ``data.directions`` (``[de-en, en-fr]``, or ``all``:
+every ordered pair of ``data.languages``). One joint
 sentencepiece model covers every language, with one tag per language (``<2fr>``) as a
 user-defined piece (ids 4, 5, ... in sorted order of the languages). The tag of the target
 language goes where ``data.tag_placement`` says:
@@ -30,7 +31,9 @@ from nmt.data.tokenizer import Tokenizer, language_tag
 
 def directions_of(cfg: Any) -> list[Direction]:
     """The directions of a data config (none for a bilingual one, or one from before them)."""
-    return parse_directions(cfg.get("directions") if hasattr(cfg, "get") else None)
+    if not hasattr(cfg, "get"):
+        return []
+    return parse_directions(cfg.get("directions"), languages=cfg.get("languages"))
 
 
 def placement_of(cfg: Any) -> str:
