@@ -86,6 +86,12 @@ class AttentionScore(StrEnum):
     scaled_dot = "scaled_dot"
 
 
+class Activation(StrEnum):
+    relu = "relu"
+    gelu = "gelu"  # exact (erf), as transformers' "gelu"
+    swish = "swish"  # x * sigmoid(x), SiLU: OPUS-MT's Marian models
+
+
 # What decodes (nmt.decode.engines): auto (the faster of torch and ctranslate2 for the model and
 # search, measured once), torch (our PyTorch search), torch-int8 (the GRU with int8 weights, CPU)
 # and ctranslate2 (a package exported with --format ctranslate2). Built by the functional API, as
@@ -214,8 +220,10 @@ class TransformerConfig:
     dropout: float = 0.1  # on every sub-layer output (before the residual sum) and embeddings
     attn_dropout: float = 0.1  # on the attention weights
     act_dropout: float = 0.0  # after the feed-forward activation
+    activation: Activation = Activation.relu  # of the feed-forward sub-layers: relu | gelu | swish
     norm_first: bool = True  # pre-norm (layer norm before each sub-layer); false: post-norm
     tie_embeddings: bool = True  # the decoder's input embedding is the output projection
+    output_bias: bool = False  # a bias on the vocabulary projection (Marian's final_logits_bias)
     learned_positions: bool = False  # learned position embeddings instead of sinusoidal ones
     max_positions: int = 1024  # longest sequence the position table holds
 

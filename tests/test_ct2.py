@@ -50,6 +50,12 @@ VARIANTS = {
     "post-norm": ["model.norm_first=false"],
     "untied, two vocabularies": ["model.tie_embeddings=false", "data.joint_vocab=false"],
     "learned positions": ["model.learned_positions=true", "model.max_positions=128"],
+    "gelu, output bias": ["model.activation=gelu", "model.output_bias=true"],
+    "post-norm, swish, output bias": [
+        "model.norm_first=false",
+        "model.activation=swish",
+        "model.output_bias=true",
+    ],
 }
 
 
@@ -68,6 +74,8 @@ def test_converted_model_gives_our_log_probabilities(
         torch.nn.init.normal_(model.src_pos.learned.weight, 0.0, 1.0)
     for p in (p for name, p in model.named_parameters() if "norm" in name):
         torch.nn.init.uniform_(p, 0.5, 1.5)  # layer norms that are not the identity
+    if model.out_proj.bias is not None:  # a bias that matters
+        torch.nn.init.normal_(model.out_proj.bias, 0.0, 1.0)
     ctranslate2.convert(model, tokenizers, root / "ct2", "float32")
     translator = ct2.require().Translator(str(root / "ct2"), intra_threads=1)
 

@@ -49,6 +49,13 @@ EMBEDDINGS = {
     "untied, two vocabularies": ["model.tie_embeddings=false", "data.joint_vocab=false"],
 }
 VARIANTS = [(n, e) for n in NORM for e in EMBEDDINGS]
+# the feed-forward activations transformers names as we do, and an output bias, with each norm
+FEATURES = {
+    "gelu, output bias": ["model.activation=gelu", "model.output_bias=true"],
+    "swish, output bias, untied": ["model.activation=swish", "model.output_bias=true",
+                                   "model.tie_embeddings=false"],
+}  # fmt: skip
+VARIANTS += [(n, f) for n in NORM for f in FEATURES]
 # characters the sentencepiece models of 120 sentences never saw: byte fallback
 RARE = ["Ein Hund — 3½ Äpfel, ŝ ǅ 😀 !", "Zwei  Männer\tim Schnee… «ja»", "ẞ Ω ∑ 中文 a"]
 
@@ -66,6 +73,8 @@ def variant_model(
     model = build_model(cfg, tokenizers).eval()
     for p in (p for name, p in model.named_parameters() if "norm" in name):
         torch.nn.init.uniform_(p, 0.5, 1.5)
+    if model.out_proj.bias is not None:  # a bias that matters
+        torch.nn.init.normal_(model.out_proj.bias, 0.0, 1.0)
     return model, tokenizers, cfg
 
 
@@ -88,7 +97,8 @@ def test_every_variant_gives_our_log_probabilities_and_greedy_output(
     norm: str, embeddings: str, corpus: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     root = tmp_path_factory.mktemp("variant")
-    model, tokenizers, _ = variant_model(corpus, root, [*NORM[norm], *EMBEDDINGS[embeddings]])
+    options = {**EMBEDDINGS, **FEATURES}[embeddings]
+    model, tokenizers, _ = variant_model(corpus, root, [*NORM[norm], *options])
     converted = hf.convert_model(model)
     assert type(converted).__name__ == ("MarianMTModel" if norm == "post-norm" else
                                         "PegasusForConditionalGeneration")  # fmt: skip

@@ -11,10 +11,12 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
-from nmt.config import GRUBahdanauConfig, TransformerConfig
+from nmt.config import GRUBahdanauConfig, TransformerConfig, to_container
 from nmt.models.base import Seq2Seq, lengths_to_mask, map_state
 from nmt.models.registry import create_model
 from nmt.models.transformer import DecoderLayer, EncoderLayer
+
+from .helpers import compose_config
 
 PAD, BOS, EOS = 0, 2, 3
 SRC_V, TGT_V = 13, 11
@@ -361,3 +363,31 @@ def test_tiny_model_overfits_a_few_pairs(name: str, lr: float) -> None:
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.2 * losses[0], losses[::10]
+
+
+@pytest.mark.parametrize(
+    ("name", "formula"),
+    [("relu", torch.relu), ("gelu", lambda h: 0.5 * h * (1 + torch.erf(h / 2**0.5))),
+     ("swish", lambda h: h * torch.sigmoid(h))],
+)  # fmt: skip
+def test_the_feed_forward_activation_is_the_one_configured(name, formula) -> None:
+    torch.manual_seed(0)
+    layer = EncoderLayer(8, 2, 16, dropout=0.0, activation=name)
+    x = torch.randn(2, 3, 8)
+    want = layer.linear2(formula(layer.linear1(x)))
+    torch.testing.assert_close(layer.feed_forward(x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_default_transformer_has_relu_and_no_output_bias() -> None:
+    cfg = compose_config("train", [])
+    model = create_model(to_container(cfg.model), src_vocab_size=30, tgt_vocab_size=30)
+    assert model.out_proj.bias is None
+    assert {layer.activation for layer in model.encoder_layers} == {"relu"}
+    biased = create_model({**to_container(cfg.model), "output_bias": True, "activation": "swish"},
+                          src_vocab_size=30, tgt_vocab_size=30)  # fmt: skip
+    assert biased.out_proj.bias is not None and biased.decoder_layers[0].activation == "swish"
+
+
+def test_an_unknown_activation_is_refused_naming_the_option() -> None:
+    with pytest.raises(Exception, match="model.activation"):
+        compose_config("train", ["model.activation=tanh"])

@@ -71,22 +71,38 @@ class PositionalEmbedding(nn.Module):
         return self.table[start : start + length]  # (T, D)
 
 
+# the feed-forward activations, by model.activation (transformers' names: "swish" is SiLU)
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "swish": F.silu,
+}
+
+
 class _Layer(nn.Module):
     """What encoder and decoder layers share: the feed-forward net and the residual wrapper."""
 
     def __init__(
-        self, d_model: int, d_ff: int, dropout: float, act_dropout: float, norm_first: bool
+        self,
+        d_model: int,
+        d_ff: int,
+        dropout: float,
+        act_dropout: float,
+        norm_first: bool,
+        activation: str = "relu",
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
+        self.activation = str(activation)
+        self.act = ACTIVATIONS[self.activation]
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.act_dropout = Dropout(act_dropout)
         self.dropout = Dropout(dropout)  # on every sub-layer output, before the residual sum
 
     def feed_forward(self, x: Tensor) -> Tensor:
-        """W_2 ReLU(W_1 x + b_1) + b_2: (B, T, D) -> (B, T, D)."""
-        hidden = self.act_dropout(F.relu(self.linear1(x)))  # (B, T, F)
+        """W_2 act(W_1 x + b_1) + b_2: (B, T, D) -> (B, T, D); act is ReLU by default."""
+        hidden = self.act_dropout(self.act(self.linear1(x)))  # (B, T, F)
         return self.linear2(hidden)  # (B, T, D)
 
     def residual(self, x: Tensor, norm: nn.LayerNorm, sublayer: SubLayer) -> AttnOut:
@@ -116,8 +132,9 @@ class EncoderLayer(_Layer):
         attn_dropout: float = 0.0,
         act_dropout: float = 0.0,
         norm_first: bool = True,
+        activation: str = "relu",
     ) -> None:
-        super().__init__(d_model, d_ff, dropout, act_dropout, norm_first)
+        super().__init__(d_model, d_ff, dropout, act_dropout, norm_first, activation)
         self.self_attn = MultiHeadAttention(d_model, heads, attn_dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
@@ -146,8 +163,9 @@ class DecoderLayer(_Layer):
         attn_dropout: float = 0.0,
         act_dropout: float = 0.0,
         norm_first: bool = True,
+        activation: str = "relu",
     ) -> None:
-        super().__init__(d_model, d_ff, dropout, act_dropout, norm_first)
+        super().__init__(d_model, d_ff, dropout, act_dropout, norm_first, activation)
         self.self_attn = MultiHeadAttention(d_model, heads, attn_dropout)
         self.cross_attn = MultiHeadAttention(d_model, heads, attn_dropout)
         self.norm1 = nn.LayerNorm(d_model)
@@ -205,7 +223,9 @@ class Transformer(Seq2Seq):
     ``tie_embeddings``: the decoder's input embedding is the output projection's weight; with
     ``shared_vocab`` (one joint vocabulary) the source embedding is that same matrix too.
     Initialisation: xavier_uniform for linear weights, zero biases, N(0, d_model^-0.5) for
-    embeddings (the pad row zero); the output projection has no bias (as in the paper).
+    embeddings (the pad row zero); the output projection has no bias (as in the paper) unless
+    ``output_bias`` (Marian's ``final_logits_bias``). ``activation``: of the feed-forward
+    sub-layers, relu (the paper's), gelu or swish (:data:`ACTIVATIONS`).
     """
 
     def __init__(
@@ -227,6 +247,8 @@ class Transformer(Seq2Seq):
         tgt_vocab_size: int,
         pad_id: int = 0,
         shared_vocab: bool = False,
+        activation: str = "relu",
+        output_bias: bool = False,
     ) -> None:
         super().__init__()
         if shared_vocab and src_vocab_size != tgt_vocab_size:
@@ -242,12 +264,12 @@ class Transformer(Seq2Seq):
         self.src_pos = PositionalEmbedding(max_positions, d_model, learned_positions)
         self.tgt_pos = PositionalEmbedding(max_positions, d_model, learned_positions)
         self.dropout = Dropout(dropout)
-        sizes = (d_model, heads, d_ff, dropout, attn_dropout, act_dropout, norm_first)
+        sizes = (d_model, heads, d_ff, dropout, attn_dropout, act_dropout, norm_first, activation)
         self.encoder_layers = nn.ModuleList(EncoderLayer(*sizes) for _ in range(enc_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(*sizes) for _ in range(dec_layers))
         self.enc_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.dec_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
-        self.out_proj = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        self.out_proj = nn.Linear(d_model, tgt_vocab_size, bias=output_bias)
         self._init_weights()
         if tie_embeddings:
             self.out_proj.weight = self.tgt_embed.weight

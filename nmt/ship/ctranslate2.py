@@ -4,9 +4,10 @@ The converter fills CTranslate2's ``TransformerSpec`` from our modules, weight b
 embeddings (scaled by sqrt(d_model), as ours), the position table written out whole (sinusoidal
 or learned, so CTranslate2 never computes its own), each layer's fused query/key/value (self-
 attention) or query and fused key/value (cross-attention) projections, the layer norms (epsilon
-1e-5, PyTorch's) and the bias-free output projection. Every Transformer variant of
-:class:`~nmt.config.TransformerConfig` converts: pre- and post-norm, tied or untied embeddings,
-one joint or two vocabularies, sinusoidal or learned positions. The GRU model cannot: CTranslate2
+1e-5, PyTorch's) and the output projection with its bias where it has one. Every Transformer
+variant of :class:`~nmt.config.TransformerConfig` converts: pre- and post-norm, tied or untied
+embeddings, one joint or two vocabularies, sinusoidal or learned positions, each feed-forward
+activation. The GRU model cannot: CTranslate2
 has no recurrent sequence-to-sequence models.
 
 Decoding the converted model is :mod:`nmt.decode.ct2`.
@@ -98,12 +99,15 @@ def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:
     """A filled ``ctranslate2.specs.TransformerSpec`` of ``model``."""
     require()
     from ctranslate2.specs import transformer_spec as ts
+    from ctranslate2.specs.common_spec import Activation
 
     norm_first = model.encoder_layers[0].norm_first
+    activation = {"relu": Activation.RELU, "gelu": Activation.GELU, "swish": Activation.SWISH}
     spec = ts.TransformerSpec.from_config(
         (len(model.encoder_layers), len(model.decoder_layers)),
         model.heads,
         pre_norm=norm_first,
+        activation=activation[model.encoder_layers[0].activation],
         alignment_layer=-1,  # the last decoder layer's cross-attention ...
         alignment_heads=0,  # ... averaged over all heads, as decode_step returns it
     )

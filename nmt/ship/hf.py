@@ -18,8 +18,9 @@ output projection) it gives the same function, since layer norm, residual sums a
 position-wise sub-layers commute with a permutation of features.
 
 Settings that would change the function are written explicitly: embeddings scaled by
-sqrt(d_model), ReLU, layer-drop 0, no output bias (``final_logits_bias`` zero), layer norm
-epsilon 1e-5, our pad/BOS/EOS ids with BOS as ``decoder_start_token_id``, the position limit.
+sqrt(d_model), the feed-forward activation (relu, gelu or swish), layer-drop 0, the output
+projection's bias as ``final_logits_bias`` (zero where it has none), layer norm epsilon 1e-5,
+our pad/BOS/EOS ids with BOS as ``decoder_start_token_id``, the position limit.
 What cannot be expressed is refused with the reason (:func:`check_exportable`).
 
 The tokenizer is ``MarianTokenizer`` over our sentencepiece model(s), with a vocabulary file
@@ -145,7 +146,7 @@ def hf_config(model: Transformer) -> Any:
         "decoder_attention_heads": model.heads,
         "encoder_layerdrop": 0.0,
         "decoder_layerdrop": 0.0,
-        "activation_function": "relu",
+        "activation_function": layer.activation,  # relu, gelu or swish: transformers' names
         "dropout": layer.dropout.p,
         "attention_dropout": layer.self_attn.dropout,
         "activation_dropout": layer.act_dropout.p,
@@ -203,7 +204,10 @@ def hf_weights(model: Transformer, pre_norm: bool) -> dict[str, torch.Tensor]:
     out["model.encoder.embed_tokens.weight"] = src
     out["model.decoder.embed_tokens.weight"] = model.tgt_embed.weight[:, perm]
     out["lm_head.weight"] = model.out_proj.weight[:, perm]
-    out["final_logits_bias"] = torch.zeros(1, model.out_proj.out_features)
+    bias = model.out_proj.bias
+    out["final_logits_bias"] = (
+        torch.zeros(1, model.out_proj.out_features) if bias is None else bias[None]
+    )
     for i, layer in enumerate(model.encoder_layers):
         name = f"model.encoder.layers.{i}"
         _attention(out, f"{name}.self_attn", layer.self_attn, perm)
