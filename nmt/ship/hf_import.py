@@ -1,0 +1,326 @@
+"""Reading a pretrained Hugging Face ``MarianMTModel`` folder (the OPUS-MT models) into our
+Transformer and tokenizers, to decode and fine-tune it as a model trained here.
+
+**The folder chooses nothing.** ``config.json`` is read as JSON and every field this reads is
+checked; a config that asks for code (``auto_map``) or names an architecture other than Marian
+is refused in one line. Weights come from ``model.safetensors``, or from ``pytorch_model.bin``
+read with ``weights_only=True``; a missing, unexpected, misshapen or non-finite tensor is
+refused by name. Every refusal is a :class:`~nmt.config.ConfigError`.
+
+**The architecture.** Marian is our post-norm Transformer (``model.norm_first=false``) with
+embeddings scaled by sqrt(d_model), the sinusoid laid out sin-half then cos-half (undone by the
+inverse of :func:`nmt.ship.hf.permutation`, as the export does it), its feed-forward activation
+(``swish`` in OPUS-MT) and an output bias (``final_logits_bias``).
+
+**The vocabulary keeps our special ids.** Marian's ids are those of ``vocab.json`` (EOS 0, UNK
+1, PAD last, the decoder starting from PAD, no BOS); ours are PAD 0, UNK 1, BOS 2, EOS 3 in
+every model. The import renumbers the vocabulary instead of the code: our BOS takes Marian's
+PAD (the decoder's first input), our EOS and UNK take Marian's, the other pieces follow in
+Marian's order, and our PAD is a row of zeros whose output logit is held at
+:data:`NEVER` (its probability is 0 in fp32, as Marian has no such class). The embedding rows,
+the output projection and its bias are reordered to match. Each side's tokenizer is
+Marian's sentencepiece model (``source.spm``, ``target.spm``) rebuilt with its pieces in that
+order, scores and normalization unchanged, so it segments text as Marian's tokenizer does: a
+piece of ``vocab.json`` that side's model lacks is kept as an unused piece (decoded, never
+produced), and a piece the source model produces that ``vocab.json`` lacks (which Marian reads
+as UNK) is added with UNK's embedding.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from sentencepiece import sentencepiece_model_pb2 as spm_pb
+
+from nmt.config import ConfigError
+from nmt.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_PIECES,
+    UNK_ID,
+    Tokenizer,
+    TokenizerPair,
+)
+from nmt.models.registry import create_model
+from nmt.models.transformer import ACTIVATIONS, Transformer
+from nmt.ship.hf import permutation, weight_slots
+
+# the output bias of our PAD row in an imported model: exp(NEVER) is 0 in fp32 and bf16
+NEVER = -1e4
+ACTIVATION_NAMES = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
+Piece = spm_pb.ModelProto.SentencePiece
+
+
+def _refuse(folder: Path, why: str) -> ConfigError:
+    return ConfigError(f"{folder}: {why}")
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """``config.json`` of a Marian folder, checked: no remote code, Marian's architecture."""
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _refuse(folder, "no config.json: not a transformers model folder") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _refuse(folder, f"config.json cannot be read: {e}") from None
+    if not isinstance(config, dict):
+        raise _refuse(folder, "config.json is not a JSON object")
+    if "auto_map" in config:
+        raise _refuse(folder, "config.json asks for remote code (auto_map); nothing is run")
+    names = config.get("architectures") or []
+    if config.get("model_type") != "marian" or names not in ([], ["MarianMTModel"]):
+        raise _refuse(
+            folder,
+            f"architecture {', '.join(map(str, names)) or config.get('model_type')!r} is not "
+            "read: nmt-import reads MarianMTModel (OPUS-MT)",
+        )
+    return config
+
+
+def _field(config: Mapping[str, Any], key: str, kind: Any, default: Any = None) -> Any:
+    """``config[key]`` (or ``default``) if it is a ``kind`` (a bool only where asked for)."""
+    value = config.get(key, default)
+    if not isinstance(value, kind) or isinstance(value, bool) is not (kind is bool):
+        name = "number" if isinstance(kind, tuple) else kind.__name__
+        raise ConfigError(f"config.json: {key}={value!r} is not a {name}")
+    return value
+
+
+def model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Our ``model`` config of a Marian config; ConfigError naming what we cannot hold."""
+    sizes = {k: _field(config, k, int) for k in (
+        "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+        "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim",
+        "max_position_embeddings",
+    )}  # fmt: skip
+    for ours, (a, b) in {
+        "model.heads": ("encoder_attention_heads", "decoder_attention_heads"),
+        "model.d_ff": ("encoder_ffn_dim", "decoder_ffn_dim"),
+    }.items():
+        if sizes[a] != sizes[b]:
+            raise ConfigError(f"config.json: {a}={sizes[a]} and {b}={sizes[b]} differ; "
+                              f"{ours} is one value for both stacks")  # fmt: skip
+    given = _field(config, "activation_function", str, "swish")
+    activation = ACTIVATION_NAMES.get(given)
+    if activation not in ACTIVATIONS:
+        raise ConfigError(f"config.json: activation_function={given!r} is not relu, gelu or swish")
+    if not _field(config, "scale_embedding", bool, False):
+        raise ConfigError("config.json: scale_embedding=false is not read (our Transformer "
+                          "scales its embeddings by sqrt(d_model))")  # fmt: skip
+    if not _field(config, "share_encoder_decoder_embeddings", bool, True):
+        raise ConfigError("config.json: share_encoder_decoder_embeddings=false (separate "
+                          "vocabularies) is not read yet")  # fmt: skip
+    return {
+        "arch": "transformer",
+        "d_model": sizes["d_model"],
+        "heads": sizes["encoder_attention_heads"],
+        "d_ff": sizes["encoder_ffn_dim"],
+        "enc_layers": sizes["encoder_layers"],
+        "dec_layers": sizes["decoder_layers"],
+        "dropout": float(_field(config, "dropout", (int, float), 0.1)),
+        "attn_dropout": float(_field(config, "attention_dropout", (int, float), 0.0)),
+        "act_dropout": float(_field(config, "activation_dropout", (int, float), 0.0)),
+        "activation": activation,
+        "norm_first": False,
+        "tie_embeddings": bool(_field(config, "tie_word_embeddings", bool, True)),
+        "output_bias": True,
+        "learned_positions": False,
+        "max_positions": sizes["max_position_embeddings"],
+    }
+
+
+# ------------------------------------------------------------------------------- vocabulary
+
+
+@dataclass
+class Vocabulary:
+    """Where each of our ids comes from: ``rows[i]``, the Marian id whose embedding (and
+    output row) our id ``i`` takes, per side; and each side's rebuilt sentencepiece model."""
+
+    src_rows: list[int]
+    tgt_rows: list[int]
+    src_proto: bytes
+    tgt_proto: bytes
+
+
+def _read_json_vocab(folder: Path) -> dict[str, int]:
+    try:
+        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _refuse(folder, f"vocab.json cannot be read: {e}") from None
+    if not isinstance(vocab, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        for k, v in vocab.items()
+    ):
+        raise _refuse(folder, "vocab.json is not an object of pieces to ids")
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise _refuse(folder, "vocab.json's ids are not 0 .. its size - 1, each once")
+    return vocab
+
+
+def _read_spm(folder: Path, name: str) -> spm_pb.ModelProto:
+    proto = spm_pb.ModelProto()
+    try:
+        proto.ParseFromString((folder / name).read_bytes())
+    except OSError as e:
+        raise _refuse(folder, f"{name} cannot be read: {e}") from None
+    except Exception as e:  # protobuf's DecodeError
+        raise _refuse(folder, f"{name} is not a sentencepiece model ({e})") from None
+    return proto
+
+
+def _rebuilt(proto: spm_pb.ModelProto, order: list[str], extra: list[str]) -> bytes:
+    """``proto`` with pieces ``order`` (our specials first) then ``extra``: the model's own
+    pieces keep their score and type, those it lacks are unused (decoded, never produced)."""
+    own = {p.piece: p for p in proto.pieces if p.type in (Piece.NORMAL, Piece.USER_DEFINED)}
+    out = spm_pb.ModelProto()
+    out.CopyFrom(proto)
+    del out.pieces[:]
+    kinds = [Piece.CONTROL, Piece.UNKNOWN, Piece.CONTROL, Piece.CONTROL]
+    for piece, kind in zip(SPECIAL_PIECES, kinds, strict=True):
+        out.pieces.add(piece=piece, score=0.0, type=kind)
+    for piece in [*order, *extra]:
+        if piece in own:
+            out.pieces.add().CopyFrom(own[piece])
+        else:
+            out.pieces.add(piece=piece, score=0.0, type=Piece.UNUSED)
+    spec = out.trainer_spec
+    spec.pad_id, spec.unk_id, spec.bos_id, spec.eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+    for field, piece in zip(("pad_piece", "unk_piece", "bos_piece", "eos_piece"),
+                            SPECIAL_PIECES, strict=True):  # fmt: skip
+        setattr(spec, field, piece)
+    spec.vocab_size = len(out.pieces)
+    return out.SerializeToString()
+
+
+def vocabulary(folder: Path, config: Mapping[str, Any]) -> Vocabulary:
+    """Our ids for a Marian folder's vocabulary; see the module doc."""
+    vocab = _read_json_vocab(folder)
+    pad, eos = _field(config, "pad_token_id", int), _field(config, "eos_token_id", int)
+    start = _field(config, "decoder_start_token_id", int, pad)
+    unk = vocab.get("<unk>")
+    if unk is None or start != pad or not {pad, eos} <= set(vocab.values()):
+        raise _refuse(folder, "vocab.json and config.json disagree on <unk>, pad, eos or the "
+                      "decoder's start (Marian starts from pad)")  # fmt: skip
+    by_id = sorted(vocab, key=vocab.__getitem__)
+    order = [p for p in by_id if vocab[p] not in (pad, eos, unk)]
+    rows = [pad, unk, pad, eos, *(vocab[p] for p in order)]  # PAD's row is zeroed later
+    src, tgt = _read_spm(folder, "source.spm"), _read_spm(folder, "target.spm")
+    named = set(vocab) | set(SPECIAL_PIECES)
+    extra = [p.piece for p in src.pieces if p.type == Piece.NORMAL and p.piece not in named]
+    return Vocabulary(
+        src_rows=rows + [unk] * len(extra),
+        tgt_rows=rows,
+        src_proto=_rebuilt(src, order, extra),
+        tgt_proto=_rebuilt(tgt, order, []),
+    )
+
+
+# ---------------------------------------------------------------------------------- weights
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's tensors, from safetensors or a weights-only PyTorch file."""
+    if (folder / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(folder / "model.safetensors"))
+        except Exception as e:  # safetensors raises its own SafetensorError
+            raise _refuse(folder, f"model.safetensors cannot be read: {e}") from None
+    if (folder / "pytorch_model.bin").is_file():
+        try:
+            state = torch.load(folder / "pytorch_model.bin", map_location="cpu",
+                               weights_only=True)  # fmt: skip
+        except Exception as e:  # an unpickling error names what was refused
+            raise _refuse(folder, f"pytorch_model.bin cannot be read safely: {e}") from None
+        if isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values()):
+            return state
+        raise _refuse(folder, "pytorch_model.bin is not a mapping of names to tensors")
+    raise _refuse(folder, "no model.safetensors or pytorch_model.bin")
+
+
+def _loaded(model: Transformer, theirs: dict[str, torch.Tensor], vocab: Vocabulary) -> None:
+    """Copy ``theirs`` into ``model``: features un-permuted, vocabulary rows in our order."""
+    slots = weight_slots(model, pre_norm=False)
+    tied_names = {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                  "lm_head.weight"}  # fmt: skip
+    known = set(slots) | {"final_logits_bias"}
+    unexpected = sorted(k for k in theirs if k not in known and ".embed_positions." not in k)
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise ConfigError(f"weights: unexpected tensor {unexpected[0]}{more}")
+    # tied embeddings are saved under one of their names
+    embedding_names = ["model.shared.weight", *sorted(tied_names)]
+    if model.out_proj.weight is not model.tgt_embed.weight:
+        embedding_names.remove("lm_head.weight")
+    shared = next((theirs[n] for n in embedding_names if n in theirs), None)
+    inverse = torch.argsort(permutation(model.d_model))
+    rows = {"src": torch.tensor(vocab.src_rows), "tgt": torch.tensor(vocab.tgt_rows)}
+    with torch.no_grad():
+        for name, (ours, kind) in slots.items():
+            tensor = theirs.get(name)
+            if tensor is None and name in embedding_names:
+                tensor = shared
+            if tensor is None:
+                raise ConfigError(f"weights: missing tensor {name}")
+            if not torch.isfinite(tensor).all():
+                raise ConfigError(f"weights: {name} holds values that are not finite")
+            if name.endswith("embed_tokens.weight") or name in ("model.shared.weight",
+                                                                "lm_head.weight"):  # fmt: skip
+                side = "src" if "encoder" in name or "shared" in name else "tgt"
+                tensor = tensor.index_select(0, rows[side]) if tensor.dim() == 2 else tensor
+            value = tensor.float()[:, inverse] if kind == "in" else (
+                tensor.float()[inverse] if kind == "out" else tensor.float())  # fmt: skip
+            if value.shape != ours.shape:
+                raise ConfigError(f"weights: {name} is {tuple(tensor.shape)}, the config "
+                                  f"makes it {tuple(ours.shape)}")  # fmt: skip
+            ours.copy_(value)
+        bias = theirs.get("final_logits_bias")
+        if bias is None or bias.numel() != max(vocab.tgt_rows) + 1:
+            raise ConfigError("weights: final_logits_bias is missing or of the wrong size")
+        if not torch.isfinite(bias).all():
+            raise ConfigError("weights: final_logits_bias holds values that are not finite")
+        assert model.out_proj.bias is not None
+        model.out_proj.bias.copy_(bias.reshape(-1).float().index_select(0, rows["tgt"]))
+        model.out_proj.bias[PAD_ID] = NEVER
+        model.tgt_embed.weight[PAD_ID].zero_()
+        model.src_embed.weight[PAD_ID].zero_()
+
+
+@dataclass
+class Imported:
+    model: Transformer
+    tokenizers: TokenizerPair
+    fields: dict[str, Any]  # our model config
+    vocab: Vocabulary  # the Marian id behind each of ours
+
+
+def import_marian(folder: Path) -> Imported:
+    """A Marian folder as our Transformer (eval mode) and tokenizers; ConfigError otherwise."""
+    folder = Path(folder)
+    config = read_config(folder)
+    fields = model_fields(config)
+    vocab = vocabulary(folder, config)
+    if _field(config, "vocab_size", int) != max(vocab.tgt_rows) + 1:
+        raise ConfigError(f"config.json: vocab_size={config['vocab_size']} but vocab.json has "
+                          f"{max(vocab.tgt_rows) + 1} pieces")  # fmt: skip
+    tokenizers = TokenizerPair(
+        src=Tokenizer.from_proto(vocab.src_proto, origin=f"{folder}/source.spm"),
+        tgt=Tokenizer.from_proto(vocab.tgt_proto, origin=f"{folder}/target.spm"),
+        joint=False,
+    )
+    model = create_model(
+        fields, src_vocab_size=tokenizers.src.vocab_size,
+        tgt_vocab_size=tokenizers.tgt.vocab_size, pad_id=PAD_ID, shared_vocab=False,
+    )  # fmt: skip
+    assert isinstance(model, Transformer)
+    _loaded(model, read_weights(folder), vocab)
+    return Imported(model.eval(), tokenizers, fields, vocab)

@@ -1,0 +1,238 @@
+"""Importing a MarianMTModel folder made by transformers itself (small, random, with its own
+sentencepiece models and vocab.json): our tokenizers give Marian's ids, the teacher-forced
+log-probabilities are transformers', greedy search outputs what generate() does, and hostile
+or foreign folders are refused by name."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+
+from nmt.config import ConfigError
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.decode.search import greedy_search
+from nmt.ship.hf_import import NEVER, import_marian
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses:UserWarning"),
+]
+
+DROPPED = 3  # source pieces left out of vocab.json: Marian reads them as <unk>
+
+
+def spm_model(lines: list[str], size: int) -> bytes:
+    """A unigram sentencepiece model as Marian's converter leaves them: unk 0, bos 1, eos 2."""
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=out, vocab_size=size, model_type="unigram",
+        character_coverage=1.0, minloglevel=2, num_threads=1,
+    )  # fmt: skip
+    return out.getvalue()
+
+
+def pieces(proto: bytes) -> list[str]:
+    sp = spm.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(proto)
+    return [sp.IdToPiece(i) for i in range(3, sp.GetPieceSize())]
+
+
+@pytest.fixture(scope="module")
+def marian(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random MarianMTModel (swish, a non-zero output bias, post-norm) with its tokenizer."""
+    folder = tmp_path_factory.mktemp("marian")
+    de = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()
+    en = Path(f"{corpus}.en").read_text(encoding="utf-8").splitlines()
+    source, target = spm_model(de, 150), spm_model(en, 120)
+    (folder / "source.spm").write_bytes(source)
+    (folder / "target.spm").write_bytes(target)
+    src_pieces = pieces(source)
+    kept = [p for p in src_pieces[:-DROPPED]] + [p for p in pieces(target) if p not in src_pieces]
+    vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(dict.fromkeys(kept))}}
+    vocab["<pad>"] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"source_lang": "de", "target_lang": "en", "model_max_length": 64}),
+        encoding="utf-8",
+    )
+    config = transformers.MarianConfig(
+        vocab_size=len(vocab), d_model=16, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, activation_function="swish", max_position_embeddings=64,
+        pad_token_id=vocab["<pad>"], eos_token_id=0, decoder_start_token_id=vocab["<pad>"],
+        forced_eos_token_id=0, scale_embedding=True, dropout=0.1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(config).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, 0.2)
+        for name, p in model.named_parameters():  # weights that make varied outputs
+            if "layer_norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif "shared" in name:
+                p.normal_(0.0, 1.0)
+            elif p.dim() == 2:
+                torch.nn.init.xavier_uniform_(p, gain=3.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+def hf_tokenizer(folder: Path):
+    return transformers.MarianTokenizer.from_pretrained(str(folder))
+
+
+def sentences(corpus: Path, n: int = 6) -> tuple[list[str], list[str]]:
+    de = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[-n:]
+    en = Path(f"{corpus}.en").read_text(encoding="utf-8").splitlines()[-n:]
+    return de + ["Ein Zebra – 3½ Äpfel!"], en + ["A zebra."]
+
+
+@pytest.fixture(scope="module")
+def imported(marian: Path):
+    return import_marian(marian)
+
+
+def test_our_tokenizers_give_marians_ids(marian, imported, corpus) -> None:
+    src, _ = sentences(corpus)
+    rows = imported.vocab.src_rows
+    theirs = hf_tokenizer(marian)(src)["input_ids"]
+    ours = [[rows[i] for i in imported.tokenizers.src.encode(line)] + [0] for line in src]
+    assert ours == theirs
+    unk = json.loads((marian / "vocab.json").read_text())["<unk>"]
+    assert any(unk in row for row in ours)  # the dropped pieces read as Marian's <unk>
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_teacher_forced_log_probabilities_are_transformers(marian, imported, corpus, dtype) -> None:
+    """Equal to rounding: 1e-4 in fp32 (weights large enough to vary the outputs make logits
+    of several units), 1e-5 in fp64 (where both sides' sinusoid tables still hold the fp32
+    values each computes its own way)."""
+    hf = transformers.MarianMTModel.from_pretrained(str(marian)).eval().to(dtype)
+    model = copy.deepcopy(imported.model).to(dtype)
+    src, refs = sentences(corpus)
+    tok = imported.tokenizers
+    src_ids = [tok.src.encode(s) + [EOS_ID] for s in src]
+    tgt_ids = [[BOS_ID, *tok.tgt.encode(r)] for r in refs]
+    s_len, t_len = max(map(len, src_ids)), max(map(len, tgt_ids))
+    src_t = torch.tensor([s + [PAD_ID] * (s_len - len(s)) for s in src_ids])
+    tgt_t = torch.tensor([t + [PAD_ID] * (t_len - len(t)) for t in tgt_ids])
+    lens = torch.tensor([len(s) for s in src_ids])
+    with torch.inference_mode():
+        ours = model(src_t, lens, tgt_t).log_softmax(-1)  # (B, T, V')
+    src_rows, tgt_rows = (
+        torch.tensor(imported.vocab.src_rows),
+        torch.tensor(imported.vocab.tgt_rows),
+    )
+    mask = torch.arange(s_len)[None] < lens[:, None]
+    with torch.inference_mode():
+        out = hf(input_ids=src_rows[src_t], attention_mask=mask.long(),
+                 decoder_input_ids=tgt_rows[tgt_t])  # fmt: skip
+    theirs = out.logits.log_softmax(-1)  # (B, T, V)
+    real = torch.arange(t_len)[None] < torch.tensor([len(t) for t in tgt_ids])[:, None]
+    gap = (ours[..., 1:] - theirs[..., tgt_rows[1:]]).abs()[real].max()
+    assert gap < (1e-4 if dtype == torch.float32 else 1e-5), gap
+    assert ours[..., PAD_ID].max() < NEVER / 2  # our PAD is no class
+
+
+def test_greedy_search_outputs_what_generate_does(marian, imported, corpus) -> None:
+    hf = transformers.MarianMTModel.from_pretrained(str(marian)).eval()
+    src, _ = sentences(corpus)
+    tok, rows = imported.tokenizers, imported.vocab.tgt_rows
+    src_ids = [tok.src.encode(s) + [EOS_ID] for s in src]
+    s_len = max(map(len, src_ids))
+    src_t = torch.tensor([s + [PAD_ID] * (s_len - len(s)) for s in src_ids])
+    lens = torch.tensor([len(s) for s in src_ids])
+    cap = 10
+    hyps = greedy_search(imported.model, src_t, lens, torch.full((len(src),), cap), BOS_ID,
+                         EOS_ID)  # fmt: skip
+    mask = torch.arange(s_len)[None] < lens[:, None]
+    with torch.inference_mode():
+        out = hf.generate(input_ids=torch.tensor(imported.vocab.src_rows)[src_t],
+                          attention_mask=mask.long(), num_beams=1, do_sample=False,
+                          max_new_tokens=cap + 1, bad_words_ids=None, output_logits=True,
+                          return_dict_in_generate=True)  # fmt: skip
+    pad = hf.config.pad_token_id
+    steps = torch.stack(out.logits, dim=1).log_softmax(-1)  # (B, steps, V)
+    for b, (hyp, row) in enumerate(zip(hyps, out.sequences.tolist(), strict=True)):
+        assert row[0] == pad  # the decoder's start
+        body = row[1 : row.index(0)] if 0 in row[1:] else row[1:]
+        assert [rows[t] for t in hyp.tokens] == body
+        chosen = row[1 : len(body) + 2]  # the tokens and the EOS, where it came
+        score = steps[b, torch.arange(len(chosen)), torch.tensor(chosen)].sum()
+        assert hyp.score == pytest.approx(float(score), abs=1e-4)  # the same path, step by step
+
+
+# ---------------------------------------------------------------------------- refused folders
+
+
+def altered(marian: Path, tmp_path: Path, **config) -> Path:
+    folder = tmp_path / "altered"
+    shutil.copytree(marian, folder)
+    data = json.loads((folder / "config.json").read_text())
+    data.update(config)
+    (folder / "config.json").write_text(json.dumps(data))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"auto_map": {"AutoModel": "evil.Model"}}, "asks for remote code"),
+        ({"model_type": "m2m_100", "architectures": ["M2M100ForConditionalGeneration"]},
+         "architecture 'M2M100ForConditionalGeneration' is not read"),
+        ({"activation_function": "tanh"}, "activation_function='tanh'"),
+        ({"d_model": "16"}, "d_model='16' is not a int"),
+        ({"vocab_size": 7}, "vocab_size=7"),
+    ],
+)  # fmt: skip
+def test_a_config_we_cannot_read_is_refused_by_name(marian, tmp_path, change, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        import_marian(altered(marian, tmp_path, **change))
+
+
+def test_a_tensor_we_cannot_read_is_refused_by_name(marian, tmp_path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    folder = altered(marian, tmp_path)
+    weights = load_file(str(folder / "model.safetensors"))
+    bad = dict(weights)
+    bad["model.encoder.layers.0.fc1.weight"] = bad["model.encoder.layers.0.fc1.weight"] * float(
+        "nan"
+    )
+    save_file(bad, str(folder / "model.safetensors"))
+    with pytest.raises(ConfigError, match="model.encoder.layers.0.fc1.weight holds values"):
+        import_marian(folder)
+    bad = {k: v for k, v in weights.items() if k != "model.decoder.layers.1.fc2.bias"}
+    save_file(bad, str(folder / "model.safetensors"))
+    with pytest.raises(ConfigError, match="missing tensor model.decoder.layers.1.fc2.bias"):
+        import_marian(folder)
+    save_file({**weights, "model.extra.weight": torch.zeros(2)}, str(folder / "model.safetensors"))
+    with pytest.raises(ConfigError, match="unexpected tensor model.extra.weight"):
+        import_marian(folder)
+    small = dict(weights)
+    small["model.encoder.layers.0.fc1.weight"] = torch.zeros(8, 16)
+    save_file(small, str(folder / "model.safetensors"))
+    with pytest.raises(ConfigError, match=r"model.encoder.layers.0.fc1.weight is \(8, 16\)"):
+        import_marian(folder)
+
+
+def test_a_pickled_weights_file_is_read_without_running_code(marian, tmp_path) -> None:
+    folder = altered(marian, tmp_path)
+    (folder / "model.safetensors").unlink()
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    torch.save({"x": Evil()}, folder / "pytorch_model.bin")
+    with pytest.raises(ConfigError, match="pytorch_model.bin cannot be read safely"):
+        import_marian(folder)
