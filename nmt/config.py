@@ -482,17 +482,6 @@ def register_configs() -> None:
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
 
 
-def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
-
-
-def _positive(key: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{key}={value} must be {bound}")
-
-
 @dataclass(frozen=True)
 class TrainCorpus:
     """One entry of ``data.train``: a split name or path prefix and its sampling weight."""
@@ -595,19 +584,6 @@ def every_pair(languages: Sequence[str], key: str = "data.directions") -> list[s
             f"[cs, de, en, fr]); it is {list(languages)}"
         )
     return [f"{a}-{b}" for a in langs for b in langs if a != b]
-
-
-def check_decode(d: Any, prefix: str = "") -> None:
-    """Check the decoding fields of ``d`` (a :class:`DecodeConfig` or a runtime
-    ``DecodeOptions``); raise ConfigError naming the first bad one (``prefix`` + its name)."""
-    if d.beam is not None:
-        _positive(f"{prefix}beam", d.beam)
-    if d.length_penalty is not None and not d.length_penalty >= 0:
-        raise ConfigError(f"{prefix}length_penalty={d.length_penalty} must be >= 0")
-    for key in ("max_output_len_a", "max_output_len_b", "min_output_len"):
-        _positive(f"{prefix}{key}", getattr(d, key), allow_zero=True)
-    _positive(f"{prefix}max_tokens", d.max_tokens)
-    _choice(f"{prefix}precision", str(d.precision), ("auto", "32", "bf16", "16"))
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -5,6 +5,7 @@ values that span several keys, ranges, and the corpus lists of ``data.train`` an
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -12,12 +13,33 @@ from nmt.config import (
     MODEL_SCHEMAS,
     ConfigError,
     Direction,
-    _choice,
-    _positive,
-    check_decode,
     parse_directions,
     train_corpora,
 )
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
+
+
+def _positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{key}={value} must be {bound}")
+
+
+def check_decode(d: Any, prefix: str = "") -> None:
+    """Check the decoding fields of ``d`` (a :class:`DecodeConfig` or a runtime
+    ``DecodeOptions``); raise ConfigError naming the first bad one (``prefix`` + its name)."""
+    if d.beam is not None:
+        _positive(f"{prefix}beam", d.beam)
+    if d.length_penalty is not None and not d.length_penalty >= 0:
+        raise ConfigError(f"{prefix}length_penalty={d.length_penalty} must be >= 0")
+    for key in ("max_output_len_a", "max_output_len_b", "min_output_len"):
+        _positive(f"{prefix}{key}", getattr(d, key), allow_zero=True)
+    _positive(f"{prefix}max_tokens", d.max_tokens)
+    _choice(f"{prefix}precision", str(d.precision), ("auto", "32", "bf16", "16"))
 
 
 def check_train_config(cfg: DictConfig) -> None:

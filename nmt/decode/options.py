@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from nmt.config import DecodeConfig, check_decode
+from nmt.config import DecodeConfig
+from nmt.config_checks import check_decode
 
 # what beam and length_penalty are when neither the command nor the run sets them
 GREEDY, DEFAULT_ALPHA = 1, 1.0
