@@ -59,6 +59,9 @@ OUT ?= $(RUN)/package
 export: install ## Write a run's model as a self-contained package: RUN=<run dir> CKPT=<name> OUT=<dir> ARGS="--format ctranslate2 --quantize int8"
 	$(BIN)/nmt-export $(RUN) $(if $(CKPT),--ckpt $(CKPT)) --out $(OUT) $(ARGS)
 
+import: install ## Import a pretrained transformers MarianMTModel (OPUS-MT) as a run directory: SRC=<folder or Hub id> OUT=<dir>
+	$(BIN)/nmt-import $(SRC) --out $(OUT)
+
 check-hf: install ## Check a run's Hugging Face export against our decoding on its test set (JSON): RUN=<run dir> ARGS="--limit 200 --out FILE"
 	$(BIN)/python scripts/check_hf.py $(RUN) $(if $(CKPT),--ckpt $(CKPT)) $(ARGS)
 

@@ -46,6 +46,7 @@ ARGPARSE_COMMANDS = {
     "nmt-tune-decode": "nmt.evaluate.tune_decode",
     "nmt-compare": "nmt.evaluate.compare",
     "nmt-export": "nmt.ship.export",
+    "nmt-import": "nmt.ship.import_command",
 }
 
 

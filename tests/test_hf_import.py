@@ -19,6 +19,7 @@ from nmt.config import ConfigError
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.decode.search import greedy_search
 from nmt.ship.hf_import import NEVER, import_marian
+from nmt.ship.import_command import main as import_main
 
 transformers = pytest.importorskip("transformers")
 
@@ -67,7 +68,7 @@ def marian(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = transformers.MarianConfig(
         vocab_size=len(vocab), d_model=16, encoder_layers=2, decoder_layers=2,
         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-        decoder_ffn_dim=32, activation_function="swish", max_position_embeddings=64,
+        decoder_ffn_dim=32, activation_function="swish", max_position_embeddings=256,
         pad_token_id=vocab["<pad>"], eos_token_id=0, decoder_start_token_id=vocab["<pad>"],
         forced_eos_token_id=0, scale_embedding=True, dropout=0.1,
     )  # fmt: skip
@@ -236,3 +237,71 @@ def test_a_pickled_weights_file_is_read_without_running_code(marian, tmp_path) -
     torch.save({"x": Evil()}, folder / "pytorch_model.bin")
     with pytest.raises(ConfigError, match="pytorch_model.bin cannot be read safely"):
         import_marian(folder)
+
+
+# ----------------------------------------------------------------------- nmt-import, the run
+
+
+@pytest.fixture(scope="module")
+def run(marian: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("imported") / "run"
+    assert import_main([str(marian), "--out", str(out)]) == 0
+    return out
+
+
+def test_the_run_translates_as_transformers_does(marian, run, corpus) -> None:
+    from nmt.decode.options import DecodeOptions
+    from nmt.decode.translate import translate_lines
+    from nmt.store.loading import load_trained
+    from nmt.store.paths import checkpoint_path
+
+    trained = load_trained(checkpoint_path(run), torch.device("cpu"))
+    assert (trained.cfg.data.src_lang, trained.cfg.data.tgt_lang) == ("de", "en")
+    src, _ = sentences(corpus)
+    opts = DecodeOptions(beam=1, max_output_len_a=0.0, max_output_len_b=10)
+    ours = [r[0][0] for r in translate_lines(trained, src, opts, torch.device("cpu"))]
+    hf = transformers.MarianMTModel.from_pretrained(str(marian)).eval()
+    tok = hf_tokenizer(marian)
+    batch = tok(src, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=11,
+                          bad_words_ids=None)  # fmt: skip
+    assert ours == tok.batch_decode(out, skip_special_tokens=True)
+
+
+def test_the_run_scores_and_fine_tunes(run, corpus, tmp_path) -> None:
+    from nmt.evaluate.scoring import evaluate
+    from nmt.store.checkpoint import load_checkpoint
+    from nmt.train.command import train
+
+    from .helpers import compose_config, corpus_overrides
+
+    short = ["max_output_len_a=0", "max_output_len_b=5"]
+    report = evaluate(compose_config("eval", [f"run={run}", f"test=[{corpus}.de:{corpus}.en]",
+                                             *short]))  # fmt: skip
+    assert "BLEU" in next(iter(report["sets"].values()))["scores"]
+    fields = load_checkpoint(run / "checkpoints" / "best.pt")["config"]["model"]
+    overrides = [
+        *corpus_overrides(corpus, tmp_path), f"outputs={tmp_path / 'outputs'}",
+        f"trainer.init_from={run}", "trainer.max_steps=3", "trainer.val_every=3",
+        "trainer.val_sentences=4", "trainer.progress=false", "trainer.attention_sentences=0",
+        "trainer.precision=32", "data.max_tokens=400", "trainer.threads=1",
+        *(f"model.{k}={v}" for k, v in fields.items() if k != "arch"),
+    ]  # fmt: skip
+    result = train(compose_config("train", overrides), tmp_path / "tuned")
+    assert result["state"]["step"] == 3
+    assert result["state"]["init_from"]["checkpoint"].endswith("best.pt")
+
+
+def test_a_run_is_written_whole_or_not_at_all(marian, tmp_path, monkeypatch) -> None:
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "file").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        import_main([str(marian), "--out", str(busy)])
+    assert e.value.code == 2 and (busy / "file").read_text() == "x"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit) as e:
+        import_main(["Helsinki-NLP/opus-mt-xx-yy", "--out", str(tmp_path / "hub")])
+    assert e.value.code == 2 and not (tmp_path / "hub").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["busy"]  # no half-written run

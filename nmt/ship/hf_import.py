@@ -61,17 +61,22 @@ def _refuse(folder: Path, why: str) -> ConfigError:
     return ConfigError(f"{folder}: {why}")
 
 
+def read_json_object(folder: Path, name: str) -> dict[str, Any]:
+    """The JSON object in ``folder / name``; ConfigError naming the file otherwise."""
+    try:
+        data = json.loads((folder / name).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _refuse(folder, f"no {name}: not a transformers model folder") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _refuse(folder, f"{name} cannot be read: {e}") from None
+    if not isinstance(data, dict):
+        raise _refuse(folder, f"{name} is not a JSON object")
+    return data
+
+
 def read_config(folder: Path) -> dict[str, Any]:
     """``config.json`` of a Marian folder, checked: no remote code, Marian's architecture."""
-    path = folder / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise _refuse(folder, "no config.json: not a transformers model folder") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _refuse(folder, f"config.json cannot be read: {e}") from None
-    if not isinstance(config, dict):
-        raise _refuse(folder, "config.json is not a JSON object")
+    config = read_json_object(folder, "config.json")
     if "auto_map" in config:
         raise _refuse(folder, "config.json asks for remote code (auto_map); nothing is run")
     names = config.get("architectures") or []
@@ -151,14 +156,8 @@ class Vocabulary:
 
 
 def _read_json_vocab(folder: Path) -> dict[str, int]:
-    try:
-        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _refuse(folder, f"vocab.json cannot be read: {e}") from None
-    if not isinstance(vocab, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-        for k, v in vocab.items()
-    ):
+    vocab = read_json_object(folder, "vocab.json")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in vocab.values()):
         raise _refuse(folder, "vocab.json is not an object of pieces to ids")
     if sorted(vocab.values()) != list(range(len(vocab))):
         raise _refuse(folder, "vocab.json's ids are not 0 .. its size - 1, each once")
