@@ -357,6 +357,11 @@ def test_dropout_rates_may_differ_other_model_keys_may_not(runs) -> None:
         if key.endswith("dropout") or key == "arch":
             continue
         changed = model.copy()
-        changed[key] = (not value) if isinstance(value, bool) else value * 2
+        if isinstance(value, bool):
+            changed[key] = not value
+        elif isinstance(value, str):  # a choice: another one
+            changed[key] = next(c for c in ("gelu", "swish") if c != value)
+        else:
+            changed[key] = value * 2
         with pytest.raises(ConfigError, match=f"model.{key}="):
             check_same_architecture(changed, source.cfg.model, Path("x.pt"))
