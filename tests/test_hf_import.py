@@ -305,3 +305,26 @@ def test_a_run_is_written_whole_or_not_at_all(marian, tmp_path, monkeypatch) -> 
         import_main(["Helsinki-NLP/opus-mt-xx-yy", "--out", str(tmp_path / "hub")])
     assert e.value.code == 2 and not (tmp_path / "hub").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["busy"]  # no half-written run
+
+
+def test_the_run_exports_for_ctranslate2_which_decodes_as_our_search(run, corpus, tmp_path) -> None:
+    """The imported run's CTranslate2 package (its output bias and activation included) gives
+    our greedy tokens and scores."""
+    pytest.importorskip("ctranslate2")
+    from nmt.data.datasets import encode_texts
+    from nmt.decode.engines import TorchEngine, make_engine
+    from nmt.decode.options import DecodeOptions
+    from nmt.ship.export import export_package
+    from nmt.store.loading import load_package
+
+    package = export_package(run / "checkpoints" / "best.pt", tmp_path / "pkg",
+                             fmt="ctranslate2", quantize="float32")  # fmt: skip
+    cpu = torch.device("cpu")
+    loaded = load_package(package, cpu)
+    src, refs = sentences(corpus)
+    data = encode_texts(loaded.tokenizers, src, refs)
+    opts = DecodeOptions(beam=1, max_output_len_a=0.0, max_output_len_b=10)
+    ours = TorchEngine(loaded.model, cpu).hypotheses(data, opts)
+    theirs = make_engine("ctranslate2", loaded, opts, cpu).hypotheses(data, opts)
+    assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+    assert max(abs(a.score - b.score) for a, b in zip(ours, theirs, strict=True)) < 1e-3
