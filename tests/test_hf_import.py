@@ -328,3 +328,36 @@ def test_the_run_exports_for_ctranslate2_which_decodes_as_our_search(run, corpus
     theirs = make_engine("ctranslate2", loaded, opts, cpu).hypotheses(data, opts)
     assert [h.tokens for h in ours] == [h.tokens for h in theirs]
     assert max(abs(a.score - b.score) for a, b in zip(ours, theirs, strict=True)) < 1e-3
+
+
+def test_the_run_serves_through_libretranslates_api(run, corpus, tmp_path) -> None:
+    """nmt-serve on the imported run's CTranslate2 package answers LibreTranslate's /translate
+    with what nmt-translate's function gives."""
+    pytest.importorskip("ctranslate2")
+    from nmt.decode.options import DecodeOptions
+    from nmt.decode.translate import translate_lines
+    from nmt.serve.app import make_app
+    from nmt.serve.backend import load_backend
+    from nmt.ship.export import export_package
+    from nmt.store.loading import load_trained
+    from nmt.store.paths import checkpoint_path
+
+    from .serving import run_app, serve_config
+
+    package = export_package(run / "checkpoints" / "best.pt", tmp_path / "pkg",
+                             fmt="ctranslate2", quantize="float32")  # fmt: skip
+    extra = ("engine=ctranslate2", "beam=1", "max_output_len_a=0", "max_output_len_b=10")
+    app = make_app(load_backend(serve_config(package, *extra)), serve_config(package, *extra))
+    src, _ = sentences(corpus, 3)
+    trained = load_trained(checkpoint_path(run), torch.device("cpu"))
+    opts = DecodeOptions(beam=1, max_output_len_a=0.0, max_output_len_b=10)
+    want = [r[0][0] for r in translate_lines(trained, src, opts, torch.device("cpu"))]
+
+    async def scenario(client) -> None:
+        response = await client.post("/translate", json={"q": src, "source": "de", "target": "en"})
+        assert response.status == 200, await response.text()
+        assert (await response.json())["translatedText"] == want
+        languages = await (await client.get("/languages")).json()
+        assert {lang["code"] for lang in languages} == {"de", "en"}
+
+    run_app(app, scenario)
