@@ -92,6 +92,11 @@ class Activation(StrEnum):
     swish = "swish"  # x * sigmoid(x), SiLU: OPUS-MT's Marian models
 
 
+class PositionStyle(StrEnum):
+    vaswani = "vaswani"  # sin/cos(t / 10000^(2k/d)) from position 0 (Vaswani et al.; Marian)
+    fairseq = "fairseq"  # frequencies over d/2 - 1, positions from 2 (fairseq; M2M100, NLLB)
+
+
 # What decodes (nmt.decode.engines): auto (the faster of torch and ctranslate2 for the model and
 # search, measured once), torch (our PyTorch search), torch-int8 (the GRU with int8 weights, CPU)
 # and ctranslate2 (a package exported with --format ctranslate2). Built by the functional API, as
@@ -225,6 +230,7 @@ class TransformerConfig:
     tie_embeddings: bool = True  # the decoder's input embedding is the output projection
     output_bias: bool = False  # a bias on the vocabulary projection (Marian's final_logits_bias)
     learned_positions: bool = False  # learned position embeddings instead of sinusoidal ones
+    position_style: PositionStyle = PositionStyle.vaswani  # the sinusoid: vaswani | fairseq
     max_positions: int = 1024  # longest sequence the position table holds
 
 

@@ -50,6 +50,7 @@ VARIANTS = {
     "post-norm": ["model.norm_first=false"],
     "untied, two vocabularies": ["model.tie_embeddings=false", "data.joint_vocab=false"],
     "learned positions": ["model.learned_positions=true", "model.max_positions=128"],
+    "fairseq positions": ["model.position_style=fairseq"],
     "gelu, output bias": ["model.activation=gelu", "model.output_bias=true"],
     "post-norm, swish, output bias": [
         "model.norm_first=false",

@@ -360,7 +360,8 @@ def test_dropout_rates_may_differ_other_model_keys_may_not(runs) -> None:
         if isinstance(value, bool):
             changed[key] = not value
         elif isinstance(value, str):  # a choice: another one
-            changed[key] = next(c for c in ("gelu", "swish") if c != value)
+            choices = {"activation": ("relu", "gelu"), "position_style": ("vaswani", "fairseq")}
+            changed[key] = next(c for c in choices[key] if c != value)
         else:
             changed[key] = value * 2
         with pytest.raises(ConfigError, match=f"model.{key}="):

@@ -268,6 +268,14 @@ def test_learned_positions_are_refused_with_the_reason(corpus: Path, tmp_path: P
         hf.check_exportable(cfg, prepare_data(cfg.data).tokenizers)
 
 
+def test_fairseq_positions_are_refused_with_the_reason(corpus: Path, tmp_path: Path) -> None:
+    cfg = compose_config("train", [*corpus_overrides(corpus, tmp_path), *TINY_TRANSFORMER,
+                                   "model.position_style=fairseq"])  # fmt: skip
+    tokenizers = prepare_data(cfg.data).tokenizers
+    with pytest.raises(ConfigError, match="model.position_style=fairseq cannot be exported"):
+        hf.check_exportable(cfg, tokenizers)
+
+
 def test_a_pre_norm_model_with_two_vocabulary_sizes_is_refused(corpus: Path, tmp_path: Path):
     cfg = compose_config("train", [*corpus_overrides(corpus, tmp_path), "data.joint_vocab=false"])
     assert hf.refusal(cfg, 600, 600) is None

@@ -391,3 +391,22 @@ def test_the_default_transformer_has_relu_and_no_output_bias() -> None:
 def test_an_unknown_activation_is_refused_naming_the_option() -> None:
     with pytest.raises(Exception, match="model.activation"):
         compose_config("train", ["model.activation=tanh"])
+
+
+def test_fairseq_positions_are_transformers_m2m100_table() -> None:
+    """model.position_style=fairseq: the M2M100/NLLB sinusoid, bit for bit, in our layout."""
+    from transformers.models.m2m_100.modeling_m2m_100 import (
+        M2M100SinusoidalPositionalEmbedding as M2M100Positions,
+    )
+
+    from nmt.models.transformer import sinusoidal_positions
+    from nmt.ship.hf import permutation
+
+    for d in (16, 1024):
+        theirs = M2M100Positions.get_embedding(302, d, padding_idx=1)  # rows from position 0
+        ours = sinusoidal_positions(300, d, "fairseq")[:, permutation(d)]
+        assert torch.equal(ours, theirs[2:])  # fairseq's position t is row t + 2
+    model = create_model({**to_container(compose_config("train", []).model),
+                          "position_style": "fairseq", "max_positions": 64},
+                         src_vocab_size=30, tgt_vocab_size=30)  # fmt: skip
+    assert torch.equal(model.src_pos(3, 5), sinusoidal_positions(8, model.d_model, "fairseq")[3:])

@@ -40,11 +40,21 @@ AttnOut = tuple[Tensor, Tensor | None]  # (output, weights or None)
 SubLayer = Callable[[Tensor], AttnOut]  # what a residual block wraps: (B, T, D) -> AttnOut
 
 
-def sinusoidal_positions(length: int, d_model: int) -> Tensor:
-    """P[t, 2k] = sin(t / 10000^(2k/d)), P[t, 2k+1] = cos(t / 10000^(2k/d)); (length, d_model)."""
-    pos = torch.arange(length, dtype=torch.float32)[:, None]  # (L, 1)
-    two_k = torch.arange(0, d_model, 2, dtype=torch.float32)  # (ceil(D/2),)
-    angles = pos * torch.exp(-math.log(10000.0) * two_k / d_model)  # (L, ceil(D/2))
+def sinusoidal_positions(length: int, d_model: int, style: str = "vaswani") -> Tensor:
+    """P[t, 2k] = sin(t / 10000^(2k/d)), P[t, 2k+1] = cos(t / 10000^(2k/d)); (length, d_model).
+
+    ``style="fairseq"`` is the table of fairseq, M2M100 and NLLB: the frequency of pair k is
+    10000^(-k / (d/2 - 1)), and position t reads the row of t + 2 (fairseq counts positions
+    from the padding id + 1). Both are laid out interleaved here; those models keep the sines
+    in the first half (:func:`nmt.ship.hf.permutation` maps one layout onto the other)."""
+    offset = 2 if style == "fairseq" else 0
+    pos = torch.arange(offset, offset + length, dtype=torch.float32)[:, None]  # (L, 1)
+    if style == "fairseq":  # computed in fairseq's order, so that the values are its own
+        k = torch.arange((d_model + 1) // 2, dtype=torch.float32)  # (ceil(D/2),)
+        angles = pos * torch.exp(k * -(math.log(10000.0) / max(d_model // 2 - 1, 1)))
+    else:
+        two_k = torch.arange(0, d_model, 2, dtype=torch.float32)  # (ceil(D/2),)
+        angles = pos * torch.exp(-math.log(10000.0) * two_k / d_model)  # (L, ceil(D/2))
     table = torch.zeros(length, d_model)  # (L, D)
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
@@ -54,12 +64,14 @@ def sinusoidal_positions(length: int, d_model: int) -> Tensor:
 class PositionalEmbedding(nn.Module):
     """Position vectors for positions ``start .. start + length - 1``: sinusoidal or learned."""
 
-    def __init__(self, max_positions: int, d_model: int, learned: bool) -> None:
+    def __init__(
+        self, max_positions: int, d_model: int, learned: bool, style: str = "vaswani"
+    ) -> None:
         super().__init__()
         self.max_positions = max_positions
         self.learned = nn.Embedding(max_positions, d_model) if learned else None
         if not learned:
-            table = sinusoidal_positions(max_positions, d_model)  # (P, D)
+            table = sinusoidal_positions(max_positions, d_model, str(style))  # (P, D)
             self.register_buffer("table", table, persistent=False)
 
     def forward(self, start: int, length: int) -> Tensor:
@@ -249,6 +261,7 @@ class Transformer(Seq2Seq):
         shared_vocab: bool = False,
         activation: str = "relu",
         output_bias: bool = False,
+        position_style: str = "vaswani",
     ) -> None:
         super().__init__()
         if shared_vocab and src_vocab_size != tgt_vocab_size:
@@ -261,8 +274,9 @@ class Transformer(Seq2Seq):
             self.src_embed = self.tgt_embed
         else:
             self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=pad_id)
-        self.src_pos = PositionalEmbedding(max_positions, d_model, learned_positions)
-        self.tgt_pos = PositionalEmbedding(max_positions, d_model, learned_positions)
+        positions = (max_positions, d_model, learned_positions, position_style)
+        self.src_pos = PositionalEmbedding(*positions)
+        self.tgt_pos = PositionalEmbedding(*positions)
         self.dropout = Dropout(dropout)
         sizes = (d_model, heads, d_ff, dropout, attn_dropout, act_dropout, norm_first, activation)
         self.encoder_layers = nn.ModuleList(EncoderLayer(*sizes) for _ in range(enc_layers))

@@ -87,12 +87,9 @@ def _ffn(spec: Any, layer: Any, norm: torch.nn.LayerNorm) -> None:
 
 
 def _positions(model: Transformer, which: str) -> np.ndarray:
-    from nmt.models.transformer import sinusoidal_positions
-
+    """The model's own position table, learned or sinusoidal (of either style), whole."""
     pos = getattr(model, which)
-    if pos.learned is not None:
-        return _np(pos.learned.weight)  # (P, D)
-    return _np(sinusoidal_positions(pos.max_positions, model.d_model))  # (P, D)
+    return _np(pos.learned.weight if pos.learned is not None else pos.table)  # (P, D)
 
 
 def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:

@@ -82,6 +82,12 @@ def refusal(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str | None:
             "compute their own sinusoidal position table and load no learned one "
             "(this model ships with --format torch or ctranslate2)"
         )
+    if m.get("position_style", "vaswani") != "vaswani":
+        return (
+            f"--format hf: model.position_style={m.position_style} cannot be exported: Marian "
+            "and Pegasus compute Vaswani's sinusoid from position 0 "
+            "(this model ships with --format torch or ctranslate2)"
+        )
     if directions_of(cfg.data) and placement_of(cfg.data) != "source":
         return (
             "--format hf: a multilingual model with data.tag_placement=target cannot be "
