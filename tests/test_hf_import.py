@@ -361,3 +361,14 @@ def test_the_run_serves_through_libretranslates_api(run, corpus, tmp_path) -> No
         assert {lang["code"] for lang in languages} == {"de", "en"}
 
     run_app(app, scenario)
+
+
+def test_an_embedding_of_another_vocabulary_size_is_refused_by_name(marian, tmp_path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    folder = altered(marian, tmp_path)
+    weights = load_file(str(folder / "model.safetensors"))
+    name = next(n for n in ("model.shared.weight", "lm_head.weight") if n in weights)
+    save_file({**weights, name: weights[name][:-5]}, str(folder / "model.safetensors"))
+    with pytest.raises(ConfigError, match=f"weights: {name} is .* rows of the vocabulary"):
+        import_marian(folder)

@@ -49,7 +49,7 @@ from nmt.data.tokenizer import (
 )
 from nmt.models.registry import create_model
 from nmt.models.transformer import ACTIVATIONS, Transformer
-from nmt.ship.hf import permutation, weight_slots
+from nmt.ship.hf import permutation, permuted, weight_slots
 
 # the output bias of our PAD row in an imported model: exp(NEVER) is 0 in fp32 and bf16
 NEVER = -1e4
@@ -246,44 +246,50 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise _refuse(folder, "no model.safetensors or pytorch_model.bin")
 
 
+# the tensors whose rows are the vocabulary's, and the side whose ids they take
+VOCABULARY_ROWS = {
+    "model.shared.weight": "src",
+    "model.encoder.embed_tokens.weight": "src",
+    "model.decoder.embed_tokens.weight": "tgt",
+    "lm_head.weight": "tgt",
+}
+
+
 def _loaded(model: Transformer, theirs: dict[str, torch.Tensor], vocab: Vocabulary) -> None:
     """Copy ``theirs`` into ``model``: features un-permuted, vocabulary rows in our order."""
     slots = weight_slots(model, pre_norm=False)
-    tied_names = {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-                  "lm_head.weight"}  # fmt: skip
     known = set(slots) | {"final_logits_bias"}
     unexpected = sorted(k for k in theirs if k not in known and ".embed_positions." not in k)
     if unexpected:
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise ConfigError(f"weights: unexpected tensor {unexpected[0]}{more}")
-    # tied embeddings are saved under one of their names
-    embedding_names = ["model.shared.weight", *sorted(tied_names)]
-    if model.out_proj.weight is not model.tgt_embed.weight:
-        embedding_names.remove("lm_head.weight")
-    shared = next((theirs[n] for n in embedding_names if n in theirs), None)
+    # tied embeddings are saved under one of their names (the output projection too, if tied)
+    tied_output = model.out_proj.weight is model.tgt_embed.weight
+    tied = [n for n in VOCABULARY_ROWS if n != "lm_head.weight" or tied_output]
+    shared = next((theirs[n] for n in tied if n in theirs), None)
     inverse = torch.argsort(permutation(model.d_model))
     rows = {"src": torch.tensor(vocab.src_rows), "tgt": torch.tensor(vocab.tgt_rows)}
+    size = max(vocab.tgt_rows) + 1  # Marian's vocabulary
     with torch.no_grad():
         for name, (ours, kind) in slots.items():
-            tensor = theirs.get(name)
-            if tensor is None and name in embedding_names:
-                tensor = shared
+            tensor = theirs.get(name, shared if name in tied else None)
             if tensor is None:
                 raise ConfigError(f"weights: missing tensor {name}")
             if not torch.isfinite(tensor).all():
                 raise ConfigError(f"weights: {name} holds values that are not finite")
-            if name.endswith("embed_tokens.weight") or name in ("model.shared.weight",
-                                                                "lm_head.weight"):  # fmt: skip
-                side = "src" if "encoder" in name or "shared" in name else "tgt"
-                tensor = tensor.index_select(0, rows[side]) if tensor.dim() == 2 else tensor
-            value = tensor.float()[:, inverse] if kind == "in" else (
-                tensor.float()[inverse] if kind == "out" else tensor.float())  # fmt: skip
+            value = tensor.float()
+            if name in VOCABULARY_ROWS:
+                if value.dim() != 2 or value.size(0) != size:
+                    raise ConfigError(f"weights: {name} is {tuple(value.shape)}, not "
+                                      f"{size} rows of the vocabulary")  # fmt: skip
+                value = value.index_select(0, rows[VOCABULARY_ROWS[name]])
+            value = permuted(value, kind, inverse)
             if value.shape != ours.shape:
                 raise ConfigError(f"weights: {name} is {tuple(tensor.shape)}, the config "
                                   f"makes it {tuple(ours.shape)}")  # fmt: skip
             ours.copy_(value)
         bias = theirs.get("final_logits_bias")
-        if bias is None or bias.numel() != max(vocab.tgt_rows) + 1:
+        if bias is None or bias.numel() != size:
             raise ConfigError("weights: final_logits_bias is missing or of the wrong size")
         if not torch.isfinite(bias).all():
             raise ConfigError("weights: final_logits_bias holds values that are not finite")
