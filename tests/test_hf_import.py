@@ -372,3 +372,19 @@ def test_an_embedding_of_another_vocabulary_size_is_refused_by_name(marian, tmp_
     save_file({**weights, name: weights[name][:-5]}, str(folder / "model.safetensors"))
     with pytest.raises(ConfigError, match=f"weights: {name} is .* rows of the vocabulary"):
         import_marian(folder)
+
+
+def test_nmt_import_refuses_remote_code_in_one_line_and_writes_nothing(marian, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from .helpers import REPO
+
+    folder = altered(marian, tmp_path, auto_map={"AutoModelForSeq2SeqLM": "evil.Model"})
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "nmt.ship.import_command", str(folder), "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "asks for remote code (auto_map); nothing is run" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["altered"]
