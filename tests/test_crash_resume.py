@@ -53,15 +53,15 @@ class FaultyRun:
     def spawn(self) -> subprocess.Popen:
         """Start (first time) or resume (afterwards) the run."""
         if self.starts == 0:
-            extra = [f"hydra.run.dir={self.run_dir}"]
-        else:
-            extra = [f"trainer.resume={self.run_dir}", f"hydra.run.dir={self.work / 'h'}"]
+            args = [*self.overrides, f"hydra.run.dir={self.run_dir}"]
+        else:  # as the stopped run prints: the run's own config comes from its checkpoint
+            args = [f"trainer.resume={self.run_dir}", f"hydra.run.dir={self.work / 'h'}"]
         self.starts += 1
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(self.log, "a") as out:
             out.write(f"\n===== start {self.starts}\n")
             return subprocess.Popen(
-                [sys.executable, "-m", "nmt.train", *self.overrides, *extra],
+                [sys.executable, "-m", "nmt.train", *args],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
 

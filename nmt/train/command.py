@@ -108,9 +108,12 @@ def finish(trainer: Trainer, reason: str) -> dict[str, Any]:
     return result
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Train a model as configured; returns the final training state and stop reason."""
-    trainer = build_trainer(setup(cfg, run_dir))
+def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Train a model as configured; returns the final training state and stop reason.
+
+    ``overrides`` (the command line's) make a resumed run keep its own config except for the
+    keys they set one by one; without them ``cfg`` is used as it is."""
+    trainer = build_trainer(setup(cfg, run_dir, overrides))
     return finish(trainer, run_training(trainer))
 
 
@@ -126,7 +129,7 @@ def _main(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         with exit_on_error(log):
-            result = train(cfg, run_dir)
+            result = train(cfg, run_dir, list(HydraConfig.get().overrides.task))
     finally:
         _drop_if_unused(run_dir)
     if "preempted" in result:

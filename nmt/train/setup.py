@@ -40,7 +40,7 @@ from nmt.train.elastic import (
     torchrun_restart,
     write_record,
 )
-from nmt.train.start import Origin, find_origin, log_origin
+from nmt.train.start import Origin, continued_config, find_origin, log_continued, log_origin
 from nmt.train.step import LossTerms, loss_sum
 
 log = logging.getLogger(__name__)
@@ -201,13 +201,18 @@ def data_and_model(
     return data, data_time, model if model is not None else build_model(cfg, data.tokenizers)
 
 
-def setup(cfg: DictConfig, run_dir: Path) -> Setup:
+def setup(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) -> Setup:
     """Everything before the first update, in the order that keeps runs reproducible.
 
     Checks the config, finds the checkpoint to resume or fine-tune (before anything is written),
     opens the run directory and its log, seeds, prepares data and model, resolves
     ``trainer.precision``, and only then writes config.yaml, so that it holds the precision the
     run trains in. The caller's ``cfg`` is left as it is.
+
+    ``overrides`` are the command line's: a resumed run then trains with its own config (from
+    its checkpoint) changed only by the key=value ones among them
+    (:func:`~nmt.train.start.continued_config`). Without them (a config built in code) ``cfg``
+    is used as it is.
     """
     check_train_config(cfg)
     cfg = copy.deepcopy(cfg)
@@ -217,6 +222,11 @@ def setup(cfg: DictConfig, run_dir: Path) -> Setup:
     restart.stop_signal = submitit_signal(launcher)
     restarted = continue_restarted(cfg.trainer, restart, run_dir, launcher)
     origin = find_origin(cfg, partial(decided_by_rank0, dist_info))
+    continued = None
+    if origin.resumed is not None and overrides is not None:
+        continued = continued_config(cfg, origin.resumed["checked_config"], overrides)
+        cfg = continued.cfg
+        check_train_config(cfg)
     # a resumed run continues in place (from a file outside a run: in this new one, or in the
     # one a restarted job began); a job restarted before its first checkpoint, in its own
     run_dir = restart.run_dir or run_dir
@@ -228,6 +238,8 @@ def setup(cfg: DictConfig, run_dir: Path) -> Setup:
     if restarted:
         log.info("%s", restarted)
     log_origin(origin)
+    if continued is not None:
+        log_continued(continued)
     device = training_device(cfg.trainer, dist_info)
     seed_everything(cfg.trainer.seed)
     data, data_time, model = data_and_model(cfg, origin, run_dir, dist_info)

@@ -6,13 +6,15 @@ written.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nmt.atomic import sha256_file
 from nmt.cli import held_warnings
@@ -254,4 +256,111 @@ def log_origin(origin: Origin) -> None:
             "(%s)",
             ", ".join(f"data.{key}" for key in TOKENIZER_DATA_KEYS),
             ", ".join(origin.replaced) if origin.replaced else "the config's values equal them",
+        )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- a resumed config
+
+# keys a resumed run takes from the command line, not from the run: which run it continues (a
+# fine-tuned run's start is in its state, and resuming is not fine-tuning again)
+_NOT_CONTINUED = ("trainer.resume", "trainer.init_from")
+
+
+def _leaves(cfg: DictConfig, prefix: str = "") -> dict[str, Any]:
+    """Every leaf of ``cfg`` by its dotted key (lists are leaves)."""
+    out: dict[str, Any] = {}
+    for key in cfg:
+        value = cfg[key]
+        name = f"{prefix}{key}"
+        if isinstance(value, DictConfig):
+            out |= _leaves(value, f"{name}.")
+        else:
+            out[name] = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+    return out
+
+
+@dataclass
+class ContinuedConfig:
+    """The config a resumed run trains with, and how the command line changed it."""
+
+    cfg: DictConfig
+    changed: dict[str, tuple[Any, Any]]  # key -> (the run's value, the command line's)
+    not_applied: list[str]  # the command line's group selections (``data=...``)
+    differing: list[str]  # keys where the composed config differs from the run's
+
+
+def continued_config(cfg: DictConfig, saved: DictConfig, overrides: list[str]) -> ContinuedConfig:
+    """The run's own config (``saved``, from the checkpoint) with the command line's key=value
+    ``overrides`` applied; ``cfg`` is the config the command line composed.
+
+    A run that resumes continues what it started: its data, model, optimizer and trainer
+    options come from its checkpoint, whatever the defaults or the command line's group
+    selections (``data=...``, ``experiment=...``) compose to now. Only keys set one by one
+    (``trainer.max_steps=8000``) change it. Raises ConfigError naming an override that does not
+    fit the run's config.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        raise ConfigError(f"cannot read the command line's overrides: {e}") from None
+    explicit, groups = [], []
+    for override in parsed:
+        key = override.key_or_group
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            continue
+        if "." not in key and (key not in cfg or isinstance(cfg[key], DictConfig)):
+            groups.append(override.input_line or key)  # a config group: data=..., experiment=...
+            continue
+        explicit.append(key)
+    new = copy.deepcopy(saved)
+    OmegaConf.set_struct(new, True)
+    changed: dict[str, tuple[Any, Any]] = {}
+    for key in [*_NOT_CONTINUED, *explicit]:
+        value = OmegaConf.select(cfg, key, default=None)
+        before = _plain(OmegaConf.select(new, key, default=None))  # a list may be updated in place
+        try:
+            OmegaConf.update(new, key, value, merge=False)
+        except OmegaConfBaseException as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(
+                f"{key}: cannot set it on the resumed run's config: {reason}"
+            ) from None
+        if key not in _NOT_CONTINUED and before != _plain(value):
+            changed[key] = (before, _plain(value))
+    composed, kept = _leaves(cfg), _leaves(new)
+    differing = [
+        key for key, value in kept.items()
+        if key in composed and composed[key] != value and key not in _NOT_CONTINUED
+        and not any(key == e or key.startswith(f"{e}.") for e in explicit)
+    ]  # fmt: skip
+    return ContinuedConfig(new, changed, groups if differing else [], differing)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def log_continued(c: ContinuedConfig) -> None:
+    """The run log's lines on how a resumed run's config came about."""
+    if c.differing:
+        shown = ", ".join(c.differing[:8]) + (", ..." if len(c.differing) > 8 else "")
+        log.info(
+            "resuming with the run's own config, which differs from the composed one in %d "
+            "key(s): %s", len(c.differing), shown,
+        )  # fmt: skip
+    if c.not_applied:
+        log.warning(
+            "%s: not applied; a resumed run keeps its own config, and only key=value overrides "
+            "change it (or start a new run from its weights with trainer.init_from)",
+            " ".join(c.not_applied),
+        )  # fmt: skip
+    if c.changed:
+        log.info(
+            "the command line changes the resumed run's config: %s",
+            ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in c.changed.items()),
         )  # fmt: skip
