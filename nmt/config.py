@@ -40,10 +40,9 @@ else:  # pragma: no cover - Python 3.10
 
 # The closed choices of the schema. OmegaConf types a field by its Enum and accepts a member's
 # *name* (from YAML or the command line), so a misspelt choice fails when the config is composed,
-# naming the key and the allowed names. Each name equals its value, and a member is a str, so
-# code compares it with plain strings and configs are stored with plain strings
-# (:func:`to_container`). Hydra parses ``32`` as an int, which an Enum field refuses, so
-# ``trainer.precision`` stays a str checked by :func:`check_train_config`.
+# naming the key and the allowed names. Each name equals its value and a member is a str, so code
+# compares it with plain strings and configs are stored with plain strings (:func:`to_container`).
+# Hydra parses ``32`` as an int, which an Enum field refuses: ``trainer.precision`` is a str.
 
 
 class Corpus(StrEnum):
@@ -54,6 +53,7 @@ class Corpus(StrEnum):
 class TagPlacement(StrEnum):
     source = "source"  # the target tag <2xx> is the source's first token
     target = "target"  # the target tag is the first target token, forced when decoding
+    both = "both"  # as target, and the source's first token is its own language's tag (NLLB)
 
 
 class SpmModelType(StrEnum):
@@ -171,8 +171,8 @@ class DataConfig:
     directions: Any = field(default_factory=list)
     # the corpus's languages, whose every ordered pair data.directions=all trains
     languages: list[str] = field(default_factory=list)
-    # where the target-language tag <2xx> goes: source (the source's first token) or target
-    # (the first target token, forced when decoding)
+    # where the target-language tag <2xx> goes: source (the source's first token), target (the
+    # first target token, forced when decoding) or both (target, and the source's own tag first)
     tag_placement: TagPlacement = TagPlacement.source
     # multilingual: directions not trained (each language in some trained direction) that
     # nmt-eval also scores, each against pivoting, unless its zero_shot=[...] says otherwise
@@ -559,7 +559,7 @@ def parse_directions(
         raise ConfigError(f"{key}={value!r} must be a list of directions such as [de-en, en-fr]")
     if list(value) == [ALL_DIRECTIONS]:
         value = every_pair(languages or [], key)
-    out: list[Direction] = []
+    out: dict[Direction, None] = {}  # in order, each once (a hundred languages: 9,900)
     for i, entry in enumerate(value):
         where = f"{key}[{i}]"
         parts = entry.split("-") if isinstance(entry, str) else []
@@ -573,8 +573,8 @@ def parse_directions(
             raise ConfigError(f"{where}={entry!r} translates a language into itself")
         if d in out:
             raise ConfigError(f"{where}={entry!r} is named twice")
-        out.append(d)
-    return out
+        out[d] = None
+    return list(out)
 
 
 ALL_DIRECTIONS = "all"

@@ -188,8 +188,10 @@ def altered(marian: Path, tmp_path: Path, **config) -> Path:
     ("change", "message"),
     [
         ({"auto_map": {"AutoModel": "evil.Model"}}, "asks for remote code"),
+        ({"model_type": "nllb-moe", "architectures": ["NllbMoeForConditionalGeneration"]},
+         "architecture 'NllbMoeForConditionalGeneration' is not read"),
         ({"model_type": "m2m_100", "architectures": ["M2M100ForConditionalGeneration"]},
-         "architecture 'M2M100ForConditionalGeneration' is not read"),
+         "m2m_100 is not a MarianMTModel"),
         ({"activation_function": "tanh"}, "activation_function='tanh'"),
         ({"d_model": "16"}, "d_model='16' is not a int"),
         ({"vocab_size": 7}, "vocab_size=7"),

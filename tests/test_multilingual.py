@@ -67,10 +67,11 @@ def test_tags_are_single_pieces_and_decode_to_nothing(fourway, tmp_path):
         assert tok.decode([tag, *ids]) == "Ein Hund läuft."
 
 
-@pytest.mark.parametrize("placement", ["source", "target"])
+@pytest.mark.parametrize("placement", ["source", "target", "both"])
 def test_tag_placement(fourway, tmp_path, placement):
     """Each training pair carries its target language's tag first on the side asked for,
-    and nowhere else; the rest is the file's line as encoded."""
+    and nowhere else (at ``both`` the source starts with its own language's tag); the rest is
+    the file's line as encoded."""
     cfg = multi_cfg(fourway, tmp_path, "[de-en,en-fr]", tag_placement=placement)
     data = prepare_data(cfg)
     tok = data.tokenizers.src
@@ -81,6 +82,9 @@ def test_tag_placement(fourway, tmp_path, placement):
         src, tgt = data.train.src(i).tolist(), data.train.tgt(i).tolist()
         tagged, plain = (src, tgt) if placement == "source" else (tgt, src)
         assert tagged[0] == tok.tags[tgt_lang]
+        if placement == "both":
+            assert plain[0] == tok.tags[src_lang]
+            plain = plain[1:]
         assert not tags & set(tagged[1:]) and not tags & set(plain)
         j = i if i < n else i - n
         text_src = tagged[1:] if placement == "source" else plain
@@ -88,6 +92,11 @@ def test_tag_placement(fourway, tmp_path, placement):
     batch = make_batch(data.train, [0, n + 3])
     first = batch.src[:, 0] if placement == "source" else batch.tgt_in[:, 1]
     assert first.tolist() == [tok.tags["en"], tok.tags["fr"]]
+    if placement == "both":
+        assert batch.src[:, 0].tolist() == [tok.tags["de"], tok.tags["en"]]
+        valid = data.valid.data
+        valid_first = {int(valid.src(i)[0]) for i in range(len(valid))}
+        assert valid_first == {tok.tags["de"], tok.tags["en"]}
     forced = data.valid.data.forced
     assert (forced is None) == (placement == "source")
     if forced is not None:

@@ -142,7 +142,8 @@ def test_package_keeps_the_directions(packages, tmp_path):
         assert files.cfg.data.tag_placement == placement
         card = (folder / "README.md").read_text()
         assert "- multilingual: de-en, en-de, en-fr, fr-en" in card
-        assert f"tag goes on the {placement}" in card
+        said = {"source": "tag goes on the source", "target": "tag is the first output token"}
+        assert said[placement] in card
     # a manifest that disagrees with config.yaml is refused, naming the key
     folder = packages["source"]
     manifest = json.loads((folder / MANIFEST).read_text())

@@ -232,3 +232,19 @@ def test_the_ids_a_request_is_decoded_from(placement: str | None, read: Any, for
     first = forced_tokens(len(sources), direction)
     assert tagged_sources(sources, direction) == (read or sources)
     assert (None if first is None else first.tolist()) == forced
+
+
+def test_a_model_whose_sources_carry_their_language_needs_the_source() -> None:
+    """At ``both`` placement (M2M100's and NLLB's) each source starts with its own language's
+    tag and each output with the target's; a request that names no source is refused when
+    the model reads several languages."""
+    tags = {"de": 4, "en": 5, "fr": 6}
+    languages = Languages((("de", "en"), ("en", "fr"), ("fr", "en")), "both", tags)
+    with pytest.raises(BadRequest, match="'source' is missing: this model reads de, en, fr"):
+        languages.check(None, "en")
+    assert languages.check("fr", "en") == ("fr", "en")
+    direction = languages.target("en", "fr")
+    assert tagged_sources([[1, 2], [3]], direction) == [[6, 1, 2], [6, 3]]
+    assert forced_tokens(2, direction).tolist() == [5, 5]
+    one = Languages((("de", "en"), ("de", "fr")), "both", tags)
+    assert one.check(None, "fr") == ("de", "fr")  # a single source language needs no naming

@@ -183,9 +183,11 @@ def prepare_multilingual(
     tag_of = {d.name: tok.tags[d.tgt] for d in directions}
     placement = placement_of(cfg)
     text = cache.arrays
+    src_tag_of = {d.name: tok.tags[d.src] for d in directions}
     train = indexed_dataset(
         text["text.tokens"], text["text.offsets"], cache.direction_pairs(),
         [tag_of[c["direction"]] for c in cache.corpora], placement,
+        [src_tag_of[c["direction"]] for c in cache.corpora],
     )  # fmt: skip
     weights = [s.weight for s in cache.splits]
     sizes = {d.name: 0.0 for d in directions}  # weighted pairs per direction
@@ -257,7 +259,8 @@ def direction_eval_set(split: DirectionSplit, tokenizers: TokenizerPair, placeme
     src, ref = read_parallel(split.src_path, split.tgt_path)
     src, ref = strip_lines(src), strip_lines(ref)
     tag = tokenizers.tgt.tags[split.direction.tgt]
-    data = tagged_dataset(tokenizers, src, ref, tag, placement)
+    src_tag = tokenizers.src.tags[split.direction.src]
+    data = tagged_dataset(tokenizers, src, ref, tag, placement, src_tag)
     return EvalSet(split.name, src, ref, data, [(str(split.direction), 0, len(src))])
 
 

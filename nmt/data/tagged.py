@@ -64,9 +64,11 @@ def indexed_dataset(
     pairs: Sequence[tuple[np.ndarray, np.ndarray]],
     tags: Sequence[int],
     placement: str,
+    src_tags: Sequence[int] = (),
 ) -> TokenDataset:
     """The training pairs of every direction over the shared sentence arrays: ``pairs`` holds
-    each direction's (source, target) sentence numbers, ``tags`` its target tag's id."""
+    each direction's (source, target) sentence numbers, ``tags`` its target tag's id and, at
+    ``both`` placement, ``src_tags`` its source language's tag's id."""
     src_idx = np.concatenate([p[0] for p in pairs]).astype(np.int64)  # (N,)
     tgt_idx = np.concatenate([p[1] for p in pairs]).astype(np.int64)  # (N,)
     tag = np.concatenate(
@@ -74,9 +76,13 @@ def indexed_dataset(
     )  # (N,)
     none = np.full(len(src_idx), NO_TAG, dtype=np.int32)
     lens = np.diff(offsets)  # (sentences,)
-    src_tags, tgt_tags = (tag, none) if placement == "source" else (none, tag)
-    src = IndexedSide(flat, offsets[src_idx], lens[src_idx], src_tags)
-    tgt = IndexedSide(flat, offsets[tgt_idx], lens[tgt_idx], tgt_tags)
+    on_src, on_tgt = (tag, none) if placement == "source" else (none, tag)
+    if placement == "both":
+        on_src = np.concatenate(
+            [np.full(len(p[0]), t, np.int32) for p, t in zip(pairs, src_tags, strict=True)]
+        )  # (N,)
+    src = IndexedSide(flat, offsets[src_idx], lens[src_idx], on_src)
+    tgt = IndexedSide(flat, offsets[tgt_idx], lens[tgt_idx], on_tgt)
     return TokenDataset._from_sides(src, tgt)
 
 
@@ -86,21 +92,28 @@ def tagged_dataset(
     ref_text: Sequence[str],
     tag: int,
     placement: str,
+    src_tag: int | None = None,
 ) -> TokenDataset:
     """Token ids of sentences for one direction, with its target tag ``tag`` where
     ``placement`` puts it: first in each source, or first in each reference and forced as the
-    first output token (``forced``)."""
+    first output token (``forced``); at ``both`` each source starts with ``src_tag``."""
     src = tokenizers.src.encode_batch(src_text)
     ref = tokenizers.tgt.encode_batch(ref_text)
     if placement == "source":
         ds = TokenDataset([[tag, *s] for s in src], ref)
     else:
+        if placement == "both":
+            src = [[src_tag, *s] for s in src]
         ds = TokenDataset(src, [[tag, *r] for r in ref])
         ds.forced = np.full(len(src), tag, dtype=np.int64)
     return ds
 
 
-def source_with_tag(tokenizers: TokenizerPair, text: str, tag: int, placement: str) -> list[int]:
-    """One source sentence's ids as the model reads it (with its tag at source placement)."""
+def source_with_tag(
+    tokenizers: TokenizerPair, text: str, tag: int, placement: str, src_tag: int | None = None
+) -> list[int]:
+    """One source sentence's ids as the model reads it (with its tag at source placement, the
+    source language's ``src_tag`` at ``both``)."""
     ids = tokenizers.src.encode(text)
-    return [tag, *ids] if placement == "source" else ids
+    first = {"source": tag, "both": src_tag}.get(placement)
+    return [first, *ids] if first is not None else ids

@@ -34,7 +34,7 @@ _CACHE_VERSION = 1  # bump when the training recipe changes, so old cache entrie
 MODEL_FILE = "spm.model"
 # a multilingual model's target-language tags (<2fr>): user-defined pieces placed right after
 # the special ones, so their ids are 4, 5, ... in the order given
-TAG_PATTERN = re.compile(r"<2([A-Za-z0-9]+)>")
+TAG_PATTERN = re.compile(r"<2([A-Za-z0-9_]+)>")  # NLLB's codes have a script: deu_Latn
 FIRST_TAG_ID = len(SPECIAL_PIECES)
 
 

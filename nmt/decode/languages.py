@@ -3,7 +3,9 @@
 
 A multilingual model (``data.directions``, :mod:`nmt.data.multilingual`) translates into the
 language whose tag it is given: at source placement the tag is the source's first token, at
-target placement it is forced as the first output token and dropped from the output. A model
+target placement it is forced as the first output token and dropped from the output, and at
+``both`` (NLLB's and M2M100's convention) the source also starts with its own language's tag,
+so the source language must be known. A model
 with one target language may be used without naming it; one with several must be told
 (:func:`choose_target`). A bilingual model has no tag: ``tgt_lang`` may only name its own
 target.
@@ -42,12 +44,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Target:
     """A direction to decode: the target language, its tag id (None for a bilingual model)
-    and where the tag goes (``source`` | ``target``)."""
+    and where the tag goes (``source`` | ``target`` | ``both``, where the source starts with
+    its own language's tag, ``src_tag``)."""
 
     lang: str
     tag: int | None
     placement: str
     src_lang: str | None = None
+    src_tag: int | None = None
 
     @property
     def label(self) -> str:
@@ -80,6 +84,15 @@ def choose_target(
             "target language with tgt_lang=LANG"
         )
     tag = target_tag(tokenizers.tgt, str(tgt_lang), targets)
+    placement = placement_of(data)
+    sources = sorted({d.src for d in directions})
+    if src_lang is None and placement == "both":
+        if len(sources) > 1:
+            raise DataError(
+                f"this model reads {', '.join(sources)} and its sources start with their "
+                "language's tag: name the source language with src_lang=LANG"
+            )
+        src_lang = sources[0]
     if src_lang is not None:
         known = languages(directions)
         if src_lang not in known:
@@ -88,7 +101,8 @@ def choose_target(
             )
         if not any(d.src == src_lang and d.tgt == tgt_lang for d in directions):
             log.warning("%s-%s was not trained: a zero-shot direction", src_lang, tgt_lang)
-    return Target(str(tgt_lang), tag, placement_of(data), src_lang)
+    src_tag = tokenizers.src.tags.get(src_lang) if placement == "both" and src_lang else None
+    return Target(str(tgt_lang), tag, placement, src_lang, src_tag)
 
 
 def named_target(targets: Sequence[str], tgt_lang: str | None) -> str | None:
@@ -100,15 +114,17 @@ def named_target(targets: Sequence[str], tgt_lang: str | None) -> str | None:
 
 
 def tagged_sources(sources: Sequence[Sequence[int]], target: Target) -> list[list[int]]:
-    """Source ids (without EOS) as the model reads them: the tag first at source placement."""
-    if target.tag is None or target.placement != "source":
+    """Source ids (without EOS) as the model reads them: the tag first at source placement,
+    the source language's tag first at ``both``."""
+    first = {"source": target.tag, "both": target.src_tag}.get(target.placement)
+    if target.tag is None or first is None:
         return [list(s) for s in sources]
-    return [[target.tag, *s] if len(s) else [] for s in sources]
+    return [[first, *s] if len(s) else [] for s in sources]
 
 
 def forced_tokens(n: int, target: Target) -> np.ndarray | None:
-    """(n,) first output tokens to force (the tag at target placement), else None."""
-    if target.tag is None or target.placement != "target":
+    """(n,) first output tokens to force (the tag at target or both placement), else None."""
+    if target.tag is None or target.placement == "source":
         return None
     return np.full(n, target.tag, dtype=np.int64)
 
@@ -128,10 +144,10 @@ def target_dataset(
 
 
 def without_tag(hyp: Any, target: Target) -> Any:
-    """A hypothesis with the forced tag (target placement) taken off its tokens, its n-best
-    and its attention rows (in place; returned)."""
+    """A hypothesis with the forced tag (target or both placement) taken off its tokens, its
+    n-best and its attention rows (in place; returned)."""
     tag = target.tag
-    if tag is None or target.placement != "target":
+    if tag is None or target.placement == "source":
         return hyp
 
     def strip(tokens: list[int]) -> list[int]:

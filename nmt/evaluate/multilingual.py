@@ -88,13 +88,16 @@ def _decode(
     trained: Trained,
     opts: DecodeOptions,
     src: list[str],
-    lang: str,
+    langs: tuple[str, str],
     advance: Callable[[int], None],
 ) -> list[str]:
-    """Translations of ``src`` into ``lang`` (tagged as the run's placement says)."""
+    """Translations of ``src`` from ``langs[0]`` into ``langs[1]`` (tagged as the run's
+    placement says)."""
     tok = trained.tokenizers
-    tag = target_tag(tok.tgt, lang, target_languages(trained.cfg.data))
-    data = tagged_dataset(tok, src, [""] * len(src), tag, placement_of(trained.cfg.data))
+    tag = target_tag(tok.tgt, langs[1], target_languages(trained.cfg.data))
+    placement = placement_of(trained.cfg.data)
+    src_tag = tok.src.tags.get(langs[0])
+    data = tagged_dataset(tok, src, [""] * len(src), tag, placement, src_tag)
     hyps = engine.hypotheses(data, opts, advance=advance)
     return [tok.tgt.decode(h.tokens) for h in hyps]
 
@@ -181,7 +184,7 @@ def evaluate_multilingual(
             name = f"{split.set_name}.{d}"
             start = time.perf_counter()
             with progress.bar(name, len(src)) as advance:
-                hyps = _decode(engine, trained, opts, src, d.tgt, advance)
+                hyps = _decode(engine, trained, opts, src, (d.src, d.tgt), advance)
             seconds = time.perf_counter() - start
             hyp_file = out_dir / f"{name}.{tag}.hyp"
             _write(hyp_file, hyps)
@@ -219,8 +222,8 @@ def _pivot(
     """The zero-shot direction's baseline: source -> pivot -> target, two decodes; its report
     entry and its hypotheses (``refs``: the references, raw and Moses-tokenized)."""
     start = time.perf_counter()
-    middle = _decode(engine, trained, opts, src, cfg.pivot, lambda _: None)
-    hyps = _decode(engine, trained, opts, middle, d.tgt, lambda _: None)
+    middle = _decode(engine, trained, opts, src, (d.src, cfg.pivot), lambda _: None)
+    hyps = _decode(engine, trained, opts, middle, (cfg.pivot, d.tgt), lambda _: None)
     _write(hyp_file, hyps)
     print(f"  pivot through {cfg.pivot} ({time.perf_counter() - start:.1f}s) -> {hyp_file}")
     entry = {

@@ -244,11 +244,14 @@ class Server:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self.helper, fn, *args)
 
-    def encode(self, texts: list[str], where: list[str], target: str, prefix: str = "") -> Encoded:
-        """Source ids as the model reads them for ``target`` (with its tag where the model
-        takes one), each within the model's position table (EOS included), and the first
-        output token of each when the model is made to begin with the target's tag."""
-        direction = self.backend.languages.target(target)
+    def encode(
+        self, texts: list[str], where: list[str], pair: tuple[str, str], prefix: str = ""
+    ) -> Encoded:
+        """Source ids as the model reads them for ``pair`` (source, target; with the tags
+        where the model takes them), each within the model's position table (EOS included),
+        and the first output token of each when the model is made to begin with the target's
+        tag."""
+        direction = self.backend.languages.target(pair[1], pair[0])
         ids = tagged_sources(self.backend.tokenizers.src.encode_batch(texts), direction)
         first = forced_tokens(len(ids), direction)
         forced = None if first is None else first.tolist()
@@ -279,10 +282,10 @@ class Server:
 
     def prepare_v1(self, raw: bytes) -> tuple[dict[str, Any], Encoded]:
         req = parse_request(raw, self.limits, self.backend.defaults)
-        _, target = self.backend.languages.check(req["source"], req["target"])
+        pair = self.backend.languages.check(req["source"], req["target"])
         self.batcher.check_room(len(req["text"]))  # refused before the work of tokenizing
         where = [f"text[{i}]" for i in range(len(req["text"]))]
-        return req, self.encode(req["text"], where, target)
+        return req, self.encode(req["text"], where, pair)
 
     def answer_v1(self, req: dict[str, Any], encoded: Encoded, outputs: list) -> bytes:
         src_tok, tgt_tok = self.backend.tokenizers.src, self.backend.tokenizers.tgt
@@ -326,7 +329,12 @@ class Server:
         self.batcher.check_room(len(plan.sentences))  # refused before the work of tokenizing
         heavy = len(plan.sentences) > INLINE_SENTENCES
         encoded = await self.off_loop(
-            heavy, self.encode, plan.sentences, plan.where, req.target, "Invalid request: "
+            heavy,
+            self.encode,
+            plan.sentences,
+            plan.where,
+            backend.languages.check(req.source, req.target),
+            "Invalid request: ",
         )
         count = req.alternatives + 1 if req.format == "text" else 1  # none for html
         beam = max(backend.defaults.beam, count)

@@ -5,8 +5,10 @@ A request names its target language (``target``; our API may leave it out when t
 one) and may name its source (``source``, or ``auto``). A bilingual model has one direction and
 no tag. A multilingual one reads the target's tag first in the source, or is made to begin its
 output with it (``data.tag_placement``); its source language needs no tag, so ``auto`` serves
-any source. A pair the model was not trained for (a zero-shot direction, de-fr of a model of
-de-en and en-fr) is refused unless the server was started with ``allow_zero_shot=true``.
+any source, except where the source also starts with its own language's tag (placement
+``both``, NLLB's and M2M100's convention): a request then names its source. A pair the
+model was not trained for (a zero-shot direction, de-fr of a model of de-en and en-fr) is
+refused unless the server was started with ``allow_zero_shot=true``.
 
 The default target, the tag on the sources and the forced first token are those of
 :mod:`nmt.decode.languages`, as for every command.
@@ -27,8 +29,8 @@ AUTO = "auto"
 @dataclass(frozen=True)
 class Languages:
     directions: tuple[tuple[str, str], ...]  # (source, target) pairs, as trained
-    placement: str | None = None  # "source" | "target" for a multilingual model; None: no tag
-    tags: Mapping[str, int] = field(default_factory=dict)  # target language -> its tag's id
+    placement: str | None = None  # source | target | both for a multilingual model; None: no tag
+    tags: Mapping[str, int] = field(default_factory=dict)  # language -> its tag's id
     zero_shot: bool = False  # any source into a trained target (a pair not trained included)
 
     @classmethod
@@ -107,6 +109,14 @@ class Languages:
         if source == AUTO:
             if not self.multilingual:
                 source = self.directions[0][0]
+            elif self.placement == "both":
+                if len(self.sources) > 1:
+                    raise BadRequest(
+                        400,
+                        "'source' is missing: this model reads "
+                        f"{', '.join(self.sources)} and must be told which",
+                    )
+                source = self.sources[0]
             return source, target
         if source not in self.source_choices:
             raise BadRequest(
@@ -122,10 +132,12 @@ class Languages:
             )
         return source, target
 
-    def target(self, lang: str) -> Target:
-        """The direction into ``lang`` (a target :meth:`check` let through), whose tag
-        :mod:`nmt.decode.languages` puts on the sources: the tag's id and placement for a
-        multilingual model, no tag for a bilingual one."""
+    def target(self, lang: str, source: str = AUTO) -> Target:
+        """The direction from ``source`` into ``lang`` (a pair :meth:`check` let through),
+        whose tags :mod:`nmt.decode.languages` puts on the sources: the tag's id and placement
+        for a multilingual model (and the source's tag at ``both``), no tag for a bilingual
+        one."""
         if not self.multilingual:
             return Target(lang, None, "source")
-        return Target(lang, self.tags[lang], str(self.placement))
+        src_tag = self.tags.get(source) if self.placement == "both" else None
+        return Target(lang, self.tags[lang], str(self.placement), None, src_tag)

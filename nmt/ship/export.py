@@ -182,6 +182,13 @@ def model_card(
     return "\n".join(lines)
 
 
+# the model card's line on where a multilingual model's language tags go
+PLACEMENT_LINES = {
+    "source": "the target language's tag goes on the source (`tgt_lang=` names it)",
+    "target": "the target language's tag is the first output token (`tgt_lang=` names it)",
+    "both": "the source starts with its language's tag and the output with the target's "
+    "(`src_lang=` and `tgt_lang=` name them)",
+}
 _CARD_USE = [
     "## Use",
     "",
@@ -302,8 +309,8 @@ def _card_model(trained: Trained, decode: dict[str, Any], ct2: dict | None) -> l
     languages = package_languages(trained.cfg)
     if languages:
         lines.append(
-            f"- multilingual: {', '.join(languages['directions'])}; the target language's tag "
-            f"goes on the {languages['tag_placement']} (`tgt_lang=` names it)"
+            f"- multilingual: {', '.join(languages['directions'])}; "
+            + PLACEMENT_LINES[languages["tag_placement"]]
         )
     if ct2 is not None:
         lines.append(

@@ -90,11 +90,11 @@ def refusal(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str | None:
         )
     if directions_of(cfg.data) and placement_of(cfg.data) != "source":
         return (
-            "--format hf: a multilingual model with data.tag_placement=target cannot be "
-            "exported: transformers' Marian convention names the target language by a >>fr<< "
-            "token at the start of the source, and this model reads its tag as the first output "
-            "token (train with data.tag_placement=source, or export a package, --format torch "
-            "or ctranslate2, which keeps the directions)"
+            f"--format hf: a multilingual model with data.tag_placement={placement_of(cfg.data)} "
+            "cannot be exported: transformers' Marian convention names the target language by a "
+            ">>fr<< token at the start of the source, and this model reads its tag as the first "
+            "output token (train with data.tag_placement=source, or export a package, --format "
+            "torch or ctranslate2, which keeps the directions)"
         )
     if m.norm_first and src_vocab != tgt_vocab:
         return (

@@ -57,7 +57,7 @@ ACTIVATION_NAMES = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "s
 Piece = spm_pb.ModelProto.SentencePiece
 
 
-def _refuse(folder: Path, why: str) -> ConfigError:
+def refuse(folder: Path, why: str) -> ConfigError:
     return ConfigError(f"{folder}: {why}")
 
 
@@ -66,30 +66,36 @@ def read_json_object(folder: Path, name: str) -> dict[str, Any]:
     try:
         data = json.loads((folder / name).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise _refuse(folder, f"no {name}: not a transformers model folder") from None
+        raise refuse(folder, f"no {name}: not a transformers model folder") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _refuse(folder, f"{name} cannot be read: {e}") from None
+        raise refuse(folder, f"{name} cannot be read: {e}") from None
     if not isinstance(data, dict):
-        raise _refuse(folder, f"{name} is not a JSON object")
+        raise refuse(folder, f"{name} is not a JSON object")
     return data
 
 
+# the architectures read: config.json's model_type and its class
+READABLE = {"marian": "MarianMTModel", "m2m_100": "M2M100ForConditionalGeneration"}
+
+
 def read_config(folder: Path) -> dict[str, Any]:
-    """``config.json`` of a Marian folder, checked: no remote code, Marian's architecture."""
+    """``config.json`` of a folder, checked: no remote code, an architecture we read."""
     config = read_json_object(folder, "config.json")
     if "auto_map" in config:
-        raise _refuse(folder, "config.json asks for remote code (auto_map); nothing is run")
+        raise refuse(folder, "config.json asks for remote code (auto_map); nothing is run")
     names = config.get("architectures") or []
-    if config.get("model_type") != "marian" or names not in ([], ["MarianMTModel"]):
-        raise _refuse(
+    kind = READABLE.get(config.get("model_type"))  # type: ignore[arg-type]
+    if kind is None or names not in ([], [kind]):
+        raise refuse(
             folder,
             f"architecture {', '.join(map(str, names)) or config.get('model_type')!r} is not "
-            "read: nmt-import reads MarianMTModel (OPUS-MT)",
+            "read: nmt-import reads MarianMTModel (OPUS-MT) and "
+            "M2M100ForConditionalGeneration (M2M100, NLLB-200)",
         )
     return config
 
 
-def _field(config: Mapping[str, Any], key: str, kind: Any, default: Any = None) -> Any:
+def field_of(config: Mapping[str, Any], key: str, kind: Any, default: Any = None) -> Any:
     """``config[key]`` (or ``default``) if it is a ``kind`` (a bool only where asked for)."""
     value = config.get(key, default)
     if not isinstance(value, kind) or isinstance(value, bool) is not (kind is bool):
@@ -100,7 +106,7 @@ def _field(config: Mapping[str, Any], key: str, kind: Any, default: Any = None) 
 
 def model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
     """Our ``model`` config of a Marian config; ConfigError naming what we cannot hold."""
-    sizes = {k: _field(config, k, int) for k in (
+    sizes = {k: field_of(config, k, int) for k in (
         "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
         "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim",
         "max_position_embeddings",
@@ -112,14 +118,14 @@ def model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
         if sizes[a] != sizes[b]:
             raise ConfigError(f"config.json: {a}={sizes[a]} and {b}={sizes[b]} differ; "
                               f"{ours} is one value for both stacks")  # fmt: skip
-    given = _field(config, "activation_function", str, "swish")
+    given = field_of(config, "activation_function", str, "swish")
     activation = ACTIVATION_NAMES.get(given)
     if activation not in ACTIVATIONS:
         raise ConfigError(f"config.json: activation_function={given!r} is not relu, gelu or swish")
-    if not _field(config, "scale_embedding", bool, False):
+    if not field_of(config, "scale_embedding", bool, False):
         raise ConfigError("config.json: scale_embedding=false is not read (our Transformer "
                           "scales its embeddings by sqrt(d_model))")  # fmt: skip
-    if not _field(config, "share_encoder_decoder_embeddings", bool, True):
+    if not field_of(config, "share_encoder_decoder_embeddings", bool, True):
         raise ConfigError("config.json: share_encoder_decoder_embeddings=false (separate "
                           "vocabularies) is not read yet")  # fmt: skip
     return {
@@ -129,12 +135,12 @@ def model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
         "d_ff": sizes["encoder_ffn_dim"],
         "enc_layers": sizes["encoder_layers"],
         "dec_layers": sizes["decoder_layers"],
-        "dropout": float(_field(config, "dropout", (int, float), 0.1)),
-        "attn_dropout": float(_field(config, "attention_dropout", (int, float), 0.0)),
-        "act_dropout": float(_field(config, "activation_dropout", (int, float), 0.0)),
+        "dropout": float(field_of(config, "dropout", (int, float), 0.1)),
+        "attn_dropout": float(field_of(config, "attention_dropout", (int, float), 0.0)),
+        "act_dropout": float(field_of(config, "activation_dropout", (int, float), 0.0)),
         "activation": activation,
         "norm_first": False,
-        "tie_embeddings": bool(_field(config, "tie_word_embeddings", bool, True)),
+        "tie_embeddings": bool(field_of(config, "tie_word_embeddings", bool, True)),
         "output_bias": True,
         "learned_positions": False,
         "max_positions": sizes["max_position_embeddings"],
@@ -153,31 +159,41 @@ class Vocabulary:
     tgt_rows: list[int]
     src_proto: bytes
     tgt_proto: bytes
+    # our target ids the model never outputs (their logit held at NEVER): PAD, and ids whose
+    # row copies another one's (our BOS where it is the model's EOS, pieces read as UNK)
+    never: tuple[int, ...] = (PAD_ID,)
+    size: int = 0  # the model's vocabulary (rows of its embedding); 0: max(tgt_rows) + 1
 
 
-def _read_json_vocab(folder: Path) -> dict[str, int]:
+def read_json_vocab(folder: Path) -> dict[str, int]:
     vocab = read_json_object(folder, "vocab.json")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in vocab.values()):
-        raise _refuse(folder, "vocab.json is not an object of pieces to ids")
+        raise refuse(folder, "vocab.json is not an object of pieces to ids")
     if sorted(vocab.values()) != list(range(len(vocab))):
-        raise _refuse(folder, "vocab.json's ids are not 0 .. its size - 1, each once")
+        raise refuse(folder, "vocab.json's ids are not 0 .. its size - 1, each once")
     return vocab
 
 
-def _read_spm(folder: Path, name: str) -> spm_pb.ModelProto:
+def read_spm(folder: Path, name: str) -> spm_pb.ModelProto:
     proto = spm_pb.ModelProto()
     try:
         proto.ParseFromString((folder / name).read_bytes())
     except OSError as e:
-        raise _refuse(folder, f"{name} cannot be read: {e}") from None
+        raise refuse(folder, f"{name} cannot be read: {e}") from None
     except Exception as e:  # protobuf's DecodeError
-        raise _refuse(folder, f"{name} is not a sentencepiece model ({e})") from None
+        raise refuse(folder, f"{name} is not a sentencepiece model ({e})") from None
     return proto
 
 
-def _rebuilt(proto: spm_pb.ModelProto, order: list[str], extra: list[str]) -> bytes:
+def rebuilt_spm(
+    proto: spm_pb.ModelProto,
+    order: list[str],
+    extra: list[str],
+    control: frozenset[str] = frozenset(),
+) -> bytes:
     """``proto`` with pieces ``order`` (our specials first) then ``extra``: the model's own
-    pieces keep their score and type, those it lacks are unused (decoded, never produced)."""
+    pieces keep their score and type, those it lacks are unused (decoded, never produced), or
+    control pieces where named in ``control`` (never produced, decoded as nothing)."""
     own = {p.piece: p for p in proto.pieces if p.type in (Piece.NORMAL, Piece.USER_DEFINED)}
     out = spm_pb.ModelProto()
     out.CopyFrom(proto)
@@ -189,7 +205,8 @@ def _rebuilt(proto: spm_pb.ModelProto, order: list[str], extra: list[str]) -> by
         if piece in own:
             out.pieces.add().CopyFrom(own[piece])
         else:
-            out.pieces.add(piece=piece, score=0.0, type=Piece.UNUSED)
+            kind = Piece.CONTROL if piece in control else Piece.UNUSED
+            out.pieces.add(piece=piece, score=0.0, type=kind)
     spec = out.trainer_spec
     spec.pad_id, spec.unk_id, spec.bos_id, spec.eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
     for field, piece in zip(("pad_piece", "unk_piece", "bos_piece", "eos_piece"),
@@ -201,24 +218,24 @@ def _rebuilt(proto: spm_pb.ModelProto, order: list[str], extra: list[str]) -> by
 
 def vocabulary(folder: Path, config: Mapping[str, Any]) -> Vocabulary:
     """Our ids for a Marian folder's vocabulary; see the module doc."""
-    vocab = _read_json_vocab(folder)
-    pad, eos = _field(config, "pad_token_id", int), _field(config, "eos_token_id", int)
-    start = _field(config, "decoder_start_token_id", int, pad)
+    vocab = read_json_vocab(folder)
+    pad, eos = field_of(config, "pad_token_id", int), field_of(config, "eos_token_id", int)
+    start = field_of(config, "decoder_start_token_id", int, pad)
     unk = vocab.get("<unk>")
     if unk is None or start != pad or not {pad, eos} <= set(vocab.values()):
-        raise _refuse(folder, "vocab.json and config.json disagree on <unk>, pad, eos or the "
+        raise refuse(folder, "vocab.json and config.json disagree on <unk>, pad, eos or the "
                       "decoder's start (Marian starts from pad)")  # fmt: skip
     by_id = sorted(vocab, key=vocab.__getitem__)
     order = [p for p in by_id if vocab[p] not in (pad, eos, unk)]
     rows = [pad, unk, pad, eos, *(vocab[p] for p in order)]  # PAD's row is zeroed later
-    src, tgt = _read_spm(folder, "source.spm"), _read_spm(folder, "target.spm")
+    src, tgt = read_spm(folder, "source.spm"), read_spm(folder, "target.spm")
     named = set(vocab) | set(SPECIAL_PIECES)
     extra = [p.piece for p in src.pieces if p.type == Piece.NORMAL and p.piece not in named]
     return Vocabulary(
         src_rows=rows + [unk] * len(extra),
         tgt_rows=rows,
-        src_proto=_rebuilt(src, order, extra),
-        tgt_proto=_rebuilt(tgt, order, []),
+        src_proto=rebuilt_spm(src, order, extra),
+        tgt_proto=rebuilt_spm(tgt, order, []),
     )
 
 
@@ -233,17 +250,17 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
         try:
             return load_file(str(folder / "model.safetensors"))
         except Exception as e:  # safetensors raises its own SafetensorError
-            raise _refuse(folder, f"model.safetensors cannot be read: {e}") from None
+            raise refuse(folder, f"model.safetensors cannot be read: {e}") from None
     if (folder / "pytorch_model.bin").is_file():
         try:
             state = torch.load(folder / "pytorch_model.bin", map_location="cpu",
                                weights_only=True)  # fmt: skip
         except Exception as e:  # an unpickling error names what was refused
-            raise _refuse(folder, f"pytorch_model.bin cannot be read safely: {e}") from None
+            raise refuse(folder, f"pytorch_model.bin cannot be read safely: {e}") from None
         if isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values()):
             return state
-        raise _refuse(folder, "pytorch_model.bin is not a mapping of names to tensors")
-    raise _refuse(folder, "no model.safetensors or pytorch_model.bin")
+        raise refuse(folder, "pytorch_model.bin is not a mapping of names to tensors")
+    raise refuse(folder, "no model.safetensors or pytorch_model.bin")
 
 
 # the tensors whose rows are the vocabulary's, and the side whose ids they take
@@ -255,10 +272,15 @@ VOCABULARY_ROWS = {
 }
 
 
-def _loaded(model: Transformer, theirs: dict[str, torch.Tensor], vocab: Vocabulary) -> None:
-    """Copy ``theirs`` into ``model``: features un-permuted, vocabulary rows in our order."""
-    slots = weight_slots(model, pre_norm=False)
-    known = set(slots) | {"final_logits_bias"}
+def load_weights(
+    model: Transformer, theirs: dict[str, torch.Tensor], vocab: Vocabulary, marian: bool = True
+) -> None:
+    """Copy ``theirs`` into ``model``: features un-permuted (Marian and M2M100 keep the
+    sinusoid's sines in the first half), vocabulary rows in our order, the output bias
+    (``final_logits_bias``, which only Marian has) with :data:`NEVER` where ``vocab.never``
+    says."""
+    slots = weight_slots(model, pre_norm=not marian)
+    known = set(slots) | ({"final_logits_bias"} if marian else set())
     unexpected = sorted(k for k in theirs if k not in known and ".embed_positions." not in k)
     if unexpected:
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
@@ -269,7 +291,7 @@ def _loaded(model: Transformer, theirs: dict[str, torch.Tensor], vocab: Vocabula
     shared = next((theirs[n] for n in tied if n in theirs), None)
     inverse = torch.argsort(permutation(model.d_model))
     rows = {"src": torch.tensor(vocab.src_rows), "tgt": torch.tensor(vocab.tgt_rows)}
-    size = max(vocab.tgt_rows) + 1  # Marian's vocabulary
+    size = vocab.size or max(vocab.tgt_rows) + 1  # their vocabulary
     with torch.no_grad():
         for name, (ours, kind) in slots.items():
             tensor = theirs.get(name, shared if name in tied else None)
@@ -288,14 +310,14 @@ def _loaded(model: Transformer, theirs: dict[str, torch.Tensor], vocab: Vocabula
                 raise ConfigError(f"weights: {name} is {tuple(tensor.shape)}, the config "
                                   f"makes it {tuple(ours.shape)}")  # fmt: skip
             ours.copy_(value)
-        bias = theirs.get("final_logits_bias")
+        bias = theirs.get("final_logits_bias", None if marian else torch.zeros(size))
         if bias is None or bias.numel() != size:
             raise ConfigError("weights: final_logits_bias is missing or of the wrong size")
         if not torch.isfinite(bias).all():
             raise ConfigError("weights: final_logits_bias holds values that are not finite")
         assert model.out_proj.bias is not None
         model.out_proj.bias.copy_(bias.reshape(-1).float().index_select(0, rows["tgt"]))
-        model.out_proj.bias[PAD_ID] = NEVER
+        model.out_proj.bias[list(vocab.never)] = NEVER
         model.tgt_embed.weight[PAD_ID].zero_()
         model.src_embed.weight[PAD_ID].zero_()
 
@@ -312,9 +334,11 @@ def import_marian(folder: Path) -> Imported:
     """A Marian folder as our Transformer (eval mode) and tokenizers; ConfigError otherwise."""
     folder = Path(folder)
     config = read_config(folder)
+    if config["model_type"] != "marian":
+        raise refuse(folder, f"{config['model_type']} is not a MarianMTModel")
     fields = model_fields(config)
     vocab = vocabulary(folder, config)
-    if _field(config, "vocab_size", int) != max(vocab.tgt_rows) + 1:
+    if field_of(config, "vocab_size", int) != max(vocab.tgt_rows) + 1:
         raise ConfigError(f"config.json: vocab_size={config['vocab_size']} but vocab.json has "
                           f"{max(vocab.tgt_rows) + 1} pieces")  # fmt: skip
     tokenizers = TokenizerPair(
@@ -327,5 +351,5 @@ def import_marian(folder: Path) -> Imported:
         tgt_vocab_size=tokenizers.tgt.vocab_size, pad_id=PAD_ID, shared_vocab=False,
     )  # fmt: skip
     assert isinstance(model, Transformer)
-    _loaded(model, read_weights(folder), vocab)
+    load_weights(model, read_weights(folder), vocab)
     return Imported(model.eval(), tokenizers, fields, vocab)

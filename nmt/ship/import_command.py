@@ -1,11 +1,13 @@
 """``nmt-import SOURCE --out DIR``: a pretrained transformers model as a run directory.
 
-SOURCE is a local ``MarianMTModel`` folder (an OPUS-MT model) or a Hugging Face Hub id, which
-``huggingface_hub`` resolves into its cache where the machine has the network. The model is
-read by :func:`nmt.ship.hf_import.import_marian` and written as a run whose every command
-reads it as it reads one trained here: ``config.yaml`` (the Transformer's fields, the
-languages of the tokenizer's config) and ``checkpoints/best.pt`` (weights, tokenizers, config,
-a step-0 training state). The run directory is written whole or not at all.
+SOURCE is a local ``MarianMTModel`` folder (an OPUS-MT model) or
+``M2M100ForConditionalGeneration`` folder, or a Hugging Face Hub id, which ``huggingface_hub``
+resolves into its cache where the machine has the network. The model is read by
+:func:`nmt.ship.hf_import.import_marian` or :func:`nmt.ship.m2m100_import.import_m2m100` and
+written as a run whose every command reads it as it reads one trained here: ``config.yaml``
+(the Transformer's fields; the languages of the tokenizer's config, or M2M100's hundred, any
+pair of them) and ``checkpoints/best.pt`` (weights, tokenizers, config, a step-0 training
+state). The run directory is written whole or not at all.
 """
 
 from __future__ import annotations
@@ -24,16 +26,17 @@ from omegaconf import DictConfig, OmegaConf
 from nmt.atomic import atomic_write_bytes
 from nmt.cli import config_dir, exit_on_error, setup_logging
 from nmt.config import ConfigError, register_configs, to_container
-from nmt.ship.hf_import import Imported, import_marian, read_json_object
+from nmt.ship.hf_import import Imported, import_marian, read_config, read_json_object
+from nmt.ship.m2m100_import import import_m2m100
 from nmt.store.checkpoint import save_checkpoint
 
 log = logging.getLogger("nmt.import")
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 LANGUAGE = re.compile(r"[A-Za-z]{2,3}(_[A-Za-z]{4})?")
-# what a Marian folder holds that the import reads
-HUB_FILES = ["config.json", "vocab.json", "source.spm", "target.spm", "tokenizer_config.json",
-             "model.safetensors", "pytorch_model.bin"]  # fmt: skip
+# what a Marian or M2M100 folder holds that the import reads
+HUB_FILES = ["config.json", "vocab.json", "source.spm", "target.spm", "sentencepiece.bpe.model",
+             "tokenizer_config.json", "model.safetensors", "pytorch_model.bin"]  # fmt: skip
 
 
 def resolve_source(source: str) -> Path:
@@ -74,12 +77,10 @@ def languages(folder: Path) -> tuple[str, str]:
     return pair[0], pair[1]
 
 
-def run_config(imported: Imported, src_lang: str, tgt_lang: str) -> DictConfig:
-    """The train config of the imported model: its architecture, its languages, two
-    tokenizers (the folder's, never trained again)."""
-    languages = [f"data.src_lang={src_lang}", f"data.tgt_lang={tgt_lang}"]
-    overrides = ["model=transformer", *languages, "data.joint_vocab=false",
-                 *fine_tune_overrides(imported)]  # fmt: skip
+def run_config(imported: Imported, data: list[str]) -> DictConfig:
+    """The train config of the imported model: its architecture and the ``data`` overrides
+    of its languages and tokenizers (the folder's, never trained again)."""
+    overrides = ["model=transformer", *data, *fine_tune_overrides(imported)]
     register_configs()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         return compose("train", overrides=overrides)  # the training config, composed
@@ -110,6 +111,21 @@ def write_run(imported: Imported, cfg: DictConfig, out: Path, origin: str) -> No
         raise
 
 
+def import_folder(folder: Path) -> tuple[Imported, list[str], str]:
+    """The folder's model, the ``data`` overrides of its run, and its languages in words."""
+    if read_config(folder).get("model_type") == "m2m_100":
+        imported, langs = import_m2m100(folder)
+        data = ["data=parallel", "data.train=train", "data.valid=valid", "data.src_lang=en",
+                "data.tgt_lang=de", "data.directions=all",
+                f"data.languages=[{','.join(langs)}]", "data.tag_placement=both",
+                "data.joint_vocab=true", "data.zero_shot=[]"]  # fmt: skip
+        return imported, data, f"{len(langs)} languages, any pair"
+    imported = import_marian(folder)
+    src_lang, tgt_lang = languages(folder)
+    data = [f"data.src_lang={src_lang}", f"data.tgt_lang={tgt_lang}", "data.joint_vocab=false"]
+    return imported, data, f"{src_lang}->{tgt_lang}"
+
+
 def fine_tune_overrides(imported: Imported) -> list[str]:
     """What ``make train`` takes to fine-tune the imported run: its architecture."""
     return [f"model.{k}={v}" for k, v in imported.fields.items() if k != "arch"]
@@ -118,8 +134,9 @@ def fine_tune_overrides(imported: Imported) -> list[str]:
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nmt-import",
-        description="Import a pretrained transformers MarianMTModel (OPUS-MT) as a run directory "
-        "that nmt-translate, nmt-eval, nmt-export, nmt-serve and fine-tuning read.",
+        description="Import a pretrained transformers MarianMTModel (OPUS-MT) or "
+        "M2M100ForConditionalGeneration as a run directory that nmt-translate, nmt-eval, "
+        "nmt-export, nmt-serve and fine-tuning read.",
     )
     parser.add_argument("source", help="a local model folder, or a Hub id (needs the network)")
     parser.add_argument("--out", required=True, type=Path, help="the run directory to write")
@@ -131,11 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     with exit_on_error(log):
         folder = resolve_source(args.source)
-        imported = import_marian(folder)
-        src_lang, tgt_lang = languages(folder)
-        write_run(imported, run_config(imported, src_lang, tgt_lang), args.out, str(folder))
+        imported, data, said = import_folder(folder)
+        write_run(imported, run_config(imported, data), args.out, str(folder))
     params = sum(p.numel() for p in imported.model.parameters())
-    print(f"imported {args.source} ({params / 1e6:.1f}M parameters, {src_lang}->{tgt_lang}) "
+    print(f"imported {args.source} ({params / 1e6:.1f}M parameters, {said}) "
           f"as the run {args.out}")  # fmt: skip
     print(f"fine-tune it: make train ARGS=\"trainer.init_from={args.out} "
           f"{' '.join(fine_tune_overrides(imported))}\"")  # fmt: skip

@@ -1,0 +1,152 @@
+"""Reading a Hugging Face ``M2M100ForConditionalGeneration`` folder (M2M100) into our
+Transformer and one joint tokenizer; the checks of :mod:`nmt.ship.hf_import` apply (nothing in
+the folder chooses code, every tensor is checked by name).
+
+**The architecture.** M2M100 is our pre-norm Transformer with a final layer norm on each stack
+(``model.norm_first=true``), embeddings scaled by sqrt(d_model), fairseq's sinusoid counted from
+its padding id + 1 (``model.position_style=fairseq``, the same table as transformers'), and one
+embedding matrix for the source, the target and the output.
+
+**Languages.** Every source starts with its own language's code and every output with the
+target's, forced (``__de__ ... </s>``; the decoder starts from ``</s>``): our
+``data.tag_placement=both``, with the codes as our language tags ``<2de>``. The run lists the
+model's languages (``data.languages``) and trains or decodes any pair of them
+(``data.directions=all``).
+
+**The vocabulary keeps our special ids.** Their ids are ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2,
+``<unk>`` 3, then ``vocab.json``'s pieces, the 100 language codes, and unused rows; ours are
+PAD 0 (a zero row that is never output), UNK 1, BOS 2 and EOS 3, both of the latter taking
+``</s>``'s row (BOS, the decoder's first input, is never output), the language tags from 4 on,
+then their ``<s>`` and ``<pad>`` and every other row in their order, so the output keeps every
+class of theirs. The tokenizer is their ``sentencepiece.bpe.model`` rebuilt in that order; a
+piece of it that ``vocab.json`` lacks (which M2M100 reads as ``<unk>``) is kept with UNK's
+embedding and is never output.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nmt.config import ConfigError
+from nmt.data.tokenizer import (
+    BOS_ID,
+    PAD_ID,
+    SPECIAL_PIECES,
+    Tokenizer,
+    TokenizerPair,
+    language_tag,
+)
+from nmt.models.registry import create_model
+from nmt.models.transformer import Transformer
+from nmt.ship.hf_import import (
+    Imported,
+    Piece,
+    Vocabulary,
+    field_of,
+    load_weights,
+    model_fields,
+    read_config,
+    read_json_object,
+    read_json_vocab,
+    read_spm,
+    read_weights,
+    rebuilt_spm,
+    refuse,
+)
+
+# M2M100's language codes (``language_codes: m2m100``), in the order of their ids
+# fmt: off
+M2M100_LANGUAGES = (
+    "af", "am", "ar", "ast", "az", "ba", "be", "bg", "bn", "br", "bs", "ca", "ceb", "cs", "cy",
+    "da", "de", "el", "en", "es", "et", "fa", "ff", "fi", "fr", "fy", "ga", "gd", "gl", "gu",
+    "ha", "he", "hi", "hr", "ht", "hu", "hy", "id", "ig", "ilo", "is", "it", "ja", "jv", "ka",
+    "kk", "km", "kn", "ko", "lb", "lg", "ln", "lo", "lt", "lv", "mg", "mk", "ml", "mn", "mr",
+    "ms", "my", "ne", "nl", "no", "ns", "oc", "or", "pa", "pl", "ps", "pt", "ro", "ru", "sd",
+    "si", "sk", "sl", "so", "sq", "sr", "ss", "su", "sv", "sw", "ta", "th", "tl", "tn", "tr",
+    "uk", "ur", "uz", "vi", "wo", "xh", "yi", "yo", "zh", "zu",
+)
+# fmt: on
+SPM_FILE = "sentencepiece.bpe.model"
+# their special pieces (ids 0-3) and the names their other rows take in our tokenizer
+THEIR_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
+
+
+def m2m100_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """Our ``model`` config of an M2M100 config."""
+    fields = model_fields({"activation_function": "relu", **config})
+    return fields | {"norm_first": True, "position_style": "fairseq"}
+
+
+def languages_of(folder: Path) -> list[str]:
+    """The language codes of the folder's tokenizer, in the order of their ids."""
+    tokenizer = read_json_object(folder, "tokenizer_config.json")
+    codes = tokenizer.get("language_codes", "m2m100")
+    if codes != "m2m100":
+        raise refuse(folder, f"tokenizer_config.json: language_codes={codes!r} is not read "
+                     "(M2M100's m2m100 codes are)")  # fmt: skip
+    return list(M2M100_LANGUAGES)
+
+
+def vocabulary(folder: Path, config: dict[str, Any], langs: list[str]) -> Vocabulary:
+    """Our ids for an M2M100 folder's vocabulary; see the module doc."""
+    vocab = read_json_vocab(folder)
+    if [vocab.get(p) for p in THEIR_SPECIALS] != [0, 1, 2, 3]:
+        raise refuse(folder, "vocab.json does not start with <s>, <pad>, </s>, <unk> (ids 0-3)")
+    expected = {
+        "bos_token_id": 0,
+        "pad_token_id": 1,
+        "eos_token_id": 2,
+        "decoder_start_token_id": 2,
+    }
+    for key, value in expected.items():
+        if field_of(config, key, int, value) != value:
+            raise refuse(folder, f"config.json: {key}={config[key]} is not M2M100's {value}")
+    size = field_of(config, "vocab_size", int)
+    first_lang = len(vocab)
+    if size < first_lang + len(langs):
+        raise ConfigError(f"config.json: vocab_size={size} has no room for vocab.json's "
+                          f"{len(vocab)} pieces and {len(langs)} language codes")  # fmt: skip
+    by_id = sorted(vocab, key=vocab.__getitem__)
+    tags = [language_tag(lang) for lang in langs]
+    # the other rows: their <s> and <pad>, their pieces, and the rows after the language codes
+    others = {0: "<m2m_s>", 1: "<m2m_pad>"}
+    others |= {i: by_id[i] for i in range(4, first_lang)}
+    others |= {i: f"<m2m_row_{i}>" for i in range(first_lang + len(langs), size)}
+    order = [*tags, *others.values()]
+    proto = read_spm(folder, SPM_FILE)
+    named = set(vocab) | set(SPECIAL_PIECES)
+    extra = [p.piece for p in proto.pieces if p.type == Piece.NORMAL and p.piece not in named]
+    rows = [2, 3, 2, 2, *range(first_lang, first_lang + len(langs)), *others]  # PAD: zeroed
+    rows += [3] * len(extra)
+    control = frozenset({"<m2m_s>", "<m2m_pad>", *(others[i] for i in others if i >= first_lang)})
+    never = (PAD_ID, BOS_ID, *range(len(rows) - len(extra), len(rows)))
+    return Vocabulary(
+        src_rows=rows,
+        tgt_rows=rows,
+        src_proto=rebuilt_spm(proto, order, extra, control),
+        tgt_proto=b"",
+        never=never,
+        size=size,
+    )
+
+
+def import_m2m100(folder: Path) -> tuple[Imported, list[str]]:
+    """An M2M100 folder as our Transformer (eval mode), its joint tokenizer and its languages;
+    ConfigError otherwise."""
+    folder = Path(folder)
+    config = read_config(folder)
+    if config["model_type"] != "m2m_100":
+        raise refuse(folder, f"{config['model_type']} is not an M2M100 model")
+    fields = m2m100_fields(config)
+    langs = languages_of(folder)
+    vocab = vocabulary(folder, config, langs)
+    tokenizer = Tokenizer.from_proto(vocab.src_proto, origin=f"{folder}/{SPM_FILE}")
+    model = create_model(
+        fields, src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
+        pad_id=PAD_ID, shared_vocab=True,
+    )  # fmt: skip
+    assert isinstance(model, Transformer)
+    load_weights(model, read_weights(folder), vocab, marian=False)
+    tokenizers = TokenizerPair(src=tokenizer, tgt=tokenizer, joint=True)
+    return Imported(model.eval(), tokenizers, fields, vocab), langs

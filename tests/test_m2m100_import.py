@@ -1,0 +1,221 @@
+"""Importing an M2M100ForConditionalGeneration folder made by transformers itself (small,
+random, with its own sentencepiece model, vocab.json and M2M100Tokenizer): our tokenizer gives
+its ids with the language codes where it puts them, the teacher-forced log-probabilities are
+transformers', and the imported run translates, scores, exports and fine-tunes any pair of
+its languages as generate() with ``forced_bos_token_id`` does."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+
+from nmt.config import ConfigError
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.ship.import_command import main as import_main
+from nmt.ship.m2m100_import import M2M100_LANGUAGES, import_m2m100
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = [pytest.mark.usefixtures("one_thread")]
+
+DROPPED = 3  # pieces of the sentencepiece model left out of vocab.json: read as <unk>
+LANGS = ("de", "en", "fr")
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def m2m100(threeway: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random M2M100 model (relu, pre-norm) with its tokenizer's files."""
+    folder = tmp_path_factory.mktemp("m2m100")
+    lines = [ln for lang in LANGS for ln in Path(f"{threeway}.{lang}").read_text().splitlines()]
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=out, vocab_size=180, model_type="bpe",
+        character_coverage=1.0, minloglevel=2, num_threads=1,
+    )  # fmt: skip
+    (folder / "sentencepiece.bpe.model").write_bytes(out.getvalue())
+    sp = spm.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(out.getvalue())
+    pieces = [sp.IdToPiece(i) for i in range(3, sp.GetPieceSize() - DROPPED)]
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    vocab |= {p: i + 4 for i, p in enumerate(pieces)}
+    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "M2M100Tokenizer", "language_codes": "m2m100",
+        "num_madeup_words": 8, "src_lang": "de", "tgt_lang": "en",
+    }), encoding="utf-8")  # fmt: skip
+    config = transformers.M2M100Config(
+        vocab_size=len(vocab) + 100 + 8, d_model=16, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, activation_function="relu", max_position_embeddings=256,
+        scale_embedding=True, dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.M2M100ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # weights that make varied outputs
+            if "layer_norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif "shared" in name:
+                p.normal_(0.0, 1.0)
+            elif p.dim() == 2:
+                torch.nn.init.xavier_uniform_(p, gain=3.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+def hf_tokenizer(folder: Path, src: str, tgt: str):
+    return transformers.M2M100Tokenizer.from_pretrained(str(folder), src_lang=src, tgt_lang=tgt)
+
+
+@pytest.fixture(scope="module")
+def imported(m2m100: Path):
+    return import_m2m100(m2m100)[0]
+
+
+def sentences(threeway: Path, lang: str) -> list[str]:
+    lines = Path(f"{threeway}.{lang}").read_text(encoding="utf-8").splitlines()[-5:]
+    return [*lines, "Ein Zebra – 3½ Äpfel!"]
+
+
+def test_our_tokenizer_gives_its_ids_with_the_source_language_first(m2m100, imported, threeway):
+    tok, rows = imported.tokenizers.src, imported.vocab.src_rows
+    for lang in ("de", "fr"):
+        src = sentences(threeway, lang)
+        theirs = hf_tokenizer(m2m100, lang, "en")(src)["input_ids"]
+        ours = [[tok.tags[lang], *tok.encode(line), EOS_ID] for line in src]
+        assert [[rows[i] for i in row] for row in ours] == theirs
+    assert sorted(tok.tags) == sorted(M2M100_LANGUAGES)
+    unk = 3  # their <unk>: the pieces vocab.json lacks
+    assert any(unk in row for row in theirs)
+
+
+def test_teacher_forced_log_probabilities_are_transformers(m2m100, imported, threeway) -> None:
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(str(m2m100)).eval()
+    model = copy.deepcopy(imported.model).double()
+    hf = hf.double()
+    tok = imported.tokenizers.src
+    src = sentences(threeway, "de")
+    refs = sentences(threeway, "en")
+    src_ids = [[tok.tags["de"], *tok.encode(s), EOS_ID] for s in src]
+    tgt_ids = [[BOS_ID, tok.tags["en"], *tok.encode(r)] for r in refs]
+    s_len, t_len = max(map(len, src_ids)), max(map(len, tgt_ids))
+    src_t = torch.tensor([s + [PAD_ID] * (s_len - len(s)) for s in src_ids])
+    tgt_t = torch.tensor([t + [PAD_ID] * (t_len - len(t)) for t in tgt_ids])
+    lens = torch.tensor([len(s) for s in src_ids])
+    with torch.inference_mode():
+        ours = model(src_t, lens, tgt_t).log_softmax(-1)  # (B, T, V')
+    rows = torch.tensor(imported.vocab.src_rows)
+    theirs_pad = 1
+    mask = torch.arange(s_len)[None] < lens[:, None]
+    src_theirs = torch.where(mask, rows[src_t], theirs_pad)
+    with torch.inference_mode():
+        tgt_theirs = torch.where(tgt_t == PAD_ID, theirs_pad, rows[tgt_t])
+        out = hf(input_ids=src_theirs, attention_mask=mask.long(), decoder_input_ids=tgt_theirs)
+    theirs = out.logits.log_softmax(-1)  # (B, T, V)
+    # each of their classes is one of ours; ours never output are PAD, BOS, the unread pieces
+    never = set(imported.vocab.never)
+    classes = [i for i in range(len(rows)) if i not in never]
+    assert sorted(rows[classes].tolist()) == list(range(theirs.size(-1)))
+    real = torch.arange(t_len)[None] < torch.tensor([len(t) for t in tgt_ids])[:, None]
+    gap = (ours[..., classes] - theirs[..., rows[classes]]).abs()[real].max()
+    assert gap < 1e-6, gap
+    assert ours[..., sorted(never)].max() < -1e3  # no probability for what they cannot output
+
+
+@pytest.fixture(scope="module")
+def run(m2m100: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("imported") / "run"
+    assert import_main([str(m2m100), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize(("src_lang", "tgt_lang"), [("de", "en"), ("en", "fr"), ("fr", "de")])
+def test_the_run_translates_any_pair_as_transformers_does(m2m100, imported, run, threeway,
+                                                          src_lang, tgt_lang) -> None:  # fmt: skip
+    """The same tokens as generate() with the target's code forced, and the same text where
+    transformers' tokenizer drops what ours does (their special tokens and language codes)."""
+    from nmt.decode.engines import TorchEngine
+    from nmt.decode.languages import choose_target, decode_ids_into
+    from nmt.decode.options import DecodeOptions
+    from nmt.decode.translate import translate_lines
+    from nmt.store.loading import load_trained
+    from nmt.store.paths import checkpoint_path
+
+    trained = load_trained(checkpoint_path(run), CPU)
+    assert trained.cfg.data.tag_placement == "both"
+    target = choose_target(trained.cfg, trained.tokenizers, tgt_lang, src_lang)
+    src = sentences(threeway, src_lang)
+    opts = DecodeOptions(beam=1, max_output_len_a=0.0, max_output_len_b=10)
+    sources = trained.tokenizers.src.encode_batch(src)
+    hyps = decode_ids_into(TorchEngine(trained.model, CPU), sources, target, opts)
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(str(m2m100)).eval()
+    tok = hf_tokenizer(m2m100, src_lang, tgt_lang)
+    batch = tok(src, return_tensors="pt", padding=True)
+    forced = tok.get_lang_id(tgt_lang)
+    with torch.inference_mode():
+        out = hf.generate(**batch, forced_bos_token_id=forced, num_beams=1, do_sample=False,
+                          max_new_tokens=11)  # fmt: skip
+    rows = imported.vocab.src_rows
+    for hyp, row in zip(hyps, out.tolist(), strict=True):
+        assert row[:2] == [2, forced]  # the decoder's start, then the forced code
+        body = row[2 : row.index(2, 2)] if 2 in row[2:] else row[2:]
+        assert [rows[t] for t in hyp.tokens] == body
+    codes = {tok.get_lang_id(lang) for lang in M2M100_LANGUAGES}
+    kept = [[t for t in row if t not in codes] for row in out.tolist()]
+    texts = [r[0][0] for r in translate_lines(trained, src, opts, CPU, target=target)]
+    assert texts == tok.batch_decode(kept, skip_special_tokens=True)
+
+
+def test_the_run_needs_the_source_language(run) -> None:
+    from nmt.data.corpus import DataError
+    from nmt.decode.languages import choose_target
+    from nmt.store.loading import load_trained
+    from nmt.store.paths import checkpoint_path
+
+    trained = load_trained(checkpoint_path(run), CPU)
+    with pytest.raises(DataError, match="name the source language with src_lang"):
+        choose_target(trained.cfg, trained.tokenizers, "en")
+
+
+def test_the_run_scores_and_fine_tunes_one_direction(run, threeway, tmp_path) -> None:
+    from nmt.evaluate.scoring import evaluate
+    from nmt.store.checkpoint import load_checkpoint
+    from nmt.train.command import train
+
+    from .helpers import compose_config
+
+    fields = load_checkpoint(run / "checkpoints" / "best.pt")["config"]["model"]
+    overrides = [
+        "data=parallel", "data.directions=[de-en,en-fr]", "data.tag_placement=both",
+        f"data.train={threeway}", f"data.valid={threeway}", f"data.test=[{threeway}]",
+        f"data.root={tmp_path / 'data'}", f"outputs={tmp_path / 'outputs'}",
+        f"trainer.init_from={run}", "trainer.max_steps=3", "trainer.val_every=3",
+        "trainer.val_sentences=4", "trainer.progress=false", "trainer.attention_sentences=0",
+        "trainer.precision=32", "data.max_tokens=400", "trainer.threads=1",
+        *(f"model.{k}={v}" for k, v in fields.items() if k != "arch"),
+    ]  # fmt: skip
+    result = train(compose_config("train", overrides), tmp_path / "tuned")
+    assert result["state"]["step"] == 3
+    args = [f"run={tmp_path / 'tuned'}", "max_output_len_a=0", "max_output_len_b=5",
+            "off_target=false"]  # fmt: skip
+    report = evaluate(compose_config("eval", args))
+    assert {"de-en", "en-fr"} <= {e["direction"] for e in report["directions"].values()}
+
+
+def test_a_foreign_language_list_is_refused_by_name(m2m100, tmp_path) -> None:
+    import shutil
+
+    folder = tmp_path / "wmt21"
+    shutil.copytree(m2m100, folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg | {"language_codes": "wmt21"}))
+    with pytest.raises(ConfigError, match="language_codes='wmt21' is not read"):
+        import_m2m100(folder)
