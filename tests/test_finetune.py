@@ -366,3 +366,36 @@ def test_dropout_rates_may_differ_other_model_keys_may_not(runs) -> None:
             changed[key] = value * 2
         with pytest.raises(ConfigError, match=f"model.{key}="):
             check_same_architecture(changed, source.cfg.model, Path("x.pt"))
+
+
+# ------------------------------------------------------- the architecture, from the command line
+
+
+def test_from_the_command_line_the_model_config_is_the_checkpoints(runs, tmp_path: Path) -> None:
+    """Given the command line's overrides (as nmt-train passes them), a fine-tuning run takes
+    its checkpoint's model config whatever the defaults compose to: no model keys to repeat.
+    A dropout rate set one by one still applies; the log names what was replaced."""
+    overrides = [*corpus_overrides(runs["new"], tmp_path), f"outputs={tmp_path / 'outputs'}",
+                 f"trainer.init_from={runs['source_dir']}", "model.dropout=0.2", ONE_STEP,
+                 "trainer.progress=false", "trainer.precision=32", "trainer.val_sentences=4",
+                 "trainer.attention_sentences=0", "data.max_tokens=600"]  # fmt: skip
+    cfg = compose_config("train", overrides)
+    assert cfg.model.d_model != 64  # the default model is not the checkpoint's
+    result = train(cfg, tmp_path / "run", overrides)
+    assert result["state"]["step"] == 1
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["model"]
+    source = yaml.safe_load((runs["source_dir"] / "config.yaml").read_text())["model"]
+    assert saved == source | {"dropout": 0.2}
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "the model config is the checkpoint's: model.d_model=" in log
+
+
+def test_from_the_command_line_a_model_key_set_one_by_one_must_still_match(
+    runs, tmp_path: Path
+) -> None:
+    overrides = [*corpus_overrides(runs["new"], tmp_path), f"outputs={tmp_path / 'outputs'}",
+                 f"trainer.init_from={runs['source_dir']}", "model.d_model=32",
+                 ONE_STEP]  # fmt: skip
+    with pytest.raises(ConfigError, match="model.d_model=32 differs from the checkpoint's"):
+        train(compose_config("train", overrides), tmp_path / "run", overrides)
+    assert not (tmp_path / "run").exists()

@@ -127,7 +127,7 @@ def import_folder(folder: Path) -> tuple[Imported, list[str], str]:
 
 
 def fine_tune_overrides(imported: Imported) -> list[str]:
-    """What ``make train`` takes to fine-tune the imported run: its architecture."""
+    """The imported architecture as model overrides."""
     return [f"model.{k}={v}" for k, v in imported.fields.items() if k != "arch"]
 
 
@@ -153,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     params = sum(p.numel() for p in imported.model.parameters())
     print(f"imported {args.source} ({params / 1e6:.1f}M parameters, {said}) "
           f"as the run {args.out}")  # fmt: skip
-    print(f"fine-tune it: make train ARGS=\"trainer.init_from={args.out} "
-          f"{' '.join(fine_tune_overrides(imported))}\"")  # fmt: skip
+    print(
+        f'fine-tune it on your data: make train ARGS="trainer.init_from={args.out} '
+        'data=parallel data.train=... data.valid=..." (the architecture comes with it)'
+    )
     return 0
 
 

@@ -211,8 +211,9 @@ def setup(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) ->
 
     ``overrides`` are the command line's: a resumed run then trains with its own config (from
     its checkpoint) changed only by the key=value ones among them
-    (:func:`~nmt.train.start.continued_config`). Without them (a config built in code) ``cfg``
-    is used as it is.
+    (:func:`~nmt.train.start.continued_config`), and a fine-tuning run with its checkpoint's
+    model config (:func:`~nmt.train.start.adopt_architecture`). Without them (a config built in
+    code) ``cfg`` is used as it is.
     """
     check_train_config(cfg)
     cfg = copy.deepcopy(cfg)
@@ -221,7 +222,7 @@ def setup(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) ->
     restart = torchrun_restart(Path(cfg.outputs), launcher, dist_info)
     restart.stop_signal = submitit_signal(launcher)
     restarted = continue_restarted(cfg.trainer, restart, run_dir, launcher)
-    origin = find_origin(cfg, partial(decided_by_rank0, dist_info))
+    origin = find_origin(cfg, partial(decided_by_rank0, dist_info), overrides)
     continued = None
     if origin.resumed is not None and overrides is not None:
         continued = continued_config(cfg, origin.resumed["checked_config"], overrides)

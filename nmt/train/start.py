@@ -188,11 +188,18 @@ class Origin:
     init_info: dict[str, Any] = field(default_factory=dict)  # fine-tuning: file, step, sha256
     data_time: float = 0.0  # when the data was ready (Unix seconds)
     replaced: list[str] = field(default_factory=list)  # fine-tuning: data options replaced
+    adopted: list[str] = field(default_factory=list)  # fine-tuning: model options replaced
 
 
-def find_origin(cfg: DictConfig, agree: Callable[[Callable[[], Any]], Any] | None = None) -> Origin:
+def find_origin(
+    cfg: DictConfig,
+    agree: Callable[[Callable[[], Any]], Any] | None = None,
+    overrides: list[str] | None = None,
+) -> Origin:
     """The checkpoint named by ``trainer.resume`` or ``trainer.init_from``, if any; for
-    fine-tuning, ``cfg`` takes the checkpoint's tokenizer options and names its file.
+    fine-tuning, ``cfg`` takes the checkpoint's tokenizer options and names its file, and,
+    given the command line's ``overrides``, the checkpoint's model config
+    (:func:`adopt_architecture`).
 
     ``agree`` runs the search for the checkpoint to resume (under DDP: on rank 0, whose choice
     every rank then loads; :func:`nmt.train.elastic.decided_by_rank0`).
@@ -208,6 +215,8 @@ def find_origin(cfg: DictConfig, agree: Callable[[Callable[[], Any]], Any] | Non
         source = load_checked_checkpoint(init_file) if init_file else None
     origin = Origin(early, resume_file, resumed, resumed["tokenizers"] if resumed else None)
     if init_file is not None:
+        if overrides is not None:
+            origin.adopted = adopt_architecture(cfg, source["checked_config"].model, overrides)
         check_same_architecture(cfg.model, source["checked_config"].model, init_file)
         origin.replaced = _take_tokenizer_settings(cfg.data, source["checked_config"].data)
         init_file = init_file.resolve()
@@ -257,6 +266,8 @@ def log_origin(origin: Origin) -> None:
             ", ".join(f"data.{key}" for key in TOKENIZER_DATA_KEYS),
             ", ".join(origin.replaced) if origin.replaced else "the config's values equal them",
         )  # fmt: skip
+        if origin.adopted:
+            log.info("the model config is the checkpoint's: %s", ", ".join(origin.adopted))
 
 
 # --------------------------------------------------------------------------- a resumed config
@@ -279,6 +290,53 @@ def _leaves(cfg: DictConfig, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def split_overrides(cfg: DictConfig, overrides: list[str]) -> tuple[list[str], list[str]]:
+    """The command line's ``overrides`` of the composed ``cfg``: the keys set one by one
+    (``trainer.max_steps``), and the group selections as written (``data=multi30k_en_de``);
+    Hydra's own are left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        raise ConfigError(f"cannot read the command line's overrides: {e}") from None
+    explicit, groups = [], []
+    for override in parsed:
+        key = override.key_or_group
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            continue
+        if "." not in key and (key not in cfg or isinstance(cfg[key], DictConfig)):
+            groups.append(override.input_line or key)  # a config group: data=..., experiment=...
+            continue
+        explicit.append(key)
+    return explicit, groups
+
+
+def adopt_architecture(cfg: DictConfig, source: DictConfig, overrides: list[str]) -> list[str]:
+    """Give a fine-tuning run (``cfg``) the model config of its checkpoint (``source``), with
+    the model keys the command line sets one by one on top (dropout rates may differ; any other
+    key that does is then refused by :func:`check_same_architecture`); the keys whose composed
+    value was replaced, named."""
+    explicit, _ = split_overrides(cfg, overrides)
+    mine = cfg.model
+    model = copy.deepcopy(source)
+    OmegaConf.set_struct(model, False)
+    for key in explicit:
+        if key.startswith("model."):
+            OmegaConf.update(model, key[len("model.") :], OmegaConf.select(cfg, key), merge=False)
+    replaced = [
+        f"model.{key}={mine.get(key)!r} replaced by {model[key]!r}"
+        for key in model
+        if key != "arch" and mine.get(key) != model[key] and f"model.{key}" not in explicit
+    ]
+    if mine.arch != model.arch:
+        replaced.insert(0, f"model.arch={mine.arch!r} replaced by {model.arch!r}")
+    OmegaConf.set_struct(model, True)
+    cfg.model = model
+    return replaced
+
+
 @dataclass
 class ContinuedConfig:
     """The config a resumed run trains with, and how the command line changed it."""
@@ -299,22 +357,7 @@ def continued_config(cfg: DictConfig, saved: DictConfig, overrides: list[str]) -
     (``trainer.max_steps=8000``) change it. Raises ConfigError naming an override that does not
     fit the run's config.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except HydraException as e:
-        raise ConfigError(f"cannot read the command line's overrides: {e}") from None
-    explicit, groups = [], []
-    for override in parsed:
-        key = override.key_or_group
-        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
-            continue
-        if "." not in key and (key not in cfg or isinstance(cfg[key], DictConfig)):
-            groups.append(override.input_line or key)  # a config group: data=..., experiment=...
-            continue
-        explicit.append(key)
+    explicit, groups = split_overrides(cfg, overrides)
     new = copy.deepcopy(saved)
     OmegaConf.set_struct(new, True)
     changed: dict[str, tuple[Any, Any]] = {}
