@@ -563,7 +563,7 @@ def parse_directions(
     for i, entry in enumerate(value):
         where = f"{key}[{i}]"
         parts = entry.split("-") if isinstance(entry, str) else []
-        if len(parts) != 2 or not all(p and p.isascii() and p.isalnum() for p in parts):
+        if len(parts) != 2 or not all(p.isascii() and p.replace("_", "x").isalnum() for p in parts):
             raise ConfigError(
                 f"{where}={entry!r} is not a direction: write <source>-<target> language "
                 "codes, such as de-en"

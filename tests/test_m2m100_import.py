@@ -1,8 +1,8 @@
 """Importing an M2M100ForConditionalGeneration folder made by transformers itself (small,
-random, with its own sentencepiece model, vocab.json and M2M100Tokenizer): our tokenizer gives
-its ids with the language codes where it puts them, the teacher-forced log-probabilities are
-transformers', and the imported run translates, scores, exports and fine-tunes any pair of
-its languages as generate() with ``forced_bos_token_id`` does."""
+random, with its own sentencepiece model and M2M100Tokenizer's vocab.json, or NllbTokenizer's
+tokenizer.json): our tokenizer gives its ids with the language codes where it puts them, the
+teacher-forced log-probabilities are transformers', and the imported run translates, scores
+and fine-tunes any pair of its languages as generate() with ``forced_bos_token_id`` does."""
 
 from __future__ import annotations
 
@@ -219,3 +219,104 @@ def test_a_foreign_language_list_is_refused_by_name(m2m100, tmp_path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg | {"language_codes": "wmt21"}))
     with pytest.raises(ConfigError, match="language_codes='wmt21' is not read"):
         import_m2m100(folder)
+
+
+# ------------------------------------------------------------------------------------ NLLB
+
+NLLB_LANGS = {"de": "deu_Latn", "en": "eng_Latn", "fr": "fra_Latn"}
+
+
+@pytest.fixture(scope="module")
+def nllb(m2m100: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random NLLB-200 model: M2M100's architecture with NllbTokenizer (the sentencepiece
+    model with fairseq's offset, the 202 codes and <mask> in tokenizer.json)."""
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+
+    folder = tmp_path_factory.mktemp("nllb")
+    spm_dir = tmp_path_factory.mktemp("nllb-spm")
+    (spm_dir / "sentencepiece.bpe.model").write_bytes(
+        (m2m100 / "sentencepiece.bpe.model").read_bytes()
+    )
+    tok = transformers.NllbTokenizer.from_pretrained(
+        str(spm_dir), src_lang="deu_Latn", tgt_lang="eng_Latn",
+        extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES),
+    )  # fmt: skip
+    tok.save_pretrained(folder)
+    (folder / "sentencepiece.bpe.model").write_bytes(
+        (spm_dir / "sentencepiece.bpe.model").read_bytes()
+    )
+    base = transformers.M2M100ForConditionalGeneration.from_pretrained(str(m2m100)).config
+    config = transformers.M2M100Config(**{**base.to_dict(), "vocab_size": len(tok)})
+    torch.manual_seed(1)
+    model = transformers.M2M100ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif "shared" in name:
+                p.normal_(0.0, 1.0)
+            elif p.dim() == 2:
+                torch.nn.init.xavier_uniform_(p, gain=3.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+def nllb_tokenizer(folder: Path, src: str, tgt: str):
+    return transformers.AutoTokenizer.from_pretrained(str(folder), src_lang=src, tgt_lang=tgt)
+
+
+def test_nllb_ids_and_log_probabilities_are_transformers(nllb, threeway) -> None:
+    imported, langs = import_m2m100(nllb)
+    assert len(langs) == 202 and "deu_Latn" in langs
+    tok, rows = imported.tokenizers.src, torch.tensor(imported.vocab.src_rows)
+    src = sentences(threeway, "de")
+    refs = sentences(threeway, "en")
+    theirs_ids = nllb_tokenizer(nllb, "deu_Latn", "eng_Latn")(src)["input_ids"]
+    src_ids = [[tok.tags["deu_Latn"], *tok.encode(s), EOS_ID] for s in src]
+    assert [rows[row].tolist() for row in src_ids] == theirs_ids
+    tgt_ids = [[BOS_ID, tok.tags["eng_Latn"], *tok.encode(r)] for r in refs]
+    s_len, t_len = max(map(len, src_ids)), max(map(len, tgt_ids))
+    src_t = torch.tensor([s + [PAD_ID] * (s_len - len(s)) for s in src_ids])
+    tgt_t = torch.tensor([t + [PAD_ID] * (t_len - len(t)) for t in tgt_ids])
+    lens = torch.tensor([len(s) for s in src_ids])
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(str(nllb)).eval().double()
+    with torch.inference_mode():
+        ours = copy.deepcopy(imported.model).double()(src_t, lens, tgt_t).log_softmax(-1)
+        mask = torch.arange(s_len)[None] < lens[:, None]
+        out = hf(input_ids=torch.where(mask, rows[src_t], 1), attention_mask=mask.long(),
+                 decoder_input_ids=torch.where(tgt_t == PAD_ID, 1, rows[tgt_t]))  # fmt: skip
+    theirs = out.logits.log_softmax(-1)
+    never = set(imported.vocab.never)
+    classes = [i for i in range(len(rows)) if i not in never]
+    assert sorted(rows[classes].tolist()) == list(range(theirs.size(-1)))
+    real = torch.arange(t_len)[None] < torch.tensor([len(t) for t in tgt_ids])[:, None]
+    assert (ours[..., classes] - theirs[..., rows[classes]]).abs()[real].max() < 1e-6
+
+
+def test_an_imported_nllb_run_translates_as_transformers_does(nllb, threeway, tmp_path) -> None:
+    from nmt.decode.engines import TorchEngine
+    from nmt.decode.languages import choose_target, decode_ids_into
+    from nmt.decode.options import DecodeOptions
+    from nmt.store.loading import load_trained
+    from nmt.store.paths import checkpoint_path
+
+    assert import_main([str(nllb), "--out", str(tmp_path / "run")]) == 0
+    trained = load_trained(checkpoint_path(tmp_path / "run"), CPU)
+    rows = import_m2m100(nllb)[0].vocab.src_rows
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(str(nllb)).eval()
+    opts = DecodeOptions(beam=1, max_output_len_a=0.0, max_output_len_b=10)
+    for src_lang, tgt_lang in (("deu_Latn", "fra_Latn"), ("eng_Latn", "deu_Latn")):
+        target = choose_target(trained.cfg, trained.tokenizers, tgt_lang, src_lang)
+        src = sentences(threeway, "de" if src_lang == "deu_Latn" else "en")
+        sources = trained.tokenizers.src.encode_batch(src)
+        hyps = decode_ids_into(TorchEngine(trained.model, CPU), sources, target, opts)
+        tok = nllb_tokenizer(nllb, src_lang, tgt_lang)
+        forced = tok.convert_tokens_to_ids(tgt_lang)
+        with torch.inference_mode():
+            out = hf.generate(**tok(src, return_tensors="pt", padding=True),
+                              forced_bos_token_id=forced, num_beams=1, do_sample=False,
+                              max_new_tokens=11)  # fmt: skip
+        for hyp, row in zip(hyps, out.tolist(), strict=True):
+            assert row[:2] == [2, forced]
+            body = row[2 : row.index(2, 2)] if 2 in row[2:] else row[2:]
+            assert [rows[t] for t in hyp.tokens] == body

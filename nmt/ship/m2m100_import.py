@@ -1,6 +1,7 @@
-"""Reading a Hugging Face ``M2M100ForConditionalGeneration`` folder (M2M100) into our
-Transformer and one joint tokenizer; the checks of :mod:`nmt.ship.hf_import` apply (nothing in
-the folder chooses code, every tensor is checked by name).
+"""Reading a Hugging Face ``M2M100ForConditionalGeneration`` folder (M2M100, and NLLB-200's
+dense models, which share its architecture) into our Transformer and one joint tokenizer; the
+checks of :mod:`nmt.ship.hf_import` apply (nothing in the folder chooses code, every tensor is
+checked by name).
 
 **The architecture.** M2M100 is our pre-norm Transformer with a final layer norm on each stack
 (``model.norm_first=true``), embeddings scaled by sqrt(d_model), fairseq's sinusoid counted from
@@ -21,10 +22,16 @@ then their ``<s>`` and ``<pad>`` and every other row in their order, so the outp
 class of theirs. The tokenizer is their ``sentencepiece.bpe.model`` rebuilt in that order; a
 piece of it that ``vocab.json`` lacks (which M2M100 reads as ``<unk>``) is kept with UNK's
 embedding and is never output.
+
+**NLLB-200** has no ``vocab.json``: its ids are the sentencepiece model's plus one (fairseq's
+offset, after the four specials), and its 202 codes (``deu_Latn``) and ``<mask>`` have the ids
+its ``tokenizer.json`` gives them; the codes become our tags ``<2deu_Latn>``. A tokenizer with
+``legacy_behaviour=true`` (the source's code after ``</s>``) is refused.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +95,8 @@ def languages_of(folder: Path) -> list[str]:
     return list(M2M100_LANGUAGES)
 
 
-def vocabulary(folder: Path, config: dict[str, Any], langs: list[str]) -> Vocabulary:
-    """Our ids for an M2M100 folder's vocabulary; see the module doc."""
-    vocab = read_json_vocab(folder)
-    if [vocab.get(p) for p in THEIR_SPECIALS] != [0, 1, 2, 3]:
-        raise refuse(folder, "vocab.json does not start with <s>, <pad>, </s>, <unk> (ids 0-3)")
+def check_special_ids(folder: Path, config: dict[str, Any]) -> int:
+    """The folder's vocabulary size; their special ids checked (M2M100's and NLLB's)."""
     expected = {
         "bos_token_id": 0,
         "pad_token_id": 1,
@@ -102,33 +106,91 @@ def vocabulary(folder: Path, config: dict[str, Any], langs: list[str]) -> Vocabu
     for key, value in expected.items():
         if field_of(config, key, int, value) != value:
             raise refuse(folder, f"config.json: {key}={config[key]} is not M2M100's {value}")
-    size = field_of(config, "vocab_size", int)
-    first_lang = len(vocab)
-    if size < first_lang + len(langs):
-        raise ConfigError(f"config.json: vocab_size={size} has no room for vocab.json's "
-                          f"{len(vocab)} pieces and {len(langs)} language codes")  # fmt: skip
-    by_id = sorted(vocab, key=vocab.__getitem__)
-    tags = [language_tag(lang) for lang in langs]
-    # the other rows: their <s> and <pad>, their pieces, and the rows after the language codes
-    others = {0: "<m2m_s>", 1: "<m2m_pad>"}
-    others |= {i: by_id[i] for i in range(4, first_lang)}
-    others |= {i: f"<m2m_row_{i}>" for i in range(first_lang + len(langs), size)}
-    order = [*tags, *others.values()]
+    return field_of(config, "vocab_size", int)
+
+
+def layout(
+    folder: Path, size: int, pieces: dict[int, str], codes: dict[str, int], named: dict[int, str]
+) -> Vocabulary:
+    """Our ids for a vocabulary of ``size`` rows whose ids 0-3 are ``<s> <pad> </s> <unk>``:
+    ``pieces`` (their id -> a piece of the sentencepiece model), language ``codes`` (language ->
+    their id) and the ``named`` rows that decode to nothing (their id -> name); any other row is
+    kept as an unnamed class. See the module doc."""
+    taken = set(pieces) | set(codes.values()) | {0, 1, 2, 3}
+    if max(taken) >= size or len(taken) != len(pieces) + len(codes) + 4:
+        raise ConfigError(f"{folder}: the tokenizer's ids do not fit the model's vocab_size="
+                          f"{size} (or two pieces share an id)")  # fmt: skip
+    rows_named = {0: "<m2m_s>", 1: "<m2m_pad>"} | {
+        i: named.get(i, f"<m2m_row_{i}>") for i in range(4, size) if i not in taken
+    }
+    others = dict(sorted((rows_named | pieces).items()))  # their rows in their order
+    langs = sorted(codes, key=codes.__getitem__)
+    order = [*(language_tag(lang) for lang in langs), *others.values()]
     proto = read_spm(folder, SPM_FILE)
-    named = set(vocab) | set(SPECIAL_PIECES)
-    extra = [p.piece for p in proto.pieces if p.type == Piece.NORMAL and p.piece not in named]
-    rows = [2, 3, 2, 2, *range(first_lang, first_lang + len(langs)), *others]  # PAD: zeroed
+    known = set(pieces.values()) | set(SPECIAL_PIECES)
+    extra = [p.piece for p in proto.pieces if p.type == Piece.NORMAL and p.piece not in known]
+    rows = [2, 3, 2, 2, *(codes[lang] for lang in langs), *others]  # PAD: zeroed
     rows += [3] * len(extra)
-    control = frozenset({"<m2m_s>", "<m2m_pad>", *(others[i] for i in others if i >= first_lang)})
     never = (PAD_ID, BOS_ID, *range(len(rows) - len(extra), len(rows)))
     return Vocabulary(
         src_rows=rows,
         tgt_rows=rows,
-        src_proto=rebuilt_spm(proto, order, extra, control),
+        src_proto=rebuilt_spm(proto, order, extra, frozenset(rows_named.values())),
         tgt_proto=b"",
         never=never,
         size=size,
     )
+
+
+def m2m100_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary, list[str]]:
+    """Our ids for an M2M100 folder (``vocab.json``, then the 100 codes), and its languages."""
+    langs = languages_of(folder)
+    vocab = read_json_vocab(folder)
+    if [vocab.get(p) for p in THEIR_SPECIALS] != [0, 1, 2, 3]:
+        raise refuse(folder, "vocab.json does not start with <s>, <pad>, </s>, <unk> (ids 0-3)")
+    size = check_special_ids(folder, config)
+    if size < len(vocab) + len(langs):
+        raise ConfigError(f"config.json: vocab_size={size} has no room for vocab.json's "
+                          f"{len(vocab)} pieces and {len(langs)} language codes")  # fmt: skip
+    pieces = {i: p for p, i in vocab.items() if i >= 4}
+    codes = {lang: len(vocab) + k for k, lang in enumerate(langs)}
+    return layout(folder, size, pieces, codes, {}), langs
+
+
+# an NLLB-200 language code: ISO 639-3 and the script (deu_Latn)
+NLLB_CODE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
+
+
+def nllb_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary, list[str]]:
+    """Our ids for an NLLB-200 folder and its languages: the sentencepiece model's pieces
+    with fairseq's offset (piece ``i`` is their id ``i + 1``), and the language codes and
+    ``<mask>`` where ``tokenizer.json`` puts them."""
+    tokenizer = read_json_object(folder, "tokenizer_config.json")
+    if tokenizer.get("legacy_behaviour", False) is not False:
+        raise refuse(folder, "tokenizer_config.json: legacy_behaviour=true (the source language "
+                     "code after </s>) is not read")  # fmt: skip
+    added = read_json_object(folder, "tokenizer.json").get("added_tokens")
+    if not isinstance(added, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("id"), int) and isinstance(t.get("content"), str)
+        for t in added
+    ):
+        raise refuse(folder, "tokenizer.json: added_tokens is not a list of {id, content}")
+    ids = {t["content"]: t["id"] for t in added}
+    if [ids.get(p) for p in THEIR_SPECIALS] != [0, 1, 2, 3]:
+        raise refuse(folder, "tokenizer.json: <s>, <pad>, </s>, <unk> are not ids 0-3")
+    codes = {c: i for c, i in ids.items() if NLLB_CODE.fullmatch(c)}
+    if len(codes) < 2:
+        raise refuse(folder, "tokenizer.json names fewer than two language codes (deu_Latn)")
+    named = {i: c for c, i in ids.items() if c not in codes and c not in THEIR_SPECIALS}
+    proto = read_spm(folder, SPM_FILE)
+    pieces = {
+        i + 1: p.piece
+        for i, p in enumerate(proto.pieces)
+        if p.type in (Piece.NORMAL, Piece.USER_DEFINED)
+    }
+    size = check_special_ids(folder, config)
+    langs = sorted(codes, key=codes.__getitem__)
+    return layout(folder, size, pieces, codes, named), langs
 
 
 def import_m2m100(folder: Path) -> tuple[Imported, list[str]]:
@@ -139,8 +201,8 @@ def import_m2m100(folder: Path) -> tuple[Imported, list[str]]:
     if config["model_type"] != "m2m_100":
         raise refuse(folder, f"{config['model_type']} is not an M2M100 model")
     fields = m2m100_fields(config)
-    langs = languages_of(folder)
-    vocab = vocabulary(folder, config, langs)
+    is_nllb = not (folder / "vocab.json").is_file() and (folder / "tokenizer.json").is_file()
+    vocab, langs = (nllb_vocabulary if is_nllb else m2m100_vocabulary)(folder, config)
     tokenizer = Tokenizer.from_proto(vocab.src_proto, origin=f"{folder}/{SPM_FILE}")
     model = create_model(
         fields, src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
