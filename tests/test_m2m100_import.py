@@ -320,3 +320,31 @@ def test_an_imported_nllb_run_translates_as_transformers_does(nllb, threeway, tm
             assert row[:2] == [2, forced]
             body = row[2 : row.index(2, 2)] if 2 in row[2:] else row[2:]
             assert [rows[t] for t in hyp.tokens] == body
+
+
+def test_the_run_exports_for_ctranslate2_which_decodes_as_our_search(run, threeway, tmp_path):
+    """The imported run's CTranslate2 package reads each source with its language's code and
+    forces the target's: the same greedy tokens as our search (and scores, where they end
+    before the cap)."""
+    pytest.importorskip("ctranslate2")
+    from nmt.decode.engines import TorchEngine, make_ct2_engine
+    from nmt.decode.languages import choose_target, decode_ids_into
+    from nmt.decode.options import DecodeOptions
+    from nmt.ship.export import export_package
+    from nmt.store.loading import load_package
+
+    package = export_package(run / "checkpoints" / "best.pt", tmp_path / "pkg",
+                             fmt="ctranslate2", quantize="float32")  # fmt: skip
+    loaded = load_package(package, CPU)
+    opts = DecodeOptions(beam=1, max_output_len_a=0.0, max_output_len_b=10)
+    ours_engine, ct2_engine = TorchEngine(loaded.model, CPU), make_ct2_engine(loaded, CPU)
+    for src_lang, tgt_lang in (("de", "fr"), ("en", "de")):
+        target = choose_target(loaded.cfg, loaded.tokenizers, tgt_lang, src_lang)
+        sources = loaded.tokenizers.src.encode_batch(sentences(threeway, src_lang))
+        ours = decode_ids_into(ours_engine, sources, target, opts)
+        theirs = decode_ids_into(ct2_engine, sources, target, opts)
+        assert [h.tokens for h in theirs] == [h.tokens for h in ours]
+        # at the cap our search adds the closing EOS's log-probability, CTranslate2 does not
+        # (nmt.decode.ct2): the scores of outputs that end before it are the same
+        ended = [(a, b) for a, b in zip(ours, theirs, strict=True) if len(a.tokens) < 10]
+        assert all(abs(a.score - b.score) < 1e-3 for a, b in ended)

@@ -180,6 +180,15 @@ def test_forced_first_token(name):
         free[2].tokens
     )
     assert SRC_V > 9
+    # the score is that of the tokens after the forced one (and the EOS), as transformers'
+    # forced_bos_token_id and CTranslate2's target_prefix score it
+    hyp = greedy_search(model, src[:1], src_lens[:1], caps[:1], BOS, EOS, forced=forced[:1])[0]
+    tokens = list(hyp.tokens)
+    with torch.inference_mode():
+        logp = model(src[:1], src_lens[:1], torch.tensor([[BOS, *tokens]])).log_softmax(-1)[0]
+    chosen = [*tokens[1:], EOS]
+    expected = sum(float(logp[i, t]) for i, t in enumerate(chosen, start=1))
+    assert hyp.score == pytest.approx(expected, abs=1e-4)
 
 
 def test_validation_per_direction_and_mean_criterion(fourway, tmp_path):

@@ -83,11 +83,13 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
 
 def force_first(logp: Tensor, forced: Tensor) -> Tensor:
     """Log-probabilities (B, V) of a first step with ``forced`` (B,) as the only choice of each
-    row that has one (a negative id: none); the forced token keeps its log-probability."""
+    row that has one (a negative id: none): its log-probability is 0, so that a score is that
+    of the tokens chosen after it (as transformers' ``forced_bos_token_id`` and CTranslate2's
+    ``target_prefix`` score it)."""
     rows = forced >= 0  # (B,)
     only = torch.full_like(logp, NEG_INF)  # (B, V)
     ids = forced.clamp(min=0)[:, None]  # (B, 1)
-    only.scatter_(1, ids, logp.gather(1, ids))
+    only.scatter_(1, ids, torch.zeros_like(ids, dtype=logp.dtype))
     return torch.where(rows[:, None], only, logp)
 
 
