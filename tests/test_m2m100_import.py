@@ -19,6 +19,7 @@ from nmt.config import ConfigError
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.ship.import_command import main as import_main
 from nmt.ship.m2m100_import import M2M100_LANGUAGES, import_m2m100
+from nmt.store.checkpoint import load_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -267,14 +268,16 @@ def nllb_tokenizer(folder: Path, src: str, tgt: str):
 
 def test_nllb_ids_and_log_probabilities_are_transformers(nllb, threeway) -> None:
     imported, langs = import_m2m100(nllb)
-    assert len(langs) == 202 and "deu_Latn" in langs
+    # named by ISO 639-1 where a language has one no other shares, else by NLLB's code
+    assert len(langs) == 202 and {"de", "en", "fr", "cs", "arb_Arab", "zho_Hans"} <= set(langs)
+    assert "deu_Latn" not in langs and "zh" not in langs
     tok, rows = imported.tokenizers.src, torch.tensor(imported.vocab.src_rows)
     src = sentences(threeway, "de")
     refs = sentences(threeway, "en")
     theirs_ids = nllb_tokenizer(nllb, "deu_Latn", "eng_Latn")(src)["input_ids"]
-    src_ids = [[tok.tags["deu_Latn"], *tok.encode(s), EOS_ID] for s in src]
+    src_ids = [[tok.tags["de"], *tok.encode(s), EOS_ID] for s in src]
     assert [rows[row].tolist() for row in src_ids] == theirs_ids
-    tgt_ids = [[BOS_ID, tok.tags["eng_Latn"], *tok.encode(r)] for r in refs]
+    tgt_ids = [[BOS_ID, tok.tags["en"], *tok.encode(r)] for r in refs]
     s_len, t_len = max(map(len, src_ids)), max(map(len, tgt_ids))
     src_t = torch.tensor([s + [PAD_ID] * (s_len - len(s)) for s in src_ids])
     tgt_t = torch.tensor([t + [PAD_ID] * (t_len - len(t)) for t in tgt_ids])
@@ -305,13 +308,13 @@ def test_an_imported_nllb_run_translates_as_transformers_does(nllb, threeway, tm
     rows = import_m2m100(nllb)[0].vocab.src_rows
     hf = transformers.M2M100ForConditionalGeneration.from_pretrained(str(nllb)).eval()
     opts = DecodeOptions(beam=1, max_output_len_a=0.0, max_output_len_b=10)
-    for src_lang, tgt_lang in (("deu_Latn", "fra_Latn"), ("eng_Latn", "deu_Latn")):
+    for src_lang, tgt_lang in (("de", "fr"), ("en", "de")):
         target = choose_target(trained.cfg, trained.tokenizers, tgt_lang, src_lang)
-        src = sentences(threeway, "de" if src_lang == "deu_Latn" else "en")
+        src = sentences(threeway, src_lang)
         sources = trained.tokenizers.src.encode_batch(src)
         hyps = decode_ids_into(TorchEngine(trained.model, CPU), sources, target, opts)
-        tok = nllb_tokenizer(nllb, src_lang, tgt_lang)
-        forced = tok.convert_tokens_to_ids(tgt_lang)
+        tok = nllb_tokenizer(nllb, NLLB_LANGS[src_lang], NLLB_LANGS[tgt_lang])
+        forced = tok.convert_tokens_to_ids(NLLB_LANGS[tgt_lang])
         with torch.inference_mode():
             out = hf.generate(**tok(src, return_tensors="pt", padding=True),
                               forced_bos_token_id=forced, num_beams=1, do_sample=False,
@@ -348,3 +351,27 @@ def test_the_run_exports_for_ctranslate2_which_decodes_as_our_search(run, threew
         # (nmt.decode.ct2): the scores of outputs that end before it are the same
         ended = [(a, b) for a, b in zip(ours, theirs, strict=True) if len(a.tokens) < 10]
         assert all(abs(a.score - b.score) < 1e-3 for a, b in ended)
+
+
+def test_an_imported_nllb_run_fine_tunes_on_files_named_by_iso_codes(nllb, threeway, tmp_path):
+    """Multi30k's .de and .en files reach NLLB's deu_Latn and eng_Latn: the run names them de
+    and en; only trainer.init_from and the data are given (the architecture comes with it)."""
+    from nmt.train.command import train
+
+    from .helpers import compose_config
+
+    run = tmp_path / "nllb"
+    assert import_main([str(nllb), "--out", str(run)]) == 0
+    overrides = [
+        "data=parallel", "data.directions=[de-en]", f"data.train={threeway}",
+        f"data.valid={threeway}", f"data.root={tmp_path / 'data'}",
+        f"outputs={tmp_path / 'outputs'}", f"trainer.init_from={run}", "trainer.max_steps=2",
+        "trainer.val_every=2", "trainer.val_sentences=4", "trainer.progress=false",
+        "trainer.attention_sentences=0", "trainer.precision=32", "data.max_tokens=400",
+        "trainer.threads=1",
+    ]  # fmt: skip
+    result = train(compose_config("train", overrides), tmp_path / "tuned", overrides)
+    assert result["state"]["step"] == 2
+    saved = load_checkpoint(tmp_path / "tuned" / "checkpoints" / "last.pt")
+    assert saved["config"]["data"]["tag_placement"] == "both"
+    assert saved["config"]["model"]["position_style"] == "fairseq"

@@ -25,13 +25,17 @@ embedding and is never output.
 
 **NLLB-200** has no ``vocab.json``: its ids are the sentencepiece model's plus one (fairseq's
 offset, after the four specials), and its 202 codes (``deu_Latn``) and ``<mask>`` have the ids
-its ``tokenizer.json`` gives them; the codes become our tags ``<2deu_Latn>``. A tokenizer with
-``legacy_behaviour=true`` (the source's code after ``</s>``) is refused.
+its ``tokenizer.json`` gives them. A language is named by its ISO 639-1 code where it has one
+that no other of its languages shares (``deu_Latn`` is ``de``, our tag ``<2de>``), else by
+NLLB's code (``arb_Arab``, ``zho_Hans``), so that a corpus's ``.de`` files and ``src_lang=de``
+reach it. A tokenizer with ``legacy_behaviour=true`` (the source's code after ``</s>``) is
+refused.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -189,8 +193,30 @@ def nllb_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary, l
         if p.type in (Piece.NORMAL, Piece.USER_DEFINED)
     }
     size = check_special_ids(folder, config)
-    langs = sorted(codes, key=codes.__getitem__)
-    return layout(folder, size, pieces, codes, named), langs
+    names = iso_names(sorted(codes, key=codes.__getitem__))
+    named_codes = {names[c]: i for c, i in codes.items()}
+    return layout(folder, size, pieces, named_codes, named), [
+        names[c] for c in sorted(codes, key=codes.__getitem__)
+    ]
+
+
+def iso_names(codes: list[str]) -> dict[str, str]:
+    """Each NLLB code's name in the run: its ISO 639-1 code where it has one that no other of
+    ``codes`` has (``deu_Latn`` is ``de``), else the code itself (``arb_Arab``, an individual
+    language of Arabic; ``zho_Hans`` and ``zho_Hant``, one language in two scripts)."""
+    try:
+        import pycountry
+    except ImportError:
+        raise ConfigError(
+            "importing NLLB-200 names its languages by ISO 639-1 codes through pycountry: "
+            "pip install 'nmt[hf]'"
+        ) from None
+    two = {}
+    for code in codes:
+        found = pycountry.languages.get(alpha_3=code.split("_")[0])
+        two[code] = getattr(found, "alpha_2", None) if found is not None else None
+    count = Counter(v for v in two.values() if v)
+    return {c: v if v and count[v] == 1 else c for c, v in two.items()}
 
 
 def import_m2m100(folder: Path) -> tuple[Imported, list[str]]:

@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nmt.atomic import sha256_file
 from nmt.cli import held_warnings
 from nmt.config import ConfigError
+from nmt.data.multilingual import directions_of
 from nmt.data.tokenizer import TokenizerPair
 from nmt.models.base import Seq2Seq
 from nmt.store import checkpoint as ckpt
@@ -139,13 +140,15 @@ def check_same_architecture(model: DictConfig, source: DictConfig, path: Path) -
 
 
 def _take_tokenizer_settings(data: DictConfig, source: DictConfig) -> list[str]:
-    """Set the tokenizer options of ``data`` to the checkpoint's; the overridden ones, named."""
-    changed = [
-        f"data.{key}={data[key]} replaced by {source[key]}"
-        for key in TOKENIZER_DATA_KEYS
-        if data[key] != source[key]
-    ]
-    for key in TOKENIZER_DATA_KEYS:
+    """Set the tokenizer options of ``data`` to the checkpoint's, and, from a multilingual
+    checkpoint, where its language tags go (``data.tag_placement``: the model learned to read
+    them there); the overridden ones, named."""
+    keys = list(TOKENIZER_DATA_KEYS)
+    if directions_of(source):
+        keys.append("tag_placement")
+    changed = [f"data.{key}={data[key]} replaced by {source[key]}" for key in keys
+               if data[key] != source[key]]  # fmt: skip
+    for key in keys:
         data[key] = source[key]
     return changed
 
