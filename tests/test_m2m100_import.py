@@ -375,3 +375,47 @@ def test_an_imported_nllb_run_fine_tunes_on_files_named_by_iso_codes(nllb, three
     saved = load_checkpoint(tmp_path / "tuned" / "checkpoints" / "last.pt")
     assert saved["config"]["data"]["tag_placement"] == "both"
     assert saved["config"]["model"]["position_style"] == "fairseq"
+
+
+def test_the_run_serves_any_pair_and_asks_for_the_source(run, threeway) -> None:
+    """nmt-serve on the imported run: /languages lists its 100 languages, each into the 99
+    others; a request is translated as our search translates that pair, and one that names no
+    source is refused (its sources start with their language's code)."""
+    pytest.importorskip("aiohttp")
+    from aiohttp.test_utils import TestClient
+
+    from nmt.decode.languages import choose_target
+    from nmt.decode.options import DecodeOptions
+    from nmt.decode.translate import translate_lines
+    from nmt.serve.app import make_app
+    from nmt.serve.backend import load_backend
+    from nmt.store.loading import load_trained
+    from nmt.store.paths import checkpoint_path
+
+    from .helpers import compose_config
+    from .serving import run_app
+
+    cfg = compose_config("serve", [f"run={run}", "engine=torch", "device=cpu", "threads=1"])
+    trained = load_trained(checkpoint_path(run), CPU)
+    src = sentences(threeway, "de")[:3]
+    target = choose_target(trained.cfg, trained.tokenizers, "fr", "de")
+    opts = DecodeOptions(beam=1)
+    expected = [r[0][0] for r in translate_lines(trained, src, opts, CPU, target=target)]
+
+    async def scenario(client: TestClient) -> None:
+        listed = await (await client.get("/languages")).json()
+        assert len(listed) == 100
+        assert all(len(lang["targets"]) == 99 for lang in listed)
+        body = {"text": src, "source": "de", "target": "fr", "beam": 1}
+        response = await client.post("/v1/translate", json=body)
+        assert response.status == 200, await response.text()
+        assert (await response.json())["translations"] == expected
+        response = await client.post("/v1/translate", json={"text": src, "target": "fr"})
+        error = (await response.json())["error"]
+        assert response.status == 400 and "'source' is missing" in error
+        libre = {"q": src[0], "source": "de", "target": "fr"}
+        response = await client.post("/translate", json=libre)
+        assert response.status == 200, await response.text()
+        assert (await response.json())["translatedText"] == expected[0]
+
+    run_app(make_app(load_backend(cfg), cfg), scenario)
