@@ -193,8 +193,7 @@ class DataConfig:
     # segmentation (unigram: probability ** alpha, 0.1-0.5 usual; bpe: BPE-dropout's
     # probability); 0 = the one best segmentation. See nmt.data.resegment
     subword_alpha: float = 0.0
-    # preparation: encoding processes (0 = one per available core, 1 = in this process)
-    num_workers: int = 0
+    num_workers: int = 0  # preparation's encoding processes (0: one per core, 1: this process)
     # batching
     max_tokens: int = 4096  # per batch: sentences x longest side, padding included
     eval_max_tokens: int = 8192  # per batch when validation scores or decodes
@@ -262,8 +261,9 @@ class TrainerConfig:
     tf32: bool = True  # CUDA: fp32 matrix products in TF32 where the GPU has it (Ampere on)
     accumulate: int = 1  # batches per optimizer update (gradient accumulation)
     label_smoothing: float = 0.1  # share of the target probability spread over the vocabulary
-    # R-Drop: two dropout passes per batch, alpha x their symmetric KL added (0 = one pass)
-    rdrop_alpha: float = 0.0
+    rdrop_alpha: float = 0.0  # R-Drop: 2 dropout passes, alpha x their symmetric KL (0 = 1 pass)
+    # parts not trained (fine-tuning a large model): embeddings, encoder, decoder, output
+    freeze: list[str] = field(default_factory=list)
     clip_grad_norm: float = 1.0  # 0 disables clipping
     log_every: int = 50  # updates per log line, TensorBoard point and train event
     val_every: int = 500  # updates per validation (and checkpoint)

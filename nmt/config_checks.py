@@ -17,6 +17,9 @@ from nmt.config import (
     train_corpora,
 )
 
+# the parts of a model that trainer.freeze names (nmt.train.freeze)
+FREEZABLE = ("embeddings", "encoder", "decoder", "output")
+
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
@@ -163,6 +166,8 @@ def _check_trainer(t: DictConfig) -> None:
         raise ConfigError(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
     if not 0 <= t.rdrop_alpha < math.inf:
         raise ConfigError(f"trainer.rdrop_alpha={t.rdrop_alpha} must be 0 (off) or positive")
+    for i, part in enumerate(t.freeze):
+        _choice(f"trainer.freeze[{i}]", str(part), FREEZABLE)
     if t.init_from and t.resume:
         raise ConfigError(
             f"trainer.init_from={t.init_from!r} and trainer.resume={t.resume!r} exclude each "

@@ -40,6 +40,7 @@ from nmt.train.elastic import (
     torchrun_restart,
     write_record,
 )
+from nmt.train.freeze import freeze
 from nmt.train.start import Origin, continued_config, find_origin, log_continued, log_origin
 from nmt.train.step import LossTerms, loss_sum
 
@@ -244,6 +245,7 @@ def setup(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) ->
     device = training_device(cfg.trainer, dist_info)
     seed_everything(cfg.trainer.seed)
     data, data_time, model = data_and_model(cfg, origin, run_dir, dist_info)
+    freeze(model, cfg.trainer.freeze)
     model.to(device)
     probe = partial(speed_probe, cfg, model, data)
     precision = training_precision(cfg, device, dist_info, origin.resumed, probe)
