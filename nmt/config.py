@@ -285,8 +285,8 @@ class TrainerConfig:
     save_every_minutes: float = 0.0
     average_last: int = 0  # > 0: at the end, average the last N validations' step_N.pt files
     resume: str | None = None  # run dir, checkpoint file, or "auto"
-    # fine-tuning: a checkpoint file or run dir whose weights and tokenizers start a new run
-    # (fresh optimizer, schedule and step count); see nmt.train.start.find_init_checkpoint
+    # fine-tuning: a checkpoint file, run dir or hf:<transformers folder or Hub id> whose weights
+    # and tokenizers start a new run (fresh optimizer, schedule, step count); see nmt.train.start
     init_from: str | None = None
     compile: bool = False  # torch.compile the model for training
     progress: bool = True  # the progress bar (drawn on a terminal only)

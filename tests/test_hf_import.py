@@ -18,8 +18,8 @@ import torch
 from nmt.config import ConfigError
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.decode.search import greedy_search
-from nmt.ship.hf_import import NEVER, import_marian
 from nmt.ship.import_command import main as import_main
+from nmt.store.hf_import import NEVER, import_marian
 
 transformers = pytest.importorskip("transformers")
 

@@ -18,8 +18,8 @@ import torch
 from nmt.config import ConfigError
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.ship.import_command import main as import_main
-from nmt.ship.m2m100_import import M2M100_LANGUAGES, import_m2m100
 from nmt.store.checkpoint import load_checkpoint
+from nmt.store.m2m100_import import M2M100_LANGUAGES, import_m2m100
 
 transformers = pytest.importorskip("transformers")
 
@@ -419,3 +419,39 @@ def test_the_run_serves_any_pair_and_asks_for_the_source(run, threeway) -> None:
         assert (await response.json())["translatedText"] == expected[0]
 
     run_app(make_app(load_backend(cfg), cfg), scenario)
+
+
+def test_init_from_hf_imports_the_folder_once_and_fine_tunes(m2m100, threeway, tmp_path,
+                                                            monkeypatch) -> None:  # fmt: skip
+    """trainer.init_from=hf:FOLDER imports the model under <outputs>/imported/ and starts from
+    it; a second run reuses that import; a Hub id without the network is refused by name."""
+    from nmt.config import ConfigError
+    from nmt.train.command import train
+
+    from .helpers import compose_config
+
+    def overrides(init_from: str) -> list[str]:
+        return [
+            "data=parallel", "data.directions=[de-en]", f"data.train={threeway}",
+            f"data.valid={threeway}", f"data.root={tmp_path / 'data'}",
+            f"outputs={tmp_path / 'outputs'}", f"trainer.init_from={init_from}",
+            "trainer.max_steps=1", "trainer.val_every=1", "trainer.val_sentences=2",
+            "trainer.progress=false", "trainer.attention_sentences=0", "trainer.precision=32",
+            "data.max_tokens=400", "trainer.threads=1",
+        ]  # fmt: skip
+
+    args = overrides(f"hf:{m2m100}")
+    result = train(compose_config("train", args), tmp_path / "a", args)
+    imported = list((tmp_path / "outputs" / "imported").iterdir())
+    assert len(imported) == 1
+    best = imported[0] / "checkpoints" / "best.pt"
+    assert result["state"]["init_from"]["checkpoint"] == str(best.resolve())
+    stamp = best.stat().st_mtime_ns
+    args = overrides(f"hf:{m2m100}")
+    train(compose_config("train", args), tmp_path / "b", args)
+    assert best.stat().st_mtime_ns == stamp  # imported once
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = overrides("hf:facebook/m2m100_xx")
+    with pytest.raises(ConfigError, match="facebook/m2m100_xx"):
+        train(compose_config("train", args), tmp_path / "c", args)
+    assert not (tmp_path / "c").exists()

@@ -400,7 +400,7 @@ def test_fairseq_positions_are_transformers_m2m100_table() -> None:
     )
 
     from nmt.models.transformer import sinusoidal_positions
-    from nmt.ship.hf import permutation
+    from nmt.store.hf_names import permutation
 
     for d in (16, 1024):
         theirs = M2M100Positions.get_embedding(302, d, padding_idx=1)  # rows from position 0

@@ -46,7 +46,7 @@ def sinusoidal_positions(length: int, d_model: int, style: str = "vaswani") -> T
     ``style="fairseq"`` is the table of fairseq, M2M100 and NLLB: the frequency of pair k is
     10000^(-k / (d/2 - 1)), and position t reads the row of t + 2 (fairseq counts positions
     from the padding id + 1). Both are laid out interleaved here; those models keep the sines
-    in the first half (:func:`nmt.ship.hf.permutation` maps one layout onto the other)."""
+    in the first half (:func:`nmt.store.hf_names.permutation` maps one layout onto the other)."""
     offset = 2 if style == "fairseq" else 0
     pos = torch.arange(offset, offset + length, dtype=torch.float32)[:, None]  # (L, 1)
     if style == "fairseq":  # computed in fairseq's order, so that the values are its own

@@ -98,10 +98,19 @@ def find_resume_checkpoint(resume: str, outputs: Path) -> Path | None:
 TOKENIZER_DATA_KEYS = ("joint_vocab", "vocab_size", "spm_model_type", "character_coverage")
 
 
-def find_init_checkpoint(init_from: str) -> Path:
+HF_PREFIX = "hf:"  # trainer.init_from=hf:SOURCE: a transformers model, imported first
+
+
+def find_init_checkpoint(init_from: str, outputs: Path = Path("outputs")) -> Path:
     """The checkpoint file named by ``trainer.init_from``: a file as it is; for a run directory
     (or ``outputs/latest``) the checkpoint that ``nmt-eval`` of the run would load (its
-    ``decode.checkpoint``, by default ``best.pt``; else ``best.pt``, else ``last.pt``)."""
+    ``decode.checkpoint``, by default ``best.pt``; else ``best.pt``, else ``last.pt``); for
+    ``hf:SOURCE`` (a transformers folder or Hub id) that of its import under
+    ``<outputs>/imported/`` (:func:`nmt.store.hf_run.imported_run`)."""
+    if init_from.startswith(HF_PREFIX):
+        from nmt.store.hf_run import imported_run
+
+        return checkpoint_path(imported_run(init_from[len(HF_PREFIX) :], outputs))
     path = Path(init_from)
     if path.is_file():
         return path
@@ -214,7 +223,7 @@ def find_origin(
         if t.resume:
             resume_file = agree(lambda: find_resume_checkpoint(t.resume, Path(cfg.outputs)))
         resumed = load_checked_checkpoint(resume_file) if resume_file else None
-        init_file = find_init_checkpoint(t.init_from) if t.init_from else None
+        init_file = find_init_checkpoint(t.init_from, Path(cfg.outputs)) if t.init_from else None
         source = load_checked_checkpoint(init_file) if init_file else None
     origin = Origin(early, resume_file, resumed, resumed["tokenizers"] if resumed else None)
     if init_file is not None:

@@ -8,9 +8,9 @@ read with ``weights_only=True``; a missing, unexpected, misshapen or non-finite 
 refused by name. Every refusal is a :class:`~nmt.config.ConfigError`.
 
 **The architecture.** Marian is our post-norm Transformer (``model.norm_first=false``) with
-embeddings scaled by sqrt(d_model), the sinusoid laid out sin-half then cos-half (undone by the
-inverse of :func:`nmt.ship.hf.permutation`, as the export does it), its feed-forward activation
-(``swish`` in OPUS-MT) and an output bias (``final_logits_bias``).
+embeddings scaled by sqrt(d_model), the sinusoid laid out sin-half then cos-half (undone by
+the inverse of :func:`nmt.store.hf_names.permutation`, as the export does it), its
+feed-forward activation (``swish`` in OPUS-MT) and an output bias (``final_logits_bias``).
 
 **The vocabulary keeps our special ids.** Marian's ids are those of ``vocab.json`` (EOS 0, UNK
 1, PAD last, the decoder starting from PAD, no BOS); ours are PAD 0, UNK 1, BOS 2, EOS 3 in
@@ -49,7 +49,7 @@ from nmt.data.tokenizer import (
 )
 from nmt.models.registry import create_model
 from nmt.models.transformer import ACTIVATIONS, Transformer
-from nmt.ship.hf import permutation, permuted, weight_slots
+from nmt.store.hf_names import permutation, permuted, weight_slots
 
 # the output bias of our PAD row in an imported model: exp(NEVER) is 0 in fp32 and bf16
 NEVER = -1e4

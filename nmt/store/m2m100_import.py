@@ -1,6 +1,6 @@
 """Reading a Hugging Face ``M2M100ForConditionalGeneration`` folder (M2M100, and NLLB-200's
 dense models, which share its architecture) into our Transformer and one joint tokenizer; the
-checks of :mod:`nmt.ship.hf_import` apply (nothing in the folder chooses code, every tensor is
+checks of :mod:`nmt.store.hf_import` apply (nothing in the folder chooses code, every tensor is
 checked by name).
 
 **The architecture.** M2M100 is our pre-norm Transformer with a final layer norm on each stack
@@ -50,7 +50,7 @@ from nmt.data.tokenizer import (
 )
 from nmt.models.registry import create_model
 from nmt.models.transformer import Transformer
-from nmt.ship.hf_import import (
+from nmt.store.hf_import import (
     Imported,
     Piece,
     Vocabulary,
