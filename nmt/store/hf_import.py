@@ -23,7 +23,9 @@ Marian's sentencepiece model (``source.spm``, ``target.spm``) rebuilt with its p
 order, scores and normalization unchanged, so it segments text as Marian's tokenizer does: a
 piece of ``vocab.json`` that side's model lacks is kept as an unused piece (decoded, never
 produced), and a piece the source model produces that ``vocab.json`` lacks (which Marian reads
-as UNK) is added with UNK's embedding.
+as UNK) is added with UNK's embedding. A model with a vocabulary per side
+(``share_encoder_decoder_embeddings=false``) has the target's in ``target_vocab.json``: each side
+is renumbered from its own file, its own special ids included.
 """
 
 from __future__ import annotations
@@ -125,9 +127,6 @@ def model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
     if not field_of(config, "scale_embedding", bool, False):
         raise ConfigError("config.json: scale_embedding=false is not read (our Transformer "
                           "scales its embeddings by sqrt(d_model))")  # fmt: skip
-    if not field_of(config, "share_encoder_decoder_embeddings", bool, True):
-        raise ConfigError("config.json: share_encoder_decoder_embeddings=false (separate "
-                          "vocabularies) is not read yet")  # fmt: skip
     return {
         "arch": "transformer",
         "d_model": sizes["d_model"],
@@ -162,15 +161,16 @@ class Vocabulary:
     # our target ids the model never outputs (their logit held at NEVER): PAD, and ids whose
     # row copies another one's (our BOS where it is the model's EOS, pieces read as UNK)
     never: tuple[int, ...] = (PAD_ID,)
-    size: int = 0  # the model's vocabulary (rows of its embedding); 0: max(tgt_rows) + 1
+    size: int = 0  # the model's (target) vocabulary: rows of its embedding; 0: max(tgt_rows) + 1
+    src_size: int = 0  # rows of its source embedding; 0: as the target's
 
 
-def read_json_vocab(folder: Path) -> dict[str, int]:
-    vocab = read_json_object(folder, "vocab.json")
+def read_json_vocab(folder: Path, name: str = "vocab.json") -> dict[str, int]:
+    vocab = read_json_object(folder, name)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in vocab.values()):
-        raise refuse(folder, "vocab.json is not an object of pieces to ids")
+        raise refuse(folder, f"{name} is not an object of pieces to ids")
     if sorted(vocab.values()) != list(range(len(vocab))):
-        raise refuse(folder, "vocab.json's ids are not 0 .. its size - 1, each once")
+        raise refuse(folder, f"{name}'s ids are not 0 .. its size - 1, each once")
     return vocab
 
 
@@ -216,26 +216,49 @@ def rebuilt_spm(
     return out.SerializeToString()
 
 
-def vocabulary(folder: Path, config: Mapping[str, Any]) -> Vocabulary:
-    """Our ids for a Marian folder's vocabulary; see the module doc."""
-    vocab = read_json_vocab(folder)
-    pad, eos = field_of(config, "pad_token_id", int), field_of(config, "eos_token_id", int)
-    start = field_of(config, "decoder_start_token_id", int, pad)
-    unk = vocab.get("<unk>")
-    if unk is None or start != pad or not {pad, eos} <= set(vocab.values()):
-        raise refuse(folder, "vocab.json and config.json disagree on <unk>, pad, eos or the "
-                      "decoder's start (Marian starts from pad)")  # fmt: skip
+def _side(vocab: dict[str, int], pad: int, eos: int, unk: int) -> tuple[list[str], list[int]]:
+    """A side's pieces after our specials, in Marian's order, and the Marian id behind each of
+    our ids (PAD's row is zeroed later; our BOS takes pad, the decoder's first input)."""
     by_id = sorted(vocab, key=vocab.__getitem__)
     order = [p for p in by_id if vocab[p] not in (pad, eos, unk)]
-    rows = [pad, unk, pad, eos, *(vocab[p] for p in order)]  # PAD's row is zeroed later
+    return order, [pad, unk, pad, eos, *(vocab[p] for p in order)]
+
+
+def separate_vocabularies(config: Mapping[str, Any]) -> bool:
+    """Whether the model has a vocabulary per side (``vocab.json`` and ``target_vocab.json``)."""
+    return not field_of(config, "share_encoder_decoder_embeddings", bool, True)
+
+
+def vocabulary(folder: Path, config: Mapping[str, Any]) -> Vocabulary:
+    """Our ids for a Marian folder's vocabulary, one shared by both sides or one per side;
+    see the module doc."""
+    src_vocab = read_json_vocab(folder)
+    separate = separate_vocabularies(config)
+    tgt_vocab = read_json_vocab(folder, "target_vocab.json") if separate else src_vocab
+    pad, eos = field_of(config, "pad_token_id", int), field_of(config, "eos_token_id", int)
+    start = field_of(config, "decoder_start_token_id", int, pad)
+    unk = tgt_vocab.get("<unk>")
+    where = "target_vocab.json" if separate else "vocab.json"
+    if unk is None or start != pad or not {pad, eos} <= set(tgt_vocab.values()):
+        raise refuse(folder, f"{where} and config.json disagree on <unk>, pad, eos or the "
+                      "decoder's start (Marian starts from pad)")  # fmt: skip
+    order, rows = _side(tgt_vocab, pad, eos, unk)
+    src_order, src_rows = order, rows
+    if separate:  # the source's own ids of its specials
+        ids = [src_vocab.get(p) for p in ("<pad>", "</s>", "<unk>")]
+        if None in ids:
+            raise refuse(folder, "vocab.json lacks <pad>, </s> or <unk>")
+        src_order, src_rows = _side(src_vocab, *ids)  # type: ignore[arg-type]
+    src_unk = src_rows[UNK_ID]
     src, tgt = read_spm(folder, "source.spm"), read_spm(folder, "target.spm")
-    named = set(vocab) | set(SPECIAL_PIECES)
+    named = set(src_vocab) | set(SPECIAL_PIECES)
     extra = [p.piece for p in src.pieces if p.type == Piece.NORMAL and p.piece not in named]
     return Vocabulary(
-        src_rows=rows + [unk] * len(extra),
+        src_rows=src_rows + [src_unk] * len(extra),
         tgt_rows=rows,
-        src_proto=rebuilt_spm(src, order, extra),
+        src_proto=rebuilt_spm(src, src_order, extra),
         tgt_proto=rebuilt_spm(tgt, order, []),
+        src_size=len(src_vocab) if separate else 0,
     )
 
 
@@ -285,26 +308,34 @@ def load_weights(
     if unexpected:
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise ConfigError(f"weights: unexpected tensor {unexpected[0]}{more}")
-    # tied embeddings are saved under one of their names (the output projection too, if tied)
+    # tied embeddings are saved under one of their names (the output projection too, if tied):
+    # with one vocabulary any of the four, with one per side a side's own
     tied_output = model.out_proj.weight is model.tgt_embed.weight
-    tied = [n for n in VOCABULARY_ROWS if n != "lm_head.weight" or tied_output]
-    shared = next((theirs[n] for n in tied if n in theirs), None)
+    names = {
+        "src": ["model.shared.weight", "model.encoder.embed_tokens.weight"],
+        "tgt": ["model.decoder.embed_tokens.weight"] + ["lm_head.weight"] * tied_output,
+    }
+    if vocab.src_size == 0:  # one vocabulary
+        names = {"src": [*names["src"], *names["tgt"]], "tgt": [*names["tgt"], *names["src"]]}
     inverse = torch.argsort(permutation(model.d_model))
     rows = {"src": torch.tensor(vocab.src_rows), "tgt": torch.tensor(vocab.tgt_rows)}
-    size = vocab.size or max(vocab.tgt_rows) + 1  # their vocabulary
+    size = vocab.size or max(vocab.tgt_rows) + 1  # their (target) vocabulary
+    sizes = {"src": vocab.src_size or size, "tgt": size}
     with torch.no_grad():
         for name, (ours, kind) in slots.items():
-            tensor = theirs.get(name, shared if name in tied else None)
+            side = VOCABULARY_ROWS.get(name)
+            kin = names[side] if side is not None and name in names[side] else []
+            tensor = theirs.get(name, next((theirs[n] for n in kin if n in theirs), None))
             if tensor is None:
                 raise ConfigError(f"weights: missing tensor {name}")
             if not torch.isfinite(tensor).all():
                 raise ConfigError(f"weights: {name} holds values that are not finite")
             value = tensor.float()
-            if name in VOCABULARY_ROWS:
-                if value.dim() != 2 or value.size(0) != size:
+            if side is not None:
+                if value.dim() != 2 or value.size(0) != sizes[side]:
                     raise ConfigError(f"weights: {name} is {tuple(value.shape)}, not "
-                                      f"{size} rows of the vocabulary")  # fmt: skip
-                value = value.index_select(0, rows[VOCABULARY_ROWS[name]])
+                                      f"{sizes[side]} rows of the vocabulary")  # fmt: skip
+                value = value.index_select(0, rows[side])
             value = permuted(value, kind, inverse)
             if value.shape != ours.shape:
                 raise ConfigError(f"weights: {name} is {tuple(tensor.shape)}, the config "
@@ -338,9 +369,13 @@ def import_marian(folder: Path) -> Imported:
         raise refuse(folder, f"{config['model_type']} is not a MarianMTModel")
     fields = model_fields(config)
     vocab = vocabulary(folder, config)
-    if field_of(config, "vocab_size", int) != max(vocab.tgt_rows) + 1:
-        raise ConfigError(f"config.json: vocab_size={config['vocab_size']} but vocab.json has "
-                          f"{max(vocab.tgt_rows) + 1} pieces")  # fmt: skip
+    sizes = {"vocab_size": (vocab.src_size or max(vocab.tgt_rows) + 1, "vocab.json")}
+    if vocab.src_size:
+        sizes["decoder_vocab_size"] = (max(vocab.tgt_rows) + 1, "target_vocab.json")
+    for key, (pieces, name) in sizes.items():
+        if field_of(config, key, int) != pieces:
+            raise ConfigError(f"config.json: {key}={config[key]} but {name} has {pieces} "
+                              "pieces")  # fmt: skip
     tokenizers = TokenizerPair(
         src=Tokenizer.from_proto(vocab.src_proto, origin=f"{folder}/source.spm"),
         tgt=Tokenizer.from_proto(vocab.tgt_proto, origin=f"{folder}/target.spm"),

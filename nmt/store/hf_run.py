@@ -30,9 +30,10 @@ log = logging.getLogger(__name__)
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 LANGUAGE = re.compile(r"[A-Za-z]{2,3}(_[A-Za-z]{4})?")
-# what a Marian or M2M100 folder holds that the import reads
-HUB_FILES = ["config.json", "vocab.json", "source.spm", "target.spm", "sentencepiece.bpe.model",
-             "tokenizer_config.json", "model.safetensors", "pytorch_model.bin"]  # fmt: skip
+# what a Marian, M2M100 or NLLB folder holds that the import reads
+HUB_FILES = ["config.json", "vocab.json", "target_vocab.json", "source.spm", "target.spm",
+             "sentencepiece.bpe.model", "tokenizer.json", "tokenizer_config.json",
+             "model.safetensors", "pytorch_model.bin"]  # fmt: skip
 
 
 def resolve_source(source: str) -> Path:
