@@ -45,9 +45,12 @@ def check_decode(d: Any, prefix: str = "") -> None:
     _choice(f"{prefix}precision", str(d.precision), ("auto", "32", "bf16", "16"))
 
 
-def check_train_config(cfg: DictConfig) -> None:
-    """Check values that the type system cannot; raise ConfigError naming the key."""
-    _check_data(cfg.data)
+def check_train_config(cfg: DictConfig, training: bool = True) -> None:
+    """Check values that the type system cannot; raise ConfigError naming the key.
+    ``training=False`` (a stored model's config, read to decode) skips what only training
+    needs: a multilingual model's one sentencepiece model (an imported multi-target OPUS-MT
+    model has one per side)."""
+    _check_data(cfg.data, training)
     _check_optim(cfg.optim, cfg.trainer)
     _check_trainer(cfg.trainer)
     dec = cfg.decode
@@ -57,10 +60,10 @@ def check_train_config(cfg: DictConfig) -> None:
     check_model_config(cfg.model)
 
 
-def _check_data(d: DictConfig) -> None:
+def _check_data(d: DictConfig, training: bool = True) -> None:
     directions = parse_directions(d.directions, languages=d.get("languages"))
     if directions:
-        _check_multilingual(d, directions)
+        _check_multilingual(d, directions, training)
     elif d.get("zero_shot"):
         raise ConfigError(
             f"data.zero_shot={list(d.zero_shot)} needs a multilingual run: set data.directions"
@@ -107,12 +110,12 @@ def _check_subword_alpha(d: DictConfig, multilingual: bool) -> None:
         )
 
 
-def _check_multilingual(d: DictConfig, directions: list[Direction]) -> None:
+def _check_multilingual(d: DictConfig, directions: list[Direction], training: bool) -> None:
     if d.corpus == "multi30k":
         for i, direction in enumerate(directions):
             for lang in (direction.src, direction.tgt):
                 _choice(f"data.directions[{i}] ({direction})", lang, ("en", "de", "fr", "cs"))
-    if not d.joint_vocab:
+    if training and not d.joint_vocab:
         raise ConfigError(
             "data.directions: a multilingual model has one sentencepiece model over all its "
             "languages; set data.joint_vocab=true"

@@ -479,3 +479,97 @@ def test_separate_vocabularies_give_transformers_ids_and_log_probabilities(
     for hyp, row in zip(hyps, gen.tolist(), strict=True):
         body = row[1 : row.index(0)] if 0 in row[1:] else row[1:]
         assert [imported.vocab.tgt_rows[t] for t in hyp.tokens] == body
+
+
+# --------------------------------------------------------- a multi-target model's >>fra<<
+
+
+@pytest.fixture(scope="module")
+def marian_multi(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random multi-target MarianMTModel: its vocab.json holds the target languages' codes
+    (>>eng<<, >>fra<<), one of which starts each source."""
+    folder = tmp_path_factory.mktemp("marian-multi")
+    de = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()
+    en = Path(f"{corpus}.en").read_text(encoding="utf-8").splitlines()
+    source, target = spm_model(de, 150), spm_model(en, 120)
+    (folder / "source.spm").write_bytes(source)
+    (folder / "target.spm").write_bytes(target)
+    kept = dict.fromkeys(pieces(source) + pieces(target))
+    vocab = {"</s>": 0, "<unk>": 1, ">>eng<<": 2, ">>fra<<": 3}
+    vocab |= {p: i + 4 for i, p in enumerate(kept)}
+    vocab["<pad>"] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"source_lang": "de", "target_lang": "mul"}), encoding="utf-8"
+    )
+    pad = vocab["<pad>"]
+    config = transformers.MarianConfig(
+        vocab_size=len(vocab), d_model=16, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, activation_function="swish", max_position_embeddings=256,
+        pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0,
+        scale_embedding=True,
+    )  # fmt: skip
+    torch.manual_seed(3)
+    model = transformers.MarianMTModel(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif "shared" in name:
+                p.normal_(0.0, 1.0)
+            elif p.dim() == 2:
+                torch.nn.init.xavier_uniform_(p, gain=3.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_a_multi_target_model_is_told_its_target_by_the_code(marian_multi, corpus,
+                                                             tmp_path) -> None:  # fmt: skip
+    """The run translates de into en and fr (named by ISO 639-1 codes) with the target's code
+    first in the source, as MarianTokenizer puts >>fra<< there and generate() decodes it."""
+    from nmt.decode.engines import TorchEngine
+    from nmt.decode.languages import choose_target, decode_ids_into
+    from nmt.decode.options import DecodeOptions
+    from nmt.store.loading import load_trained
+    from nmt.store.paths import checkpoint_path
+
+    assert import_main([str(marian_multi), "--out", str(tmp_path / "run")]) == 0
+    trained = load_trained(checkpoint_path(tmp_path / "run"), torch.device("cpu"))
+    assert list(trained.cfg.data.directions) == ["de-en", "de-fr"]
+    rows = import_marian(marian_multi).vocab.src_rows
+    tok = hf_tokenizer(marian_multi)
+    hf = transformers.MarianMTModel.from_pretrained(str(marian_multi)).eval()
+    src, _ = sentences(corpus)
+    opts = DecodeOptions(beam=1, max_output_len_a=0.0, max_output_len_b=10)
+    engine = TorchEngine(trained.model, torch.device("cpu"))
+    for lang, code in (("en", ">>eng<<"), ("fr", ">>fra<<")):
+        target = choose_target(trained.cfg, trained.tokenizers, lang)
+        assert target.placement == "source"
+        sources = trained.tokenizers.src.encode_batch(src)
+        theirs = tok([f"{code} {s}" for s in src])["input_ids"]
+        assert [[rows[i] for i in [target.tag, *s, EOS_ID]] for s in sources] == theirs
+        hyps = decode_ids_into(engine, sources, target, opts)
+        batch = tok([f"{code} {s}" for s in src], return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=11,
+                              bad_words_ids=None)  # fmt: skip
+        for hyp, row in zip(hyps, out.tolist(), strict=True):
+            body = row[1 : row.index(0)] if 0 in row[1:] else row[1:]
+            assert [rows[t] for t in hyp.tokens] == body
+
+
+def test_fine_tuning_a_multi_target_model_multilingually_is_refused(marian_multi, threeway,
+                                                                   tmp_path) -> None:  # fmt: skip
+    from nmt.train.command import train
+
+    from .helpers import compose_config
+
+    assert import_main([str(marian_multi), "--out", str(tmp_path / "run")]) == 0
+    args = ["data=parallel", "data.directions=[de-en,de-fr]", f"data.train={threeway}",
+            f"data.valid={threeway}", f"data.root={tmp_path / 'data'}",
+            f"outputs={tmp_path / 'outputs'}", f"trainer.init_from={tmp_path / 'run'}",
+            "trainer.max_steps=1"]  # fmt: skip
+    with pytest.raises(ConfigError, match="a sentencepiece model per side"):
+        train(compose_config("train", args), tmp_path / "tuned", args)
+    assert not (tmp_path / "tuned").exists()

@@ -125,7 +125,7 @@ def checked_train_config(raw: Any, source: str | Path) -> DictConfig:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointError(f"{source}: config key {key!r} is invalid: {reason}") from None
     try:
-        check_train_config(cfg)
+        check_train_config(cfg, training=False)
     except ConfigError as e:
         raise CheckpointError(f"{source}: {e}") from None
     OmegaConf.set_struct(cfg, True)

@@ -25,12 +25,16 @@ piece of ``vocab.json`` that side's model lacks is kept as an unused piece (deco
 produced), and a piece the source model produces that ``vocab.json`` lacks (which Marian reads
 as UNK) is added with UNK's embedding. A model with a vocabulary per side
 (``share_encoder_decoder_embeddings=false``) has the target's in ``target_vocab.json``: each side
-is renumbered from its own file, its own special ids included.
+is renumbered from its own file, its own special ids included. A multi-target model's codes
+(``>>fra<<`` in ``vocab.json``) become our language tags, right after our specials, named by
+ISO 639-1 codes where they have one (:func:`iso_names`).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +52,7 @@ from nmt.data.tokenizer import (
     UNK_ID,
     Tokenizer,
     TokenizerPair,
+    language_tag,
 )
 from nmt.models.registry import create_model
 from nmt.models.transformer import ACTIVATIONS, Transformer
@@ -163,6 +168,7 @@ class Vocabulary:
     never: tuple[int, ...] = (PAD_ID,)
     size: int = 0  # the model's (target) vocabulary: rows of its embedding; 0: max(tgt_rows) + 1
     src_size: int = 0  # rows of its source embedding; 0: as the target's
+    languages: tuple[str, ...] = ()  # a multi-target model's target languages, as its tags
 
 
 def read_json_vocab(folder: Path, name: str = "vocab.json") -> dict[str, int]:
@@ -216,12 +222,22 @@ def rebuilt_spm(
     return out.SerializeToString()
 
 
-def _side(vocab: dict[str, int], pad: int, eos: int, unk: int) -> tuple[list[str], list[int]]:
+# a multi-target OPUS-MT model's target-language code, first in the source: >>fra<<
+MARIAN_CODE = re.compile(r">>([a-z]{2,3}(?:_[A-Za-z]{4})?)<<")
+
+
+def _side(
+    vocab: dict[str, int], pad: int, eos: int, unk: int, codes: dict[str, str]
+) -> tuple[list[str], list[int]]:
     """A side's pieces after our specials, in Marian's order, and the Marian id behind each of
-    our ids (PAD's row is zeroed later; our BOS takes pad, the decoder's first input)."""
+    our ids (PAD's row is zeroed later; our BOS takes pad, the decoder's first input). The
+    language ``codes`` (piece -> our language name) come first, as our tags."""
     by_id = sorted(vocab, key=vocab.__getitem__)
-    order = [p for p in by_id if vocab[p] not in (pad, eos, unk)]
-    return order, [pad, unk, pad, eos, *(vocab[p] for p in order)]
+    order = [p for p in by_id if vocab[p] not in (pad, eos, unk) and p not in codes]
+    tags = [p for p in by_id if p in codes]
+    return [language_tag(codes[p]) for p in tags] + order, [
+        pad, unk, pad, eos, *(vocab[p] for p in tags), *(vocab[p] for p in order)
+    ]  # fmt: skip
 
 
 def separate_vocabularies(config: Mapping[str, Any]) -> bool:
@@ -242,13 +258,17 @@ def vocabulary(folder: Path, config: Mapping[str, Any]) -> Vocabulary:
     if unk is None or start != pad or not {pad, eos} <= set(tgt_vocab.values()):
         raise refuse(folder, f"{where} and config.json disagree on <unk>, pad, eos or the "
                       "decoder's start (Marian starts from pad)")  # fmt: skip
-    order, rows = _side(tgt_vocab, pad, eos, unk)
+    # a multi-target model's codes (one vocabulary): our tags, named by ISO 639-1 codes
+    found = [p for p in src_vocab if MARIAN_CODE.fullmatch(p)] if not separate else []
+    names = iso_names([MARIAN_CODE.fullmatch(p).group(1) for p in found])  # type: ignore[union-attr]
+    codes = {p: names[MARIAN_CODE.fullmatch(p).group(1)] for p in found}  # type: ignore[union-attr]
+    order, rows = _side(tgt_vocab, pad, eos, unk, codes)
     src_order, src_rows = order, rows
     if separate:  # the source's own ids of its specials
         ids = [src_vocab.get(p) for p in ("<pad>", "</s>", "<unk>")]
         if None in ids:
             raise refuse(folder, "vocab.json lacks <pad>, </s> or <unk>")
-        src_order, src_rows = _side(src_vocab, *ids)  # type: ignore[arg-type]
+        src_order, src_rows = _side(src_vocab, *ids, {})  # type: ignore[misc]
     src_unk = src_rows[UNK_ID]
     src, tgt = read_spm(folder, "source.spm"), read_spm(folder, "target.spm")
     named = set(src_vocab) | set(SPECIAL_PIECES)
@@ -259,7 +279,29 @@ def vocabulary(folder: Path, config: Mapping[str, Any]) -> Vocabulary:
         src_proto=rebuilt_spm(src, src_order, extra),
         tgt_proto=rebuilt_spm(tgt, order, []),
         src_size=len(src_vocab) if separate else 0,
+        languages=tuple(codes[p] for p in sorted(codes, key=src_vocab.__getitem__)),
     )
+
+
+def iso_names(codes: list[str]) -> dict[str, str]:
+    """Each language code's name in the run: its ISO 639-1 code where it has one that no other
+    of ``codes`` has (NLLB's ``deu_Latn`` and OPUS-MT's ``deu`` are ``de``), else the code
+    itself (``arb_Arab``, an individual language of Arabic; ``zho_Hans`` and ``zho_Hant``, one
+    language in two scripts). A two-letter code is its own name."""
+    try:
+        import pycountry
+    except ImportError:
+        raise ConfigError(
+            "importing a model's language codes names them by ISO 639-1 codes through "
+            "pycountry: pip install 'nmt[hf]'"
+        ) from None
+    two: dict[str, str | None] = {}
+    for code in codes:
+        base = code.split("_")[0]
+        found = pycountry.languages.get(alpha_3=base) if len(base) == 3 else None
+        two[code] = base if len(base) == 2 else getattr(found, "alpha_2", None)
+    count = Counter(v for v in two.values() if v)
+    return {c: v if v and count[v] == 1 else c for c, v in two.items()}
 
 
 # ---------------------------------------------------------------------------------- weights

@@ -119,6 +119,14 @@ def import_folder(folder: Path) -> tuple[Imported, list[str], str]:
         return imported, data, f"{len(langs)} languages, any pair"
     imported = import_marian(folder)
     src_lang, tgt_lang = languages(folder)
+    targets = [lang for lang in imported.vocab.languages if lang != src_lang]
+    if targets:  # a multi-target model: the target's code first in the source (>>fra<<)
+        directions = ",".join(f"{src_lang}-{lang}" for lang in targets)
+        data = ["data=parallel", "data.train=train", "data.valid=valid",
+                f"data.src_lang={src_lang}", f"data.tgt_lang={targets[0]}",
+                f"data.directions=[{directions}]", "data.tag_placement=source",
+                "data.joint_vocab=false", "data.zero_shot=[]"]  # fmt: skip
+        return imported, data, f"{src_lang}->{', '.join(targets)}"
     data = [f"data.src_lang={src_lang}", f"data.tgt_lang={tgt_lang}", "data.joint_vocab=false"]
     return imported, data, f"{src_lang}->{tgt_lang}"
 

@@ -35,7 +35,6 @@ refused.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +54,7 @@ from nmt.store.hf_import import (
     Piece,
     Vocabulary,
     field_of,
+    iso_names,
     load_weights,
     model_fields,
     read_config,
@@ -198,25 +198,6 @@ def nllb_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary, l
     return layout(folder, size, pieces, named_codes, named), [
         names[c] for c in sorted(codes, key=codes.__getitem__)
     ]
-
-
-def iso_names(codes: list[str]) -> dict[str, str]:
-    """Each NLLB code's name in the run: its ISO 639-1 code where it has one that no other of
-    ``codes`` has (``deu_Latn`` is ``de``), else the code itself (``arb_Arab``, an individual
-    language of Arabic; ``zho_Hans`` and ``zho_Hant``, one language in two scripts)."""
-    try:
-        import pycountry
-    except ImportError:
-        raise ConfigError(
-            "importing NLLB-200 names its languages by ISO 639-1 codes through pycountry: "
-            "pip install 'nmt[hf]'"
-        ) from None
-    two = {}
-    for code in codes:
-        found = pycountry.languages.get(alpha_3=code.split("_")[0])
-        two[code] = getattr(found, "alpha_2", None) if found is not None else None
-    count = Counter(v for v in two.values() if v)
-    return {c: v if v and count[v] == 1 else c for c, v in two.items()}
 
 
 def import_m2m100(folder: Path) -> tuple[Imported, list[str]]:

@@ -159,6 +159,11 @@ def _take_tokenizer_settings(data: DictConfig, source: DictConfig) -> list[str]:
                if data[key] != source[key]]  # fmt: skip
     for key in keys:
         data[key] = source[key]
+    if directions_of(data) and not data.joint_vocab:
+        raise ConfigError(
+            "trainer.init_from: the checkpoint has a sentencepiece model per side (an imported "
+            "multi-target OPUS-MT model), which a multilingual run cannot train on yet"
+        )
     return changed
 
 
