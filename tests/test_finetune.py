@@ -134,6 +134,9 @@ def test_fine_tuning_lowers_the_new_validation_loss_from_the_first_step(runs) ->
     fresh_model = build_model(source.cfg, source.tokenizers)
     fresh = new_valid_loss(fresh_model, source.tokenizers, runs)
     history = runs["result"]["state"]["history"]
+    # the starting model is validated before the first update: its loss, as computed here
+    assert history[0]["step"] == 0 and history[0]["loss"] == pytest.approx(initial, rel=1e-5)
+    history = history[1:]
     losses = [h["loss"] for h in history]
     assert [h["step"] for h in history] == list(range(2, FINE_TUNE_STEPS + 1, 2))
     # the source weights were loaded: their loss, and the run's first, are far below a fresh

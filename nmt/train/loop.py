@@ -405,6 +405,11 @@ class Trainer:
         self.last_save = monotonic()
         with StopSignal(self.run.restart.stop_signal) as stop, logging_redirect_tqdm():
             reason = self.stop_reason(stop)  # a resumed run may already be at its limit
+            if not reason and s.step == 0 and not s.history and self.run.init_info:
+                # a fine-tuning run's starting point, so that its gain shows (and best.pt is
+                # never worse than the model it started from)
+                log.info("validating the model trainer.init_from starts from")
+                self.validate()
             loop = _Loop(pbar, Window.new(self.run.device), stop)
             while not reason:
                 if t.max_epochs and s.epoch >= t.max_epochs:
