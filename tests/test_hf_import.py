@@ -573,3 +573,34 @@ def test_fine_tuning_a_multi_target_model_multilingually_is_refused(marian_multi
     with pytest.raises(ConfigError, match="a sentencepiece model per side"):
         train(compose_config("train", args), tmp_path / "tuned", args)
     assert not (tmp_path / "tuned").exists()
+
+
+def test_the_run_exports_back_to_the_original_tensors(marian, imported, run, tmp_path) -> None:
+    """nmt-export --format hf of the imported run gives back the folder's tensors: every one
+    as it was, those of the vocabulary row by row in our order (our PAD, a class Marian lacks,
+    aside)."""
+    from safetensors.torch import load_file
+
+    from nmt.ship.export import main as export_main
+
+    out = tmp_path / "hf"
+    assert export_main([str(run), "--out", str(out), "--format", "hf"]) == 0
+    original = load_file(str(marian / "model.safetensors"))
+    exported = load_file(str(out / "model.safetensors"))
+    rows = torch.tensor(imported.vocab.tgt_rows)
+    kept = torch.arange(1, len(rows))  # our ids but PAD
+    vocabulary = {"model.shared.weight", "model.encoder.embed_tokens.weight",
+                  "model.decoder.embed_tokens.weight", "lm_head.weight"}  # fmt: skip
+    compared = 0
+    for name, theirs in original.items():
+        if name not in exported or ".embed_positions." in name:
+            continue
+        mine = exported[name]
+        if name in vocabulary:
+            assert torch.equal(mine[kept], theirs[rows[kept]]), name
+        elif name == "final_logits_bias":
+            assert torch.equal(mine[0, kept], theirs[0, rows[kept]])
+        else:
+            assert torch.equal(mine, theirs), name
+        compared += 1
+    assert compared >= len(original) - 3  # every tensor but a tied or positional one

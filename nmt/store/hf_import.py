@@ -14,10 +14,12 @@ feed-forward activation (``swish`` in OPUS-MT) and an output bias (``final_logit
 
 **The vocabulary keeps our special ids.** Marian's ids are those of ``vocab.json`` (EOS 0, UNK
 1, PAD last, the decoder starting from PAD, no BOS); ours are PAD 0, UNK 1, BOS 2, EOS 3 in
-every model. The import renumbers the vocabulary instead of the code: our BOS takes Marian's
-PAD (the decoder's first input), our EOS and UNK take Marian's, the other pieces follow in
+every model. The import renumbers the vocabulary instead of the code: our BOS takes the
+decoder's start (Marian's PAD), our EOS and UNK take Marian's, the other pieces follow in
 Marian's order, and our PAD is a row of zeros whose output logit is held at
-:data:`NEVER` (its probability is 0 in fp32, as Marian has no such class). The embedding rows,
+:data:`NEVER` (its probability is 0 in fp32, as Marian has no such class). A folder this
+project exported starts from a token of its own (our BOS) and has our ids already: it is read
+back with them, its PAD a class as in the model it came from. The embedding rows,
 the output projection and its bias are reordered to match. Each side's tokenizer is
 Marian's sentencepiece model (``source.spm``, ``target.spm``) rebuilt with its pieces in that
 order, scores and normalization unchanged, so it segments text as Marian's tokenizer does: a
@@ -200,7 +202,9 @@ def rebuilt_spm(
     """``proto`` with pieces ``order`` (our specials first) then ``extra``: the model's own
     pieces keep their score and type, those it lacks are unused (decoded, never produced), or
     control pieces where named in ``control`` (never produced, decoded as nothing)."""
-    own = {p.piece: p for p in proto.pieces if p.type in (Piece.NORMAL, Piece.USER_DEFINED)}
+    own = {
+        p.piece: p for p in proto.pieces if p.type in (Piece.NORMAL, Piece.USER_DEFINED, Piece.BYTE)
+    }
     out = spm_pb.ModelProto()
     out.CopyFrom(proto)
     del out.pieces[:]
@@ -227,17 +231,17 @@ MARIAN_CODE = re.compile(r">>([a-z]{2,3}(?:_[A-Za-z]{4})?)<<")
 
 
 def _side(
-    vocab: dict[str, int], pad: int, eos: int, unk: int, codes: dict[str, str]
+    vocab: dict[str, int], ids: tuple[int, int, int, int], codes: dict[str, str]
 ) -> tuple[list[str], list[int]]:
     """A side's pieces after our specials, in Marian's order, and the Marian id behind each of
-    our ids (PAD's row is zeroed later; our BOS takes pad, the decoder's first input). The
-    language ``codes`` (piece -> our language name) come first, as our tags."""
+    our ids: ``ids`` are its pad, unk, decoder start and eos, which our PAD (its row zeroed
+    later), UNK, BOS and EOS take. The language ``codes`` (piece -> our language name) come
+    first, as our tags."""
     by_id = sorted(vocab, key=vocab.__getitem__)
-    order = [p for p in by_id if vocab[p] not in (pad, eos, unk) and p not in codes]
+    order = [p for p in by_id if vocab[p] not in ids and p not in codes]
     tags = [p for p in by_id if p in codes]
-    return [language_tag(codes[p]) for p in tags] + order, [
-        pad, unk, pad, eos, *(vocab[p] for p in tags), *(vocab[p] for p in order)
-    ]  # fmt: skip
+    rows = [*ids, *(vocab[p] for p in tags), *(vocab[p] for p in order)]
+    return [language_tag(codes[p]) for p in tags] + order, rows
 
 
 def separate_vocabularies(config: Mapping[str, Any]) -> bool:
@@ -255,20 +259,21 @@ def vocabulary(folder: Path, config: Mapping[str, Any]) -> Vocabulary:
     start = field_of(config, "decoder_start_token_id", int, pad)
     unk = tgt_vocab.get("<unk>")
     where = "target_vocab.json" if separate else "vocab.json"
-    if unk is None or start != pad or not {pad, eos} <= set(tgt_vocab.values()):
+    if unk is None or not {pad, eos, start} <= set(tgt_vocab.values()):
         raise refuse(folder, f"{where} and config.json disagree on <unk>, pad, eos or the "
-                      "decoder's start (Marian starts from pad)")  # fmt: skip
+                      "decoder's start")  # fmt: skip
     # a multi-target model's codes (one vocabulary): our tags, named by ISO 639-1 codes
     found = [p for p in src_vocab if MARIAN_CODE.fullmatch(p)] if not separate else []
     names = iso_names([MARIAN_CODE.fullmatch(p).group(1) for p in found])  # type: ignore[union-attr]
     codes = {p: names[MARIAN_CODE.fullmatch(p).group(1)] for p in found}  # type: ignore[union-attr]
-    order, rows = _side(tgt_vocab, pad, eos, unk, codes)
+    order, rows = _side(tgt_vocab, (pad, unk, start, eos), codes)
     src_order, src_rows = order, rows
     if separate:  # the source's own ids of its specials
         ids = [src_vocab.get(p) for p in ("<pad>", "</s>", "<unk>")]
         if None in ids:
             raise refuse(folder, "vocab.json lacks <pad>, </s> or <unk>")
-        src_order, src_rows = _side(src_vocab, *ids, {})  # type: ignore[misc]
+        src_pad, src_eos, src_unk = ids
+        src_order, src_rows = _side(src_vocab, (src_pad, src_unk, src_pad, src_eos), {})  # type: ignore[arg-type]
     src_unk = src_rows[UNK_ID]
     src, tgt = read_spm(folder, "source.spm"), read_spm(folder, "target.spm")
     named = set(src_vocab) | set(SPECIAL_PIECES)
@@ -280,6 +285,8 @@ def vocabulary(folder: Path, config: Mapping[str, Any]) -> Vocabulary:
         tgt_proto=rebuilt_spm(tgt, order, []),
         src_size=len(src_vocab) if separate else 0,
         languages=tuple(codes[p] for p in sorted(codes, key=src_vocab.__getitem__)),
+        # OPUS-MT starts from pad, which our BOS then takes: our PAD is a class it lacks
+        never=(PAD_ID,) if start == pad else (),
     )
 
 
@@ -388,11 +395,15 @@ def load_weights(
             raise ConfigError("weights: final_logits_bias is missing or of the wrong size")
         if not torch.isfinite(bias).all():
             raise ConfigError("weights: final_logits_bias holds values that are not finite")
-        assert model.out_proj.bias is not None
-        model.out_proj.bias.copy_(bias.reshape(-1).float().index_select(0, rows["tgt"]))
-        model.out_proj.bias[list(vocab.never)] = NEVER
-        model.tgt_embed.weight[PAD_ID].zero_()
-        model.src_embed.weight[PAD_ID].zero_()
+        if model.out_proj.bias is None:  # a bias of zeros, and no class held at NEVER
+            if bool(bias.any()) or vocab.never:
+                raise ConfigError("weights: final_logits_bias is not zero, the config has none")
+        else:
+            model.out_proj.bias.copy_(bias.reshape(-1).float().index_select(0, rows["tgt"]))
+            model.out_proj.bias[list(vocab.never)] = NEVER
+        if PAD_ID in vocab.never:  # our PAD, a class they lack: a row of zeros
+            model.tgt_embed.weight[PAD_ID].zero_()
+            model.src_embed.weight[PAD_ID].zero_()
 
 
 @dataclass
@@ -411,6 +422,11 @@ def import_marian(folder: Path) -> Imported:
         raise refuse(folder, f"{config['model_type']} is not a MarianMTModel")
     fields = model_fields(config)
     vocab = vocabulary(folder, config)
+    weights = read_weights(folder)
+    bias = weights.get("final_logits_bias")
+    # an output bias where the model has one, or needs NEVER (a folder this project exported
+    # from a model without one has a bias of zeros and a class of its own for PAD)
+    fields["output_bias"] = bool(vocab.never) or bias is None or bool(bias.any())
     sizes = {"vocab_size": (vocab.src_size or max(vocab.tgt_rows) + 1, "vocab.json")}
     if vocab.src_size:
         sizes["decoder_vocab_size"] = (max(vocab.tgt_rows) + 1, "target_vocab.json")
@@ -428,5 +444,5 @@ def import_marian(folder: Path) -> Imported:
         tgt_vocab_size=tokenizers.tgt.vocab_size, pad_id=PAD_ID, shared_vocab=False,
     )  # fmt: skip
     assert isinstance(model, Transformer)
-    load_weights(model, read_weights(folder), vocab)
+    load_weights(model, weights, vocab)
     return Imported(model.eval(), tokenizers, fields, vocab)
