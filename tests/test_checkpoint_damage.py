@@ -5,6 +5,7 @@ directory stops training with the previous checkpoint intact."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -16,9 +17,9 @@ import stat
 import struct
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 import torch
@@ -290,14 +291,16 @@ class FullDisk:
 
 def fill_disk_for_checkpoints(monkeypatch: pytest.MonkeyPatch, succeed: int) -> None:
     """Checkpoint writes (only those) see a disk that fills up after ``succeed`` file syncs."""
-    disk, write = FullDisk(succeed), ckpt.atomic_write_bytes
+    disk, real = FullDisk(succeed), ckpt.atomic_file
 
-    def write_to_full_disk(path: Path, data: bytes) -> None:
+    @contextlib.contextmanager
+    def on_full_disk(path: Path) -> Iterator[BinaryIO]:
         with monkeypatch.context() as m:
             m.setattr(atomic, "os", disk)
-            write(path, data)
+            with real(path) as f:
+                yield f
 
-    monkeypatch.setattr(ckpt, "atomic_write_bytes", write_to_full_disk)
+    monkeypatch.setattr(ckpt, "atomic_file", on_full_disk)
 
 
 def test_full_disk_keeps_the_previous_checkpoint(

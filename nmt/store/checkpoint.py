@@ -6,7 +6,7 @@ A truncated or corrupted file fails the length or checksum test with a clear err
 unpickling. Loading always uses ``torch.load(..., weights_only=True)``: a checkpoint can hold
 tensors, numbers, strings, bytes and containers of them, never code.
 
-Writes go through :func:`nmt.atomic.atomic_write_bytes`: a temporary file
+Writes go through :func:`nmt.atomic.atomic_file`: a temporary file
 (``.<name>.<random>.tmp``) in the same directory, fsynced, renamed over the target, then the
 directory fsynced, so at every moment the file under the final name is either the old or the
 new one. A crash can leave a temporary file behind; :func:`remove_temporaries` clears them.
@@ -21,12 +21,12 @@ import random
 import re
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
-from nmt.atomic import TEMP_SUFFIX, atomic_write_bytes
+from nmt.atomic import TEMP_SUFFIX, atomic_file
 from nmt.store.gate import CheckpointError  # defined without PyTorch, for the gate
 
 log = logging.getLogger(__name__)
@@ -54,18 +54,36 @@ def remove_temporaries(directory: Path) -> list[Path]:
     return stale
 
 
+class _Digesting:
+    """A binary file's ``write`` that also counts and hashes what goes through it."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
     """Serialise ``payload`` with a checksum trailer and write it atomically.
+
+    The payload is streamed into the file as it is serialised (hashed on the way), never held
+    whole in memory: a large model's checkpoint with its optimizer's moments takes no more
+    memory to write than the tensors themselves.
 
     Raises :class:`CheckpointError` (naming the file and the reason, e.g. a full disk) when the
     file cannot be written; the file previously under that name is then left unchanged.
     """
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    body = buf.getvalue()
-    trailer = _TRAILER.pack(MAGIC, len(body), hashlib.sha256(body).digest())
     try:
-        atomic_write_bytes(path, body + trailer)
+        with atomic_file(path) as f:
+            out = _Digesting(f)
+            torch.save(payload, out)  # type: ignore[arg-type]
+            f.write(_TRAILER.pack(MAGIC, out.size, out.sha.digest()))
     except OSError as e:
         raise CheckpointError(
             f"could not write checkpoint {path}: {e.strerror or e}; the previous checkpoint "
@@ -76,43 +94,97 @@ def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
 # --------------------------------------------------------------------------- reading
 
 
-def _verified_body(path: Path) -> bytes:
-    """The payload bytes of a checkpoint file, after the length and sha256 checks."""
+CHUNK = 1 << 24  # bytes read at a time when a checkpoint's sha256 is checked
+
+
+def _verified_length(path: Path) -> int:
+    """The payload length of a checkpoint file, after the length and sha256 checks (the file
+    read in chunks, never whole)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            size = f.seek(0, io.SEEK_END)
+            if size < _TRAILER.size:
+                raise CheckpointError(f"checkpoint {path} is truncated ({size} bytes)")
+            f.seek(size - _TRAILER.size)
+            magic, length, digest = _TRAILER.unpack(f.read(_TRAILER.size))
+            if magic != MAGIC:
+                raise CheckpointError(
+                    f"checkpoint {path} has no valid trailer: truncated, corrupted, or not "
+                    "written by nmt"
+                )
+            body = size - _TRAILER.size
+            if body != length:
+                raise CheckpointError(
+                    f"checkpoint {path} is truncated or padded: {body} payload bytes, "
+                    f"expected {length}"
+                )
+            f.seek(0)
+            sha = hashlib.sha256()
+            left = length
+            while left > 0:
+                chunk = f.read(min(CHUNK, left))
+                if not chunk:
+                    break
+                sha.update(chunk)
+                left -= len(chunk)
     except OSError as e:
         raise CheckpointError(f"checkpoint {path} cannot be read: {e.strerror or e}") from e
-    if len(data) < _TRAILER.size:
-        raise CheckpointError(f"checkpoint {path} is truncated ({len(data)} bytes)")
-    magic, length, digest = _TRAILER.unpack(data[-_TRAILER.size :])
-    if magic != MAGIC:
-        raise CheckpointError(
-            f"checkpoint {path} has no valid trailer: truncated, corrupted, or not written by nmt"
-        )
-    body = data[: -_TRAILER.size]
-    if len(body) != length:
-        raise CheckpointError(
-            f"checkpoint {path} is truncated or padded: {len(body)} payload bytes, "
-            f"expected {length}"
-        )
-    if hashlib.sha256(body).digest() != digest:
+    if sha.digest() != digest:
         raise CheckpointError(f"checkpoint {path} is corrupted: its sha256 does not match")
-    return body
+    return length
+
+
+class _Window(io.RawIOBase):
+    """The first ``length`` bytes of a binary file, as a file of their own (the payload
+    without its trailer, for ``torch.load``)."""
+
+    def __init__(self, f: BinaryIO, length: int) -> None:
+        super().__init__()
+        self.f, self.length, self.pos = f, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        self.pos = max(0, min(self.length, base + offset))
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        n = min(len(view), self.length - self.pos)
+        if n <= 0:
+            return 0
+        self.f.seek(self.pos)
+        got = self.f.readinto(view[:n])  # type: ignore[attr-defined]
+        self.pos += got or 0
+        return got or 0
 
 
 def verify_checkpoint(path: Path) -> None:
     """Check a checkpoint's length and sha256 without unpickling it; CheckpointError if bad."""
-    _verified_body(path)
+    _verified_length(path)
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Verify and load a checkpoint written by :func:`save_checkpoint`."""
-    body = _verified_body(path)
+    """Verify and load a checkpoint written by :func:`save_checkpoint` (read from the file,
+    not from a copy of it in memory)."""
+    length = _verified_length(path)
     try:
-        return torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
+        with open(path, "rb") as f:
+            window = io.BufferedReader(_Window(f, length), buffer_size=1 << 20)
+            return torch.load(window, map_location=map_location, weights_only=True)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {e.strerror or e}") from e
     except Exception as e:  # the safe unpickler refuses anything but plain data
         raise CheckpointError(f"checkpoint {path} could not be loaded safely: {e}") from e
 
