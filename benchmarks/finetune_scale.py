@@ -31,6 +31,11 @@ NLLB_600M = {
 }  # fmt: skip
 
 
+# the validation pairs: the step-0 validation of a fine-tuning run scores them (its cost is not
+# the updates')
+VALID_PAIRS = 16
+
+
 @dataclass
 class FinetuneSettings:
     work: Path
@@ -100,14 +105,16 @@ def run(s: FinetuneSettings) -> dict[str, Any]:
         [sys.executable, "-m", "nmt.ship.import_command", str(folder), "--out", str(run_dir)],
         s.cwd, s.work / "import.log",
     )  # fmt: skip
-    corpus = s.work / "corpus" / "train"
+    corpus, valid = s.work / "corpus" / "train", s.work / "corpus" / "valid"
     corpus.parent.mkdir(parents=True, exist_ok=True)
     for lang in ("de", "en"):
-        Path(f"{corpus}.{lang}").write_text("\n".join(_lines(s.multi30k, lang, s.pairs)) + "\n")
+        lines = _lines(s.multi30k, lang, s.pairs + VALID_PAIRS)
+        Path(f"{corpus}.{lang}").write_text("\n".join(lines[: s.pairs]) + "\n")
+        Path(f"{valid}.{lang}").write_text("\n".join(lines[s.pairs :]) + "\n")
     tuned = s.work / "tuned"
     overrides = [
         f"trainer.init_from={run_dir}", "data=parallel", "data.directions=[de-en]",
-        f"data.train={corpus}", f"data.valid={corpus}", f"data.root={s.work / 'data'}",
+        f"data.train={corpus}", f"data.valid={valid}", f"data.root={s.work / 'data'}",
         f"outputs={s.work / 'outputs'}", f"data.max_tokens={s.max_tokens}",
         f"trainer.max_steps={s.updates}", f"trainer.val_every={s.updates * 1000}",
         "trainer.val_sentences=8", "trainer.log_every=1", "trainer.progress=false",
@@ -126,8 +133,13 @@ def run(s: FinetuneSettings) -> dict[str, Any]:
         "train": training,
         "seconds_per_update": seconds,
         "tokens_per_update": [e["tokens"] / max(e.get("updates", 1), 1) for e in updates],
-        "settings": {"updates": s.updates, "max_tokens": s.max_tokens,
-                     "precision": s.precision, "freeze": s.freeze, "pairs": s.pairs},  # fmt: skip
+        "settings": {
+            "updates": s.updates,
+            "max_tokens": s.max_tokens,
+            "precision": s.precision,
+            "freeze": s.freeze,
+            "pairs": s.pairs,
+        },  # fmt: skip
     }
 
 
