@@ -184,3 +184,16 @@ def training_outcome(payload: dict[str, Any]) -> dict[str, Any]:
     ]
     keys = ("model", "optimizer", "scheduler", "scaler", "rng", "tokenizers")
     return {"state": state, **{k: payload[k] for k in keys}}
+
+
+def varied_weights(model: torch.nn.Module, embeddings: str = "shared") -> None:
+    """Give a random transformers model weights that make varied outputs: layer-norm scales
+    around 1, embeddings (the parameters named ``embeddings``) of unit scale, matrices large."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif embeddings in name:
+                p.normal_(0.0, 1.0)
+            elif p.dim() == 2:
+                torch.nn.init.xavier_uniform_(p, gain=3.0)

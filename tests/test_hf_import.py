@@ -21,6 +21,8 @@ from nmt.decode.search import greedy_search
 from nmt.ship.import_command import main as import_main
 from nmt.store.hf_import import NEVER, import_marian
 
+from .helpers import varied_weights
+
 transformers = pytest.importorskip("transformers")
 
 pytestmark = [
@@ -76,13 +78,7 @@ def marian(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = transformers.MarianMTModel(config).eval()
     with torch.no_grad():
         model.final_logits_bias.normal_(0.0, 0.2)
-        for name, p in model.named_parameters():  # weights that make varied outputs
-            if "layer_norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif "shared" in name:
-                p.normal_(0.0, 1.0)
-            elif p.dim() == 2:
-                torch.nn.init.xavier_uniform_(p, gain=3.0)
+    varied_weights(model)
     model.save_pretrained(folder)
     return folder
 

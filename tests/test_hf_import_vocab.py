@@ -18,6 +18,7 @@ from nmt.decode.search import greedy_search
 from nmt.ship.import_command import main as import_main
 from nmt.store.hf_import import import_marian
 
+from .helpers import varied_weights
 from .test_hf_import import hf_tokenizer, pieces, sentences, spm_model
 
 transformers = pytest.importorskip("transformers")
@@ -64,13 +65,7 @@ def marian_separate(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     model = transformers.MarianMTModel(config).eval()
     with torch.no_grad():
         model.final_logits_bias.normal_(0.0, 0.2)
-        for name, p in model.named_parameters():
-            if "layer_norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif "embed_tokens" in name:
-                p.normal_(0.0, 1.0)
-            elif p.dim() == 2:
-                torch.nn.init.xavier_uniform_(p, gain=3.0)
+    varied_weights(model, "embed_tokens")
     model.save_pretrained(folder)
     return folder
 
@@ -148,14 +143,7 @@ def marian_multi(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     )  # fmt: skip
     torch.manual_seed(3)
     model = transformers.MarianMTModel(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "layer_norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif "shared" in name:
-                p.normal_(0.0, 1.0)
-            elif p.dim() == 2:
-                torch.nn.init.xavier_uniform_(p, gain=3.0)
+    varied_weights(model)
     model.save_pretrained(folder)
     return folder
 

@@ -21,6 +21,8 @@ from nmt.ship.import_command import main as import_main
 from nmt.store.checkpoint import load_checkpoint
 from nmt.store.m2m100_import import M2M100_LANGUAGES, import_m2m100
 
+from .helpers import varied_weights
+
 transformers = pytest.importorskip("transformers")
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
@@ -60,14 +62,7 @@ def m2m100(threeway: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     )  # fmt: skip
     torch.manual_seed(0)
     model = transformers.M2M100ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # weights that make varied outputs
-            if "layer_norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif "shared" in name:
-                p.normal_(0.0, 1.0)
-            elif p.dim() == 2:
-                torch.nn.init.xavier_uniform_(p, gain=3.0)
+    varied_weights(model)
     model.save_pretrained(folder)
     return folder
 
@@ -250,14 +245,7 @@ def nllb(m2m100: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = transformers.M2M100Config(**{**base.to_dict(), "vocab_size": len(tok)})
     torch.manual_seed(1)
     model = transformers.M2M100ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "layer_norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif "shared" in name:
-                p.normal_(0.0, 1.0)
-            elif p.dim() == 2:
-                torch.nn.init.xavier_uniform_(p, gain=3.0)
+    varied_weights(model)
     model.save_pretrained(folder)
     return folder
 
