@@ -90,6 +90,10 @@ TINY_TRANSFORMER = [
 ]
 
 
+# a run of a few updates that draws and prints nothing, on one thread, in fp32
+QUIET_TINY_RUN = ("trainer.progress=false", "trainer.attention_sentences=0",
+                  "trainer.precision=32", "data.max_tokens=400", "trainer.threads=1")  # fmt: skip
+
 # runs whose results must match exactly: no dropout, on the CPU
 DETERMINISTIC = ("model.dropout=0.0", "model.attn_dropout=0.0", "trainer.device=cpu")
 
@@ -186,10 +190,23 @@ def training_outcome(payload: dict[str, Any]) -> dict[str, Any]:
     return {"state": state, **{k: payload[k] for k in keys}}
 
 
-def varied_weights(model: torch.nn.Module, embeddings: str = "shared") -> None:
-    """Give a random transformers model weights that make varied outputs: layer-norm scales
-    around 1, embeddings (the parameters named ``embeddings``) of unit scale, matrices large."""
+def saved_random_model(
+    model_class: Any,
+    config: Any,
+    folder: Path,
+    seed: int,
+    embeddings: str = "shared",
+    output_bias: bool = False,
+) -> None:
+    """A random transformers model of ``config`` saved into ``folder``, with weights that make
+    varied outputs: an output bias (``output_bias``: Marian's ``final_logits_bias``) of scale
+    0.2, layer-norm scales around 1, embeddings (the parameters named ``embeddings``) of unit
+    scale, matrices large."""
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
     with torch.no_grad():
+        if output_bias:
+            model.final_logits_bias.normal_(0.0, 0.2)
         for name, p in model.named_parameters():
             if "layer_norm" in name:
                 p.uniform_(0.5, 1.5)
@@ -197,3 +214,4 @@ def varied_weights(model: torch.nn.Module, embeddings: str = "shared") -> None:
                 p.normal_(0.0, 1.0)
             elif p.dim() == 2:
                 torch.nn.init.xavier_uniform_(p, gain=3.0)
+    model.save_pretrained(folder)

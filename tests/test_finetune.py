@@ -402,3 +402,14 @@ def test_from_the_command_line_a_model_key_set_one_by_one_must_still_match(
     with pytest.raises(ConfigError, match="model.d_model=32 differs from the checkpoint's"):
         train(compose_config("train", overrides), tmp_path / "run", overrides)
     assert not (tmp_path / "run").exists()
+
+
+def test_from_the_command_line_a_key_the_checkpoints_model_lacks_is_refused_by_name(
+    runs, tmp_path: Path
+) -> None:
+    overrides = [*corpus_overrides(runs["new"], tmp_path), f"outputs={tmp_path / 'outputs'}",
+                 f"trainer.init_from={runs['source_dir']}", "+model.hidden_dim=32",
+                 ONE_STEP]  # fmt: skip
+    with pytest.raises(ConfigError, match="model.hidden_dim: cannot set it on the checkpoint's"):
+        train(compose_config("train", overrides), tmp_path / "run", overrides)
+    assert not (tmp_path / "run").exists()

@@ -21,7 +21,7 @@ from nmt.decode.search import greedy_search
 from nmt.ship.import_command import main as import_main
 from nmt.store.hf_import import NEVER, import_marian
 
-from .helpers import varied_weights
+from .helpers import saved_random_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -74,12 +74,7 @@ def marian(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         pad_token_id=vocab["<pad>"], eos_token_id=0, decoder_start_token_id=vocab["<pad>"],
         forced_eos_token_id=0, scale_embedding=True, dropout=0.1,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.MarianMTModel(config).eval()
-    with torch.no_grad():
-        model.final_logits_bias.normal_(0.0, 0.2)
-    varied_weights(model)
-    model.save_pretrained(folder)
+    saved_random_model(transformers.MarianMTModel, config, folder, seed=0, output_bias=True)
     return folder
 
 
@@ -272,7 +267,7 @@ def test_the_run_scores_and_fine_tunes(run, corpus, tmp_path) -> None:
     from nmt.store.checkpoint import load_checkpoint
     from nmt.train.command import train
 
-    from .helpers import compose_config, corpus_overrides
+    from .helpers import QUIET_TINY_RUN, compose_config, corpus_overrides
 
     short = ["max_output_len_a=0", "max_output_len_b=5"]
     report = evaluate(compose_config("eval", [f"run={run}", f"test=[{corpus}.de:{corpus}.en]",
@@ -282,8 +277,7 @@ def test_the_run_scores_and_fine_tunes(run, corpus, tmp_path) -> None:
     overrides = [
         *corpus_overrides(corpus, tmp_path), f"outputs={tmp_path / 'outputs'}",
         f"trainer.init_from={run}", "trainer.max_steps=3", "trainer.val_every=3",
-        "trainer.val_sentences=4", "trainer.progress=false", "trainer.attention_sentences=0",
-        "trainer.precision=32", "data.max_tokens=400", "trainer.threads=1",
+        "trainer.val_sentences=4", *QUIET_TINY_RUN,
         *(f"model.{k}={v}" for k, v in fields.items() if k != "arch"),
     ]  # fmt: skip
     result = train(compose_config("train", overrides), tmp_path / "tuned")

@@ -18,7 +18,7 @@ from nmt.decode.search import greedy_search
 from nmt.ship.import_command import main as import_main
 from nmt.store.hf_import import import_marian
 
-from .helpers import varied_weights
+from .helpers import saved_random_model
 from .test_hf_import import hf_tokenizer, pieces, sentences, spm_model
 
 transformers = pytest.importorskip("transformers")
@@ -61,12 +61,10 @@ def marian_separate(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> P
         pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0,
         scale_embedding=True,
     )  # fmt: skip
-    torch.manual_seed(2)
-    model = transformers.MarianMTModel(config).eval()
-    with torch.no_grad():
-        model.final_logits_bias.normal_(0.0, 0.2)
-    varied_weights(model, "embed_tokens")
-    model.save_pretrained(folder)
+    saved_random_model(
+        transformers.MarianMTModel, config, folder, seed=2, embeddings="embed_tokens",
+        output_bias=True,
+    )  # fmt: skip
     return folder
 
 
@@ -141,10 +139,7 @@ def marian_multi(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
         pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0,
         scale_embedding=True,
     )  # fmt: skip
-    torch.manual_seed(3)
-    model = transformers.MarianMTModel(config).eval()
-    varied_weights(model)
-    model.save_pretrained(folder)
+    saved_random_model(transformers.MarianMTModel, config, folder, seed=3)
     return folder
 
 

@@ -21,7 +21,7 @@ from nmt.ship.import_command import main as import_main
 from nmt.store.checkpoint import load_checkpoint
 from nmt.store.m2m100_import import M2M100_LANGUAGES, import_m2m100
 
-from .helpers import varied_weights
+from .helpers import QUIET_TINY_RUN, saved_random_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -60,11 +60,21 @@ def m2m100(threeway: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         scale_embedding=True, dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
         decoder_start_token_id=2,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.M2M100ForConditionalGeneration(config).eval()
-    varied_weights(model)
-    model.save_pretrained(folder)
+    saved_random_model(transformers.M2M100ForConditionalGeneration, config, folder, seed=0)
     return folder
+
+
+def fine_tune_args(
+    threeway: Path, tmp_path: Path, init_from: str, steps: int, directions: str = "[de-en]"
+) -> list[str]:
+    """A fine-tuning run of ``steps`` updates from ``init_from`` on ``threeway``."""
+    return [
+        "data=parallel", f"data.directions={directions}", f"data.train={threeway}",
+        f"data.valid={threeway}", f"data.test=[{threeway}]", f"data.root={tmp_path / 'data'}",
+        f"outputs={tmp_path / 'outputs'}", f"trainer.init_from={init_from}",
+        f"trainer.max_steps={steps}", f"trainer.val_every={steps}", "trainer.val_sentences=4",
+        *QUIET_TINY_RUN,
+    ]  # fmt: skip
 
 
 def hf_tokenizer(folder: Path, src: str, tgt: str):
@@ -73,7 +83,7 @@ def hf_tokenizer(folder: Path, src: str, tgt: str):
 
 @pytest.fixture(scope="module")
 def imported(m2m100: Path):
-    return import_m2m100(m2m100)[0]
+    return import_m2m100(m2m100)
 
 
 def sentences(threeway: Path, lang: str) -> list[str]:
@@ -190,13 +200,8 @@ def test_the_run_scores_and_fine_tunes_one_direction(run, threeway, tmp_path) ->
 
     fields = load_checkpoint(run / "checkpoints" / "best.pt")["config"]["model"]
     overrides = [
-        "data=parallel", "data.directions=[de-en,en-fr]", "data.tag_placement=both",
-        f"data.train={threeway}", f"data.valid={threeway}", f"data.test=[{threeway}]",
-        f"data.root={tmp_path / 'data'}", f"outputs={tmp_path / 'outputs'}",
-        f"trainer.init_from={run}", "trainer.max_steps=3", "trainer.val_every=3",
-        "trainer.val_sentences=4", "trainer.progress=false", "trainer.attention_sentences=0",
-        "trainer.precision=32", "data.max_tokens=400", "trainer.threads=1",
-        *(f"model.{k}={v}" for k, v in fields.items() if k != "arch"),
+        *fine_tune_args(threeway, tmp_path, str(run), 3, "[de-en,en-fr]"),
+        "data.tag_placement=both", *(f"model.{k}={v}" for k, v in fields.items() if k != "arch"),
     ]  # fmt: skip
     result = train(compose_config("train", overrides), tmp_path / "tuned")
     assert result["state"]["step"] == 3
@@ -243,10 +248,7 @@ def nllb(m2m100: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     base = transformers.M2M100ForConditionalGeneration.from_pretrained(str(m2m100)).config
     config = transformers.M2M100Config(**{**base.to_dict(), "vocab_size": len(tok)})
-    torch.manual_seed(1)
-    model = transformers.M2M100ForConditionalGeneration(config).eval()
-    varied_weights(model)
-    model.save_pretrained(folder)
+    saved_random_model(transformers.M2M100ForConditionalGeneration, config, folder, seed=1)
     return folder
 
 
@@ -255,7 +257,8 @@ def nllb_tokenizer(folder: Path, src: str, tgt: str):
 
 
 def test_nllb_ids_and_log_probabilities_are_transformers(nllb, threeway) -> None:
-    imported, langs = import_m2m100(nllb)
+    imported = import_m2m100(nllb)
+    langs = imported.vocab.languages
     # named by ISO 639-1 where a language has one no other shares, else by NLLB's code
     assert len(langs) == 202 and {"de", "en", "fr", "cs", "arb_Arab", "zho_Hans"} <= set(langs)
     assert "deu_Latn" not in langs and "zh" not in langs
@@ -293,7 +296,7 @@ def test_an_imported_nllb_run_translates_as_transformers_does(nllb, threeway, tm
 
     assert import_main([str(nllb), "--out", str(tmp_path / "run")]) == 0
     trained = load_trained(checkpoint_path(tmp_path / "run"), CPU)
-    rows = import_m2m100(nllb)[0].vocab.src_rows
+    rows = import_m2m100(nllb).vocab.src_rows
     hf = transformers.M2M100ForConditionalGeneration.from_pretrained(str(nllb)).eval()
     opts = DecodeOptions(beam=1, max_output_len_a=0.0, max_output_len_b=10)
     for src_lang, tgt_lang in (("de", "fr"), ("en", "de")):
@@ -350,14 +353,7 @@ def test_an_imported_nllb_run_fine_tunes_on_files_named_by_iso_codes(nllb, three
 
     run = tmp_path / "nllb"
     assert import_main([str(nllb), "--out", str(run)]) == 0
-    overrides = [
-        "data=parallel", "data.directions=[de-en]", f"data.train={threeway}",
-        f"data.valid={threeway}", f"data.root={tmp_path / 'data'}",
-        f"outputs={tmp_path / 'outputs'}", f"trainer.init_from={run}", "trainer.max_steps=2",
-        "trainer.val_every=2", "trainer.val_sentences=4", "trainer.progress=false",
-        "trainer.attention_sentences=0", "trainer.precision=32", "data.max_tokens=400",
-        "trainer.threads=1",
-    ]  # fmt: skip
+    overrides = fine_tune_args(threeway, tmp_path, str(run), 2)
     result = train(compose_config("train", overrides), tmp_path / "tuned", overrides)
     assert result["state"]["step"] == 2
     saved = load_checkpoint(tmp_path / "tuned" / "checkpoints" / "last.pt")
@@ -419,14 +415,7 @@ def test_init_from_hf_imports_the_folder_once_and_fine_tunes(m2m100, threeway, t
     from .helpers import compose_config
 
     def overrides(init_from: str) -> list[str]:
-        return [
-            "data=parallel", "data.directions=[de-en]", f"data.train={threeway}",
-            f"data.valid={threeway}", f"data.root={tmp_path / 'data'}",
-            f"outputs={tmp_path / 'outputs'}", f"trainer.init_from={init_from}",
-            "trainer.max_steps=1", "trainer.val_every=1", "trainer.val_sentences=2",
-            "trainer.progress=false", "trainer.attention_sentences=0", "trainer.precision=32",
-            "data.max_tokens=400", "trainer.threads=1",
-        ]  # fmt: skip
+        return fine_tune_args(threeway, tmp_path, init_from, 1)
 
     args = overrides(f"hf:{m2m100}")
     result = train(compose_config("train", args), tmp_path / "a", args)

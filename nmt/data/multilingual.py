@@ -41,6 +41,12 @@ def placement_of(cfg: Any) -> str:
     return str(cfg.get("tag_placement", "source") or "source")
 
 
+def first_source_token(placement: str, tag: int, src_tag: int | None) -> int | None:
+    """The token a source starts with: the target's tag at source placement, the source
+    language's own tag at ``both``, none at target placement."""
+    return {"source": tag, "both": src_tag}.get(placement)
+
+
 def languages(directions: Sequence[Direction]) -> list[str]:
     """Every language of the directions, sorted (the order of their tags' ids)."""
     return sorted({lang for d in directions for lang in (d.src, d.tgt)})

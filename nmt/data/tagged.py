@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from nmt.data.batching import TokenDataset, _Side
+from nmt.data.multilingual import first_source_token
 from nmt.data.tokenizer import PAD_ID, TokenizerPair
 
 NO_TAG = -1  # no tag on this side of a sentence; TokenDataset.forced of a sentence without one
@@ -99,13 +100,13 @@ def tagged_dataset(
     first output token (``forced``); at ``both`` each source starts with ``src_tag``."""
     src = tokenizers.src.encode_batch(src_text)
     ref = tokenizers.tgt.encode_batch(ref_text)
+    first = first_source_token(placement, tag, src_tag)
+    if first is not None:
+        src = [[first, *s] for s in src]
     if placement == "source":
-        ds = TokenDataset([[tag, *s] for s in src], ref)
-    else:
-        if placement == "both":
-            src = [[src_tag, *s] for s in src]
-        ds = TokenDataset(src, [[tag, *r] for r in ref])
-        ds.forced = np.full(len(src), tag, dtype=np.int64)
+        return TokenDataset(src, ref)
+    ds = TokenDataset(src, [[tag, *r] for r in ref])
+    ds.forced = np.full(len(src), tag, dtype=np.int64)
     return ds
 
 
@@ -115,5 +116,5 @@ def source_with_tag(
     """One source sentence's ids as the model reads it (with its tag at source placement, the
     source language's ``src_tag`` at ``both``)."""
     ids = tokenizers.src.encode(text)
-    first = {"source": tag, "both": src_tag}.get(placement)
+    first = first_source_token(placement, tag, src_tag)
     return [first, *ids] if first is not None else ids

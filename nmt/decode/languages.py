@@ -27,6 +27,7 @@ from nmt.cli import Advance, no_progress
 from nmt.data.corpus import DataError
 from nmt.data.multilingual import (
     directions_of,
+    first_source_token,
     languages,
     placement_of,
     target_languages,
@@ -85,8 +86,8 @@ def choose_target(
         )
     tag = target_tag(tokenizers.tgt, str(tgt_lang), targets)
     placement = placement_of(data)
-    sources = sorted({d.src for d in directions})
     if src_lang is None and placement == "both":
+        sources = sorted({d.src for d in directions})
         if len(sources) > 1:
             raise DataError(
                 f"this model reads {', '.join(sources)} and its sources start with their "
@@ -116,8 +117,10 @@ def named_target(targets: Sequence[str], tgt_lang: str | None) -> str | None:
 def tagged_sources(sources: Sequence[Sequence[int]], target: Target) -> list[list[int]]:
     """Source ids (without EOS) as the model reads them: the tag first at source placement,
     the source language's tag first at ``both``."""
-    first = {"source": target.tag, "both": target.src_tag}.get(target.placement)
-    if target.tag is None or first is None:
+    if target.tag is None:
+        return [list(s) for s in sources]
+    first = first_source_token(target.placement, target.tag, target.src_tag)
+    if first is None:
         return [list(s) for s in sources]
     return [[first, *s] if len(s) else [] for s in sources]
 

@@ -328,13 +328,9 @@ class Server:
         plan = libre.plan(req, self.limits)
         self.batcher.check_room(len(plan.sentences))  # refused before the work of tokenizing
         heavy = len(plan.sentences) > INLINE_SENTENCES
+        pair = backend.languages.check(req.source, req.target)
         encoded = await self.off_loop(
-            heavy,
-            self.encode,
-            plan.sentences,
-            plan.where,
-            backend.languages.check(req.source, req.target),
-            "Invalid request: ",
+            heavy, self.encode, plan.sentences, plan.where, pair, "Invalid request: "
         )
         count = req.alternatives + 1 if req.format == "text" else 1  # none for html
         beam = max(backend.defaults.beam, count)
@@ -347,8 +343,7 @@ class Server:
             for o in outputs:
                 best = [tgt_tok.decode(o.tokens)]
                 hypotheses.append(best + [tgt_tok.decode(t) for t, _ in o.nbest[1:count]])
-        source = backend.languages.check(req.source, req.target)[0]
-        detected = None if source == AUTO else source  # a multilingual model detects nothing
+        detected = None if pair[0] == AUTO else pair[0]  # a multilingual model detects nothing
         return self.web.json_response(libre.answer(req, plan, hypotheses, detected))
 
 

@@ -170,7 +170,7 @@ class Vocabulary:
     never: tuple[int, ...] = (PAD_ID,)
     size: int = 0  # the model's (target) vocabulary: rows of its embedding; 0: max(tgt_rows) + 1
     src_size: int = 0  # rows of its source embedding; 0: as the target's
-    languages: tuple[str, ...] = ()  # a multi-target model's target languages, as its tags
+    languages: tuple[str, ...] = ()  # the languages of its tags, in the order of their ids
 
 
 def read_json_vocab(folder: Path, name: str = "vocab.json") -> dict[str, int]:
@@ -263,17 +263,18 @@ def vocabulary(folder: Path, config: Mapping[str, Any]) -> Vocabulary:
         raise refuse(folder, f"{where} and config.json disagree on <unk>, pad, eos or the "
                       "decoder's start")  # fmt: skip
     # a multi-target model's codes (one vocabulary): our tags, named by ISO 639-1 codes
-    found = [p for p in src_vocab if MARIAN_CODE.fullmatch(p)] if not separate else []
-    names = iso_names([MARIAN_CODE.fullmatch(p).group(1) for p in found])  # type: ignore[union-attr]
-    codes = {p: names[MARIAN_CODE.fullmatch(p).group(1)] for p in found}  # type: ignore[union-attr]
+    found = {} if separate else {
+        p: m.group(1) for p in src_vocab if (m := MARIAN_CODE.fullmatch(p))
+    }  # fmt: skip
+    names = iso_names(list(found.values()))
+    codes = {p: names[code] for p, code in found.items()}
     order, rows = _side(tgt_vocab, (pad, unk, start, eos), codes)
     src_order, src_rows = order, rows
     if separate:  # the source's own ids of its specials
-        ids = [src_vocab.get(p) for p in ("<pad>", "</s>", "<unk>")]
-        if None in ids:
+        s_pad, s_eos, s_unk = (src_vocab.get(p) for p in ("<pad>", "</s>", "<unk>"))
+        if s_pad is None or s_eos is None or s_unk is None:
             raise refuse(folder, "vocab.json lacks <pad>, </s> or <unk>")
-        src_pad, src_eos, src_unk = ids
-        src_order, src_rows = _side(src_vocab, (src_pad, src_unk, src_pad, src_eos), {})  # type: ignore[arg-type]
+        src_order, src_rows = _side(src_vocab, (s_pad, s_unk, s_pad, s_eos), {})
     src_unk = src_rows[UNK_ID]
     src, tgt = read_spm(folder, "source.spm"), read_spm(folder, "target.spm")
     named = set(src_vocab) | set(SPECIAL_PIECES)

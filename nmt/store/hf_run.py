@@ -111,24 +111,29 @@ def write_run(imported: Imported, cfg: DictConfig, out: Path, origin: str) -> No
 def import_folder(folder: Path) -> tuple[Imported, list[str], str]:
     """The folder's model, the ``data`` overrides of its run, and its languages in words."""
     if read_config(folder).get("model_type") == "m2m_100":
-        imported, langs = import_m2m100(folder)
-        data = ["data=parallel", "data.train=train", "data.valid=valid", "data.src_lang=en",
-                "data.tgt_lang=de", "data.directions=all",
-                f"data.languages=[{','.join(langs)}]", "data.tag_placement=both",
-                "data.joint_vocab=true", "data.zero_shot=[]"]  # fmt: skip
+        imported = import_m2m100(folder)
+        langs = imported.vocab.languages
+        data = _multilingual(langs[0], langs[1], "all", "both", joint=True)
+        data.append(f"data.languages=[{','.join(langs)}]")
         return imported, data, f"{len(langs)} languages, any pair"
     imported = import_marian(folder)
     src_lang, tgt_lang = languages(folder)
     targets = [lang for lang in imported.vocab.languages if lang != src_lang]
     if targets:  # a multi-target model: the target's code first in the source (>>fra<<)
         directions = ",".join(f"{src_lang}-{lang}" for lang in targets)
-        data = ["data=parallel", "data.train=train", "data.valid=valid",
-                f"data.src_lang={src_lang}", f"data.tgt_lang={targets[0]}",
-                f"data.directions=[{directions}]", "data.tag_placement=source",
-                "data.joint_vocab=false", "data.zero_shot=[]"]  # fmt: skip
+        data = _multilingual(src_lang, targets[0], f"[{directions}]", "source", joint=False)
         return imported, data, f"{src_lang}->{', '.join(targets)}"
     data = [f"data.src_lang={src_lang}", f"data.tgt_lang={tgt_lang}", "data.joint_vocab=false"]
     return imported, data, f"{src_lang}->{tgt_lang}"
+
+
+def _multilingual(src: str, tgt: str, directions: str, placement: str, joint: bool) -> list[str]:
+    """The ``data`` overrides of an imported multilingual run: its directions and the place of
+    its tags; no corpus of its own (a fine-tuning run names one)."""
+    return ["data=parallel", "data.train=train", "data.valid=valid", f"data.src_lang={src}",
+            f"data.tgt_lang={tgt}", f"data.directions={directions}",
+            f"data.tag_placement={placement}", f"data.joint_vocab={str(joint).lower()}",
+            "data.zero_shot=[]"]  # fmt: skip
 
 
 def fine_tune_overrides(imported: Imported) -> list[str]:

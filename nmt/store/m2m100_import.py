@@ -79,7 +79,7 @@ M2M100_LANGUAGES = (
 )
 # fmt: on
 SPM_FILE = "sentencepiece.bpe.model"
-# their special pieces (ids 0-3) and the names their other rows take in our tokenizer
+# their special pieces, ids 0-3
 THEIR_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 
 
@@ -143,11 +143,12 @@ def layout(
         tgt_proto=b"",
         never=never,
         size=size,
+        languages=tuple(langs),
     )
 
 
-def m2m100_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary, list[str]]:
-    """Our ids for an M2M100 folder (``vocab.json``, then the 100 codes), and its languages."""
+def m2m100_vocabulary(folder: Path, config: dict[str, Any]) -> Vocabulary:
+    """Our ids for an M2M100 folder (``vocab.json``, then the 100 codes)."""
     langs = languages_of(folder)
     vocab = read_json_vocab(folder)
     if [vocab.get(p) for p in THEIR_SPECIALS] != [0, 1, 2, 3]:
@@ -158,15 +159,15 @@ def m2m100_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary,
                           f"{len(vocab)} pieces and {len(langs)} language codes")  # fmt: skip
     pieces = {i: p for p, i in vocab.items() if i >= 4}
     codes = {lang: len(vocab) + k for k, lang in enumerate(langs)}
-    return layout(folder, size, pieces, codes, {}), langs
+    return layout(folder, size, pieces, codes, {})
 
 
 # an NLLB-200 language code: ISO 639-3 and the script (deu_Latn)
 NLLB_CODE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
 
 
-def nllb_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary, list[str]]:
-    """Our ids for an NLLB-200 folder and its languages: the sentencepiece model's pieces
+def nllb_vocabulary(folder: Path, config: dict[str, Any]) -> Vocabulary:
+    """Our ids for an NLLB-200 folder: the sentencepiece model's pieces
     with fairseq's offset (piece ``i`` is their id ``i + 1``), and the language codes and
     ``<mask>`` where ``tokenizer.json`` puts them."""
     tokenizer = read_json_object(folder, "tokenizer_config.json")
@@ -193,23 +194,20 @@ def nllb_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary, l
         if p.type in (Piece.NORMAL, Piece.USER_DEFINED)
     }
     size = check_special_ids(folder, config)
-    names = iso_names(sorted(codes, key=codes.__getitem__))
-    named_codes = {names[c]: i for c, i in codes.items()}
-    return layout(folder, size, pieces, named_codes, named), [
-        names[c] for c in sorted(codes, key=codes.__getitem__)
-    ]
+    names = iso_names(list(codes))
+    return layout(folder, size, pieces, {names[c]: i for c, i in codes.items()}, named)
 
 
-def import_m2m100(folder: Path) -> tuple[Imported, list[str]]:
-    """An M2M100 folder as our Transformer (eval mode), its joint tokenizer and its languages;
-    ConfigError otherwise."""
+def import_m2m100(folder: Path) -> Imported:
+    """An M2M100 folder as our Transformer (eval mode) and its joint tokenizer (its languages
+    in ``vocab.languages``); ConfigError otherwise."""
     folder = Path(folder)
     config = read_config(folder)
     if config["model_type"] != "m2m_100":
         raise refuse(folder, f"{config['model_type']} is not an M2M100 model")
     fields = m2m100_fields(config)
     is_nllb = not (folder / "vocab.json").is_file() and (folder / "tokenizer.json").is_file()
-    vocab, langs = (nllb_vocabulary if is_nllb else m2m100_vocabulary)(folder, config)
+    vocab = (nllb_vocabulary if is_nllb else m2m100_vocabulary)(folder, config)
     tokenizer = Tokenizer.from_proto(vocab.src_proto, origin=f"{folder}/{SPM_FILE}")
     model = create_model(
         fields, src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
@@ -218,4 +216,4 @@ def import_m2m100(folder: Path) -> tuple[Imported, list[str]]:
     assert isinstance(model, Transformer)
     load_weights(model, read_weights(folder), vocab, marian=False)
     tokenizers = TokenizerPair(src=tokenizer, tgt=tokenizer, joint=True)
-    return Imported(model.eval(), tokenizers, fields, vocab), langs
+    return Imported(model.eval(), tokenizers, fields, vocab)

@@ -54,12 +54,8 @@ def freeze(model: nn.Module, parts: Sequence[str]) -> int:
     if not wanted:
         return 0
     frozen = 0
-    for name, param in model.named_parameters():  # each shared tensor once, under its 1st name
-        if part_of(name) in wanted:
-            param.requires_grad_(False)
-            frozen += param.numel()
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if part_of(name) in wanted and param.requires_grad:  # a tied matrix's other name
+    for name, param in model.named_parameters(remove_duplicate=False):  # a tied one by each name
+        if part_of(name) in wanted and param.requires_grad:
             param.requires_grad_(False)
             frozen += param.numel()
     total = sum(p.numel() for p in model.parameters())

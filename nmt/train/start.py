@@ -330,18 +330,36 @@ def split_overrides(cfg: DictConfig, overrides: list[str]) -> tuple[list[str], l
     return explicit, groups
 
 
+def _set_from(
+    target: DictConfig, cfg: DictConfig, keys: list[str], prefix: str, what: str
+) -> dict[str, tuple[Any, Any]]:
+    """Set each of ``keys`` (dotted keys of the composed ``cfg``) on ``target``, a saved config
+    or (``prefix="model."``) its section; each key whose value changed, with (before, after).
+    ConfigError naming a key the saved config does not have."""
+    changed: dict[str, tuple[Any, Any]] = {}
+    for key in keys:
+        value = OmegaConf.select(cfg, key, default=None)
+        inner = key[len(prefix) :]
+        before = _plain(OmegaConf.select(target, inner, default=None))  # a list changes in place
+        try:
+            OmegaConf.update(target, inner, value, merge=False)
+        except OmegaConfBaseException as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(f"{key}: cannot set it on {what}: {reason}") from None
+        if before != _plain(value):
+            changed[key] = (before, _plain(value))
+    return changed
+
+
 def adopt_architecture(cfg: DictConfig, source: DictConfig, overrides: list[str]) -> list[str]:
     """Give a fine-tuning run (``cfg``) the model config of its checkpoint (``source``), with
     the model keys the command line sets one by one on top (dropout rates may differ; any other
     key that does is then refused by :func:`check_same_architecture`); the keys whose composed
     value was replaced, named."""
-    explicit, _ = split_overrides(cfg, overrides)
-    mine = cfg.model
-    model = copy.deepcopy(source)
-    OmegaConf.set_struct(model, False)
-    for key in explicit:
-        if key.startswith("model."):
-            OmegaConf.update(model, key[len("model.") :], OmegaConf.select(cfg, key), merge=False)
+    explicit = [k for k in split_overrides(cfg, overrides)[0] if k.startswith("model.")]
+    mine, model = cfg.model, copy.deepcopy(source)
+    OmegaConf.set_struct(model, True)
+    _set_from(model, cfg, explicit, "model.", "the checkpoint's model config")
     replaced = [
         f"model.{key}={mine.get(key)!r} replaced by {model[key]!r}"
         for key in model
@@ -349,7 +367,6 @@ def adopt_architecture(cfg: DictConfig, source: DictConfig, overrides: list[str]
     ]
     if mine.arch != model.arch:
         replaced.insert(0, f"model.arch={mine.arch!r} replaced by {model.arch!r}")
-    OmegaConf.set_struct(model, True)
     cfg.model = model
     return replaced
 
@@ -377,19 +394,9 @@ def continued_config(cfg: DictConfig, saved: DictConfig, overrides: list[str]) -
     explicit, groups = split_overrides(cfg, overrides)
     new = copy.deepcopy(saved)
     OmegaConf.set_struct(new, True)
-    changed: dict[str, tuple[Any, Any]] = {}
-    for key in [*_NOT_CONTINUED, *explicit]:
-        value = OmegaConf.select(cfg, key, default=None)
-        before = _plain(OmegaConf.select(new, key, default=None))  # a list may be updated in place
-        try:
-            OmegaConf.update(new, key, value, merge=False)
-        except OmegaConfBaseException as e:
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ConfigError(
-                f"{key}: cannot set it on the resumed run's config: {reason}"
-            ) from None
-        if key not in _NOT_CONTINUED and before != _plain(value):
-            changed[key] = (before, _plain(value))
+    what = "the resumed run's config"
+    _set_from(new, cfg, list(_NOT_CONTINUED), "", what)
+    changed = _set_from(new, cfg, [k for k in explicit if k not in _NOT_CONTINUED], "", what)
     composed, kept = _leaves(cfg), _leaves(new)
     differing = [
         key for key, value in kept.items()
