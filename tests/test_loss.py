@@ -7,7 +7,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt.models.loss import block_rows, projected_cross_entropy
+from nmt.models.loss import (
+    MAX_BLOCK_ELEMENTS,
+    MIN_BLOCK_ROWS,
+    block_rows,
+    projected_cross_entropy,
+)
 from nmt.models.loss import reference_cross_entropy as reference
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -112,9 +117,13 @@ def test_without_gradients_no_gradient_is_computed(off) -> None:
     assert products.count == 3 * blocks  # with autograd on: logits, and both gradients
 
 
-def test_a_block_keeps_its_logits_within_the_budget() -> None:
-    assert block_rows(8000, torch.device("cpu")) * 8000 <= 1 << 21
-    assert block_rows(10**9, torch.device("cpu")) == 1  # never zero rows
+def test_a_block_has_rows_enough_for_fast_products_within_a_memory_ceiling() -> None:
+    cpu = torch.device("cpu")
+    assert block_rows(8000, cpu) == MIN_BLOCK_ROWS
+    assert block_rows(58101, cpu) == MIN_BLOCK_ROWS  # OPUS-MT: not 36
+    assert block_rows(256206, cpu) * 256206 <= MAX_BLOCK_ELEMENTS  # NLLB-200
+    assert block_rows(100, cpu) == (1 << 21) // 100  # a small vocabulary: the cache budget
+    assert block_rows(10**9, cpu) == 1  # never zero rows
 
 
 def test_bad_shapes_are_refused() -> None:
