@@ -275,9 +275,7 @@ class TrainerConfig:
     # multiple of this many updates; 0 = every validation. Drawing a Transformer's views takes
     # seconds (often more than the validation), so presets that validate often set it
     attention_every: int = 0
-    # also write those sentences' attention explorer, every validation one step of it, into
-    # <run>/attention/validation.html (nmt.viz.explorer)
-    attention_html: bool = False
+    attention_html: bool = False  # also their explorer, <run>/attention/validation.html
     keep_last: int = 5  # validations' step_N.pt kept (for averaging), besides last.pt, best.pt
     # also checkpoint when this many minutes passed since the last checkpoint (rank 0's clock,
     # every rank follows it); 0 = off: only validations and a stop write one. The clock's and a
@@ -288,6 +286,7 @@ class TrainerConfig:
     # fine-tuning: a checkpoint file, run dir or hf:<transformers folder or Hub id> whose weights
     # and tokenizers start a new run (fresh optimizer, schedule, step count); see nmt.train.start
     init_from: str | None = None
+    needs_init_from: bool = False  # refuse to start without init_from (experiment=finetune)
     compile: bool = False  # torch.compile the model for training
     progress: bool = True  # the progress bar (drawn on a terminal only)
 

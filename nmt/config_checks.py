@@ -171,6 +171,11 @@ def _check_trainer(t: DictConfig) -> None:
         raise ConfigError(f"trainer.rdrop_alpha={t.rdrop_alpha} must be 0 (off) or positive")
     for i, part in enumerate(t.freeze):
         _choice(f"trainer.freeze[{i}]", str(part), FREEZABLE)
+    if t.needs_init_from and not (t.init_from or t.resume):
+        raise ConfigError(
+            "trainer.init_from is not set: this preset fine-tunes a model that already "
+            "translates; name it with trainer.init_from=<run dir, checkpoint or hf:SOURCE>"
+        )
     if t.init_from and t.resume:
         raise ConfigError(
             f"trainer.init_from={t.init_from!r} and trainer.resume={t.resume!r} exclude each "

@@ -64,7 +64,9 @@ def test_data_and_optim_configs_compose(data, optim):
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_experiment_presets_compose(experiment):
-    check_train_config(compose_config("train", [f"experiment={experiment}"]))
+    # the fine-tuning preset starts from a model, which it asks for by name
+    extra = ["trainer.init_from=runs/x"] if experiment == "finetune" else []
+    check_train_config(compose_config("train", [f"experiment={experiment}", *extra]))
 
 
 def test_parallel_config_needs_its_files():

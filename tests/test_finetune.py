@@ -413,3 +413,35 @@ def test_from_the_command_line_a_key_the_checkpoints_model_lacks_is_refused_by_n
     with pytest.raises(ConfigError, match="model.hidden_dim: cannot set it on the checkpoint's"):
         train(compose_config("train", overrides), tmp_path / "run", overrides)
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------- the preset
+
+
+def test_the_finetune_preset_starts_from_the_checkpoint_with_a_small_decaying_lr(
+    runs, tmp_path: Path
+) -> None:
+    """``experiment=finetune``: the checkpoint's model, a small learning rate that warms up and
+    decays linearly over trainer.max_steps, validation before the first update."""
+    overrides = ["experiment=finetune", *corpus_overrides(runs["new"], tmp_path),
+                 f"outputs={tmp_path / 'outputs'}", f"trainer.init_from={runs['source_dir']}",
+                 "trainer.max_steps=4", "trainer.val_every=4", "optim.warmup_steps=2",
+                 "trainer.log_every=1",
+                 "trainer.progress=false", "trainer.precision=32", "trainer.val_sentences=4",
+                 "trainer.attention_sentences=0", "data.max_tokens=600"]  # fmt: skip
+    cfg = compose_config("train", overrides)
+    assert (cfg.optim.lr, cfg.optim.schedule, cfg.optim.min_lr) == (5e-5, "linear", 0)
+    result = train(cfg, tmp_path / "run", overrides)
+    assert [h["step"] for h in result["state"]["history"]] == [0, 4]
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    source = yaml.safe_load((runs["source_dir"] / "config.yaml").read_text())
+    assert saved["model"] == source["model"]
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    lrs = [e["lr"] for e in events if e["event"] == "train"]
+    assert lrs and max(lrs) <= 5e-5
+
+
+def test_the_finetune_preset_asks_for_the_model_to_start_from(tmp_path: Path) -> None:
+    cfg = compose_config("train", ["experiment=finetune", f"outputs={tmp_path}"])
+    with pytest.raises(ConfigError, match="trainer.init_from"):
+        check_train_config(cfg)
