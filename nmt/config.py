@@ -227,6 +227,7 @@ class TransformerConfig:
     activation: Activation = Activation.relu  # of the feed-forward sub-layers: relu | gelu | swish
     norm_first: bool = True  # pre-norm (layer norm before each sub-layer); false: post-norm
     tie_embeddings: bool = True  # the decoder's input embedding is the output projection
+    shared_embeddings: bool = False  # and the source's, one id space for two segmenters (Marian)
     output_bias: bool = False  # a bias on the vocabulary projection (Marian's final_logits_bias)
     learned_positions: bool = False  # learned position embeddings instead of sinusoidal ones
     position_style: PositionStyle = PositionStyle.vaswani  # the sinusoid: vaswani | fairseq

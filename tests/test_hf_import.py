@@ -52,14 +52,21 @@ def pieces(proto: bytes) -> list[str]:
 @pytest.fixture(scope="module")
 def marian(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random MarianMTModel (swish, a non-zero output bias, post-norm) with its tokenizer."""
-    folder = tmp_path_factory.mktemp("marian")
+    return make_marian(corpus, tmp_path_factory.mktemp("marian"), DROPPED)
+
+
+def make_marian(corpus: Path, folder: Path, dropped: int) -> Path:
+    """The folder of :func:`marian`, its vocab.json without the last ``dropped`` source
+    pieces."""
     de = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()
     en = Path(f"{corpus}.en").read_text(encoding="utf-8").splitlines()
     source, target = spm_model(de, 150), spm_model(en, 120)
     (folder / "source.spm").write_bytes(source)
     (folder / "target.spm").write_bytes(target)
     src_pieces = pieces(source)
-    kept = [p for p in src_pieces[:-DROPPED]] + [p for p in pieces(target) if p not in src_pieces]
+    kept = src_pieces[: len(src_pieces) - dropped] + [
+        p for p in pieces(target) if p not in src_pieces
+    ]
     vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(dict.fromkeys(kept))}}
     vocab["<pad>"] = len(vocab)
     (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
@@ -411,3 +418,63 @@ def test_the_run_exports_back_to_the_original_tensors(marian, imported, run, tmp
             assert torch.equal(mine, theirs), name
         compared += 1
     assert compared >= len(original) - 3  # every tensor but a tied or positional one
+
+
+def test_one_vocabulary_for_every_piece_is_one_embedding_matrix(corpus, tmp_path) -> None:
+    """A vocab.json holding every source piece gives both sides the same ids: the source, the
+    target and the output share one matrix, as in transformers; log-probabilities are still
+    transformers', fine-tuning keeps the one matrix, and the HF export writes it once."""
+    from safetensors.torch import load_file
+
+    from nmt.ship.export import main as export_main
+    from nmt.store.loading import load_trained
+    from nmt.train.command import train
+
+    from .helpers import QUIET_TINY_RUN, compose_config, corpus_overrides
+
+    (tmp_path / "complete").mkdir()
+    folder = make_marian(corpus, tmp_path / "complete", dropped=0)
+    imported = import_marian(folder)
+    m = imported.model
+    assert m.src_embed.weight is m.tgt_embed.weight is m.out_proj.weight
+    assert imported.fields["shared_embeddings"]
+    hf = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
+    theirs_count = sum(p.numel() for n, p in hf.named_parameters() if "positions" not in n)
+    # ours has one row more (our PAD), and an output bias as a parameter (theirs: a buffer)
+    assert m.num_parameters() - theirs_count == m.d_model + m.out_proj.bias.numel()
+    src, refs = sentences(corpus)
+    tok, rows = imported.tokenizers, torch.tensor(imported.vocab.tgt_rows)
+    src_ids = [tok.src.encode(s) + [EOS_ID] for s in src]
+    tgt_ids = [[BOS_ID, *tok.tgt.encode(r)] for r in refs]
+    s_len, t_len = max(map(len, src_ids)), max(map(len, tgt_ids))
+    src_t = torch.tensor([s + [PAD_ID] * (s_len - len(s)) for s in src_ids])
+    tgt_t = torch.tensor([t + [PAD_ID] * (t_len - len(t)) for t in tgt_ids])
+    lens = torch.tensor([len(s) for s in src_ids])
+    mask = torch.arange(s_len)[None] < lens[:, None]
+    with torch.inference_mode():
+        ours = m(src_t, lens, tgt_t).log_softmax(-1)
+        theirs = hf(input_ids=rows[src_t], attention_mask=mask.long(),
+                    decoder_input_ids=rows[tgt_t]).logits.log_softmax(-1)  # fmt: skip
+    real = torch.arange(t_len)[None] < torch.tensor([len(t) for t in tgt_ids])[:, None]
+    assert (ours[..., 1:] - theirs[..., rows[1:]]).abs()[real].max() < 1e-4
+
+    run = tmp_path / "run"
+    assert import_main([str(folder), "--out", str(run)]) == 0
+    overrides = [
+        *corpus_overrides(corpus, tmp_path), f"outputs={tmp_path / 'outputs'}",
+        f"trainer.init_from={run}", "trainer.max_steps=2", "trainer.val_every=2",
+        "trainer.val_sentences=4", *QUIET_TINY_RUN,
+    ]  # fmt: skip
+    train(compose_config("train", overrides), tmp_path / "tuned", overrides)
+    last = tmp_path / "tuned" / "checkpoints" / "last.pt"  # best.pt may be step 0's
+    tuned = load_trained(last, torch.device("cpu")).model
+    assert tuned.src_embed.weight is tuned.tgt_embed.weight is tuned.out_proj.weight
+    assert not torch.equal(tuned.src_embed.weight, m.src_embed.weight)  # trained, once
+    assert export_main([str(tmp_path / "tuned"), "--out", str(tmp_path / "hf"),
+                        "--format", "hf"]) == 0  # fmt: skip
+    exported = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert exported["share_encoder_decoder_embeddings"] is True
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert "model.encoder.embed_tokens.weight" not in weights or torch.equal(
+        weights["model.encoder.embed_tokens.weight"], weights["model.shared.weight"]
+    )

@@ -233,7 +233,8 @@ class Transformer(Seq2Seq):
     """Encoder-decoder Transformer; the constructor takes :class:`TransformerConfig`'s fields.
 
     ``tie_embeddings``: the decoder's input embedding is the output projection's weight; with
-    ``shared_vocab`` (one joint vocabulary) the source embedding is that same matrix too.
+    ``shared_vocab`` (one joint vocabulary) or ``shared_embeddings`` (one id space, two
+    segmenters: an OPUS-MT model's ``vocab.json``) the source embedding is that same matrix too.
     Initialisation: xavier_uniform for linear weights, zero biases, N(0, d_model^-0.5) for
     embeddings (the pad row zero); the output projection has no bias (as in the paper) unless
     ``output_bias`` (Marian's ``final_logits_bias``). ``activation``: of the feed-forward
@@ -262,8 +263,10 @@ class Transformer(Seq2Seq):
         activation: str = "relu",
         output_bias: bool = False,
         position_style: str = "vaswani",
+        shared_embeddings: bool = False,
     ) -> None:
         super().__init__()
+        shared_vocab = shared_vocab or shared_embeddings
         if shared_vocab and src_vocab_size != tgt_vocab_size:
             raise ValueError(f"shared_vocab with sizes {src_vocab_size} != {tgt_vocab_size}")
         self.pad_id = pad_id

@@ -25,7 +25,9 @@ Marian's sentencepiece model (``source.spm``, ``target.spm``) rebuilt with its p
 order, scores and normalization unchanged, so it segments text as Marian's tokenizer does: a
 piece of ``vocab.json`` that side's model lacks is kept as an unused piece (decoded, never
 produced), and a piece the source model produces that ``vocab.json`` lacks (which Marian reads
-as UNK) is added with UNK's embedding. A model with a vocabulary per side
+as UNK) is added with UNK's embedding; without such pieces both sides' ids are the same and
+the model has one embedding matrix (``model.shared_embeddings``), as Marian's. A model with a
+vocabulary per side
 (``share_encoder_decoder_embeddings=false``) has the target's in ``target_vocab.json``: each side
 is renumbered from its own file, its own special ids included. A multi-target model's codes
 (``>>fra<<`` in ``vocab.json``) become our language tags, right after our specials, named by
@@ -423,6 +425,8 @@ def import_marian(folder: Path) -> Imported:
         raise refuse(folder, f"{config['model_type']} is not a MarianMTModel")
     fields = model_fields(config)
     vocab = vocabulary(folder, config)
+    # one vocab.json for both sides, every source piece in it: one matrix, as in transformers
+    fields["shared_embeddings"] = fields["tie_embeddings"] and vocab.src_rows == vocab.tgt_rows
     weights = read_weights(folder)
     bias = weights.get("final_logits_bias")
     # an output bias where the model has one, or needs NEVER (a folder this project exported
