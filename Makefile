@@ -19,7 +19,7 @@ N ?= 5
 .PHONY: help install prepare train eval translate tensorboard test test-fast lint format clean
 .PHONY: attention demo-pooling
 .PHONY: average tune-decode compare
-.PHONY: bench bench-data bench-soak bench-recovery bench-finetune
+.PHONY: bench bench-data bench-soak bench-recovery bench-finetune bench-hf-trainer
 .PHONY: export serve bench-serve check-hf
 .PHONY: docs docs-serve
 
@@ -95,6 +95,9 @@ bench-soak: install ## Resident memory over a 30-minute cpu_quick run, sampled e
 
 bench-finetune: install ## Fine-tuning a random model of NLLB-200-distilled-600M's shape: import, s/update, peak memory (JSON into outputs/bench/; ARGS="--freeze embeddings")
 	$(BIN)/python scripts/bench_finetune.py $(ARGS)
+
+bench-hf-trainer: install ## Fine-tuning and decoding an imported OPUS-MT-shaped model beside transformers' Seq2SeqTrainer and generate (JSON into outputs/bench/; ARGS="--quick")
+	$(BIN)/python scripts/bench_hf_trainer.py $(ARGS)
 
 bench-recovery: install ## A rank SIGKILLed under torchrun --max-restarts: seconds to resume and updates lost (JSON into outputs/bench/; ARGS="--kill-at 100 --set trainer.save_every_minutes=1")
 	$(BIN)/python scripts/bench_recovery.py $(ARGS)

@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"imported {args.source} ({params / 1e6:.1f}M parameters, {said}) "
           f"as the run {args.out}")  # fmt: skip
     print(
-        f'fine-tune it on your data: make train ARGS="trainer.init_from={args.out} '
-        'data=parallel data.train=... data.valid=..." (the architecture comes with it)'
+        f'fine-tune it on your data: make train ARGS="experiment=finetune '
+        f'trainer.init_from={args.out} data=parallel data.train=... data.valid=..." (the '
+        "architecture comes with it)"
     )
     return 0
 
