@@ -110,6 +110,20 @@ def test_our_tokenizers_give_marians_ids(marian, imported, corpus) -> None:
     assert any(unk in row for row in ours)  # the dropped pieces read as Marian's <unk>
 
 
+def teacher_forced(tok, src: list[str], refs: list[str]) -> tuple[torch.Tensor, ...]:
+    """Our padded source and decoder-input ids of ``src`` and ``refs``, the source lengths,
+    and the masks of real source and target positions."""
+    src_ids = [tok.src.encode(s) + [EOS_ID] for s in src]
+    tgt_ids = [[BOS_ID, *tok.tgt.encode(r)] for r in refs]
+    s_len, t_len = max(map(len, src_ids)), max(map(len, tgt_ids))
+    src_t = torch.tensor([s + [PAD_ID] * (s_len - len(s)) for s in src_ids])
+    tgt_t = torch.tensor([t + [PAD_ID] * (t_len - len(t)) for t in tgt_ids])
+    lens = torch.tensor([len(s) for s in src_ids])
+    mask = torch.arange(s_len)[None] < lens[:, None]
+    real = torch.arange(t_len)[None] < torch.tensor([len(t) for t in tgt_ids])[:, None]
+    return src_t, tgt_t, lens, mask, real
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_teacher_forced_log_probabilities_are_transformers(marian, imported, corpus, dtype) -> None:
     """Equal to rounding: 1e-4 in fp32 (weights large enough to vary the outputs make logits
@@ -117,26 +131,17 @@ def test_teacher_forced_log_probabilities_are_transformers(marian, imported, cor
     values each computes its own way)."""
     hf = transformers.MarianMTModel.from_pretrained(str(marian)).eval().to(dtype)
     model = copy.deepcopy(imported.model).to(dtype)
-    src, refs = sentences(corpus)
-    tok = imported.tokenizers
-    src_ids = [tok.src.encode(s) + [EOS_ID] for s in src]
-    tgt_ids = [[BOS_ID, *tok.tgt.encode(r)] for r in refs]
-    s_len, t_len = max(map(len, src_ids)), max(map(len, tgt_ids))
-    src_t = torch.tensor([s + [PAD_ID] * (s_len - len(s)) for s in src_ids])
-    tgt_t = torch.tensor([t + [PAD_ID] * (t_len - len(t)) for t in tgt_ids])
-    lens = torch.tensor([len(s) for s in src_ids])
+    src_t, tgt_t, lens, mask, real = teacher_forced(imported.tokenizers, *sentences(corpus))
     with torch.inference_mode():
         ours = model(src_t, lens, tgt_t).log_softmax(-1)  # (B, T, V')
     src_rows, tgt_rows = (
         torch.tensor(imported.vocab.src_rows),
         torch.tensor(imported.vocab.tgt_rows),
     )
-    mask = torch.arange(s_len)[None] < lens[:, None]
     with torch.inference_mode():
         out = hf(input_ids=src_rows[src_t], attention_mask=mask.long(),
                  decoder_input_ids=tgt_rows[tgt_t])  # fmt: skip
     theirs = out.logits.log_softmax(-1)  # (B, T, V)
-    real = torch.arange(t_len)[None] < torch.tensor([len(t) for t in tgt_ids])[:, None]
     gap = (ours[..., 1:] - theirs[..., tgt_rows[1:]]).abs()[real].max()
     assert gap < (1e-4 if dtype == torch.float32 else 1e-5), gap
     assert ours[..., PAD_ID].max() < NEVER / 2  # our PAD is no class
@@ -442,20 +447,12 @@ def test_one_vocabulary_for_every_piece_is_one_embedding_matrix(corpus, tmp_path
     theirs_count = sum(p.numel() for n, p in hf.named_parameters() if "positions" not in n)
     # ours has one row more (our PAD), and an output bias as a parameter (theirs: a buffer)
     assert m.num_parameters() - theirs_count == m.d_model + m.out_proj.bias.numel()
-    src, refs = sentences(corpus)
-    tok, rows = imported.tokenizers, torch.tensor(imported.vocab.tgt_rows)
-    src_ids = [tok.src.encode(s) + [EOS_ID] for s in src]
-    tgt_ids = [[BOS_ID, *tok.tgt.encode(r)] for r in refs]
-    s_len, t_len = max(map(len, src_ids)), max(map(len, tgt_ids))
-    src_t = torch.tensor([s + [PAD_ID] * (s_len - len(s)) for s in src_ids])
-    tgt_t = torch.tensor([t + [PAD_ID] * (t_len - len(t)) for t in tgt_ids])
-    lens = torch.tensor([len(s) for s in src_ids])
-    mask = torch.arange(s_len)[None] < lens[:, None]
+    rows = torch.tensor(imported.vocab.tgt_rows)
+    src_t, tgt_t, lens, mask, real = teacher_forced(imported.tokenizers, *sentences(corpus))
     with torch.inference_mode():
         ours = m(src_t, lens, tgt_t).log_softmax(-1)
         theirs = hf(input_ids=rows[src_t], attention_mask=mask.long(),
                     decoder_input_ids=rows[tgt_t]).logits.log_softmax(-1)  # fmt: skip
-    real = torch.arange(t_len)[None] < torch.tensor([len(t) for t in tgt_ids])[:, None]
     assert (ours[..., 1:] - theirs[..., rows[1:]]).abs()[real].max() < 1e-4
 
     run = tmp_path / "run"
