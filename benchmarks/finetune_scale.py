@@ -48,9 +48,23 @@ class FinetuneSettings:
     pairs: int = 2000
 
 
-def _lines(multi30k: Path, lang: str, n: int) -> list[str]:
-    with gzip.open(multi30k / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+def lines(multi30k: Path, split: str, lang: str, n: int) -> list[str]:
+    """The first ``n`` lines of a Multi30k split's side (its ``.gz`` file)."""
+    with gzip.open(multi30k / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
         return f.read().split("\n")[:n]
+
+
+def write_corpus(work: Path, multi30k: Path, pairs: int) -> tuple[Path, Path]:
+    """The first ``pairs`` de-en pairs of Multi30k's training split as the training corpus
+    ``<work>/corpus/train.{de,en}``, the next VALID_PAIRS as its validation set; both
+    prefixes."""
+    train, valid = work / "corpus" / "train", work / "corpus" / "valid"
+    train.parent.mkdir(parents=True, exist_ok=True)
+    for lang in ("de", "en"):
+        text = lines(multi30k, "train", lang, pairs + VALID_PAIRS)
+        Path(f"{train}.{lang}").write_text("\n".join(text[:pairs]) + "\n", encoding="utf-8")
+        Path(f"{valid}.{lang}").write_text("\n".join(text[pairs:]) + "\n", encoding="utf-8")
+    return train, valid
 
 
 def make_folder(s: FinetuneSettings, folder: Path) -> dict[str, Any]:
@@ -62,7 +76,7 @@ def make_folder(s: FinetuneSettings, folder: Path) -> dict[str, Any]:
 
     start = time.perf_counter()
     folder.mkdir(parents=True, exist_ok=True)
-    text = _lines(s.multi30k, "de", 5000) + _lines(s.multi30k, "en", 5000)
+    text = lines(s.multi30k, "train", "de", 5000) + lines(s.multi30k, "train", "en", 5000)
     out = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(text), model_writer=out, vocab_size=8000, model_type="bpe",
@@ -105,12 +119,7 @@ def run(s: FinetuneSettings) -> dict[str, Any]:
         [sys.executable, "-m", "nmt.ship.import_command", str(folder), "--out", str(run_dir)],
         s.cwd, s.work / "import.log",
     )  # fmt: skip
-    corpus, valid = s.work / "corpus" / "train", s.work / "corpus" / "valid"
-    corpus.parent.mkdir(parents=True, exist_ok=True)
-    for lang in ("de", "en"):
-        lines = _lines(s.multi30k, lang, s.pairs + VALID_PAIRS)
-        Path(f"{corpus}.{lang}").write_text("\n".join(lines[: s.pairs]) + "\n")
-        Path(f"{valid}.{lang}").write_text("\n".join(lines[s.pairs :]) + "\n")
+    corpus, valid = write_corpus(s.work, s.multi30k, s.pairs)
     tuned = s.work / "tuned"
     overrides = [
         f"trainer.init_from={run_dir}", "data=parallel", "data.directions=[de-en]",

@@ -29,7 +29,6 @@ searches would stop at different lengths).
 from __future__ import annotations
 
 import argparse
-import gzip
 import io
 import json
 import random
@@ -41,6 +40,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from benchmarks.finetune_scale import lines, write_corpus
 
 # Helsinki-NLP/opus-mt-de-en's shape (its config.json)
 OPUS_MT_DE_EN = {
@@ -58,7 +61,6 @@ TINY = OPUS_MT_DE_EN | {
 }  # fmt: skip
 SPM_PIECES = 6000  # each side's sentencepiece model (the quick check: 1,000)
 LR, WARMUP, SMOOTHING, CLIP = 5e-5, 10, 0.1, 1.0
-VALID_PAIRS = 16
 BEAM = 4
 
 
@@ -84,26 +86,23 @@ class Settings:
         return TINY if self.quick else OPUS_MT_DE_EN
 
 
-def lines(multi30k: Path, split: str, lang: str, n: int) -> list[str]:
-    with gzip.open(multi30k / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-        return f.read().split("\n")[:n]
-
-
 # ----------------------------------------------------------------------------- the model
 
 
-def spm_model(text: list[str], size: int) -> bytes:
+def spm_model(text: list[str], size: int, threads: int = 1) -> bytes:
+    """A unigram sentencepiece model as Marian's converter leaves them: unk 0, bos 1, eos 2."""
     import sentencepiece as spm
 
     out = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(text), model_writer=out, vocab_size=size, model_type="unigram",
-        character_coverage=1.0, minloglevel=2, num_threads=2,
+        character_coverage=1.0, minloglevel=2, num_threads=threads,
     )  # fmt: skip
     return out.getvalue()
 
 
 def pieces(proto: bytes) -> list[str]:
+    """The pieces of a sentencepiece model after its three specials."""
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor()
@@ -118,8 +117,8 @@ def make_folder(s: Settings, folder: Path) -> dict[str, Any]:
 
     folder.mkdir(parents=True, exist_ok=True)
     size = 1000 if s.quick else SPM_PIECES
-    source = spm_model(lines(s.multi30k, "train", "de", 29000), size)
-    target = spm_model(lines(s.multi30k, "train", "en", 29000), size)
+    source = spm_model(lines(s.multi30k, "train", "de", 29000), size, threads=2)
+    target = spm_model(lines(s.multi30k, "train", "en", 29000), size, threads=2)
     (folder / "source.spm").write_bytes(source)
     (folder / "target.spm").write_bytes(target)
     rows = s.shape["vocab_size"]
@@ -142,16 +141,6 @@ def make_folder(s: Settings, folder: Path) -> dict[str, Any]:
     model = transformers.MarianMTModel(config)
     model.save_pretrained(folder)
     return {"parameters": sum(p.numel() for p in model.parameters()), "pieces": len(known)}
-
-
-def write_corpus(s: Settings) -> tuple[Path, Path]:
-    train, valid = s.work / "corpus" / "train", s.work / "corpus" / "valid"
-    train.parent.mkdir(parents=True, exist_ok=True)
-    for lang in ("de", "en"):
-        text = lines(s.multi30k, "train", lang, s.pairs + VALID_PAIRS)
-        Path(f"{train}.{lang}").write_text("\n".join(text[: s.pairs]) + "\n", encoding="utf-8")
-        Path(f"{valid}.{lang}").write_text("\n".join(text[s.pairs :]) + "\n", encoding="utf-8")
-    return train, valid
 
 
 # ------------------------------------------------------------------------------ training
@@ -188,23 +177,16 @@ def ours(s: Settings, run: Path, corpus: Path, valid: Path, precision: str, tag:
 
 def token_batches(src: list[int], tgt: list[int], max_tokens: int, seed: int) -> list[list[int]]:
     """Pairs of about the same length, as many as fit ``max_tokens`` counted as sentences x
-    the longest side; shuffled within lengths, batches in a shuffled order."""
+    the longest side (:func:`nmt.data.batching.cut_batches`); shuffled within lengths, batches
+    in a shuffled order."""
+    from nmt.data.batching import cut_batches
+
     rng = random.Random(seed)
     order = list(range(len(src)))
     rng.shuffle(order)
-    order.sort(key=lambda i: max(src[i], tgt[i]))
-    batches: list[list[int]] = []
-    batch: list[int] = []
-    longest = 0
-    for i in order:
-        side = max(src[i], tgt[i])
-        if batch and max(longest, side) * (len(batch) + 1) > max_tokens:
-            batches.append(batch)
-            batch, longest = [], 0
-        batch.append(i)
-        longest = max(longest, side)
-    if batch:
-        batches.append(batch)
+    longest = np.maximum(src, tgt)  # (N,)
+    order.sort(key=lambda i: longest[i])
+    batches = list(cut_batches(np.asarray(order, dtype=np.int64), longest, max_tokens))
     rng.shuffle(batches)
     return batches
 
@@ -288,7 +270,7 @@ def tokens_per_s(run: dict, skip: int) -> float:
 
 def bench_training(s: Settings, folder: Path, run: Path) -> dict[str, Any]:
     """Per round: each precision by theirs then ours, then ours in precision ``auto``."""
-    corpus, valid = write_corpus(s)
+    corpus, valid = write_corpus(s.work, s.multi30k, s.pairs)
     rounds: dict[str, list[dict]] = {p: [] for p in [*s.precisions, "auto"]}
     for r in range(s.rounds):
         best_theirs = 0.0
@@ -347,7 +329,7 @@ def bench_decoding(s: Settings, folder: Path, run: Path) -> dict[str, Any]:
     import torch
     import transformers
 
-    from nmt.data.datasets import EvalSet, encode_texts
+    from nmt.data.datasets import encode_texts
     from nmt.decode import ct2
     from nmt.decode.engines import TorchEngine, make_engine
     from nmt.decode.options import DecodeOptions
@@ -376,24 +358,10 @@ def bench_decoding(s: Settings, folder: Path, run: Path) -> dict[str, Any]:
     hf.generation_config.bad_words_ids = [[hf.config.pad_token_id]]
     hf.generation_config.forced_eos_token_id = None
     hf_inputs = [tok([src[i] for i in b], return_tensors="pt", padding=True) for b in batches]
-    data = [
-        EvalSet("test", [src[i] for i in b], [ref[i] for i in b],
-                encode_texts(pkg.tokenizers, [src[i] for i in b], [ref[i] for i in b])).data
-        for b in batches
-    ]  # fmt: skip
+    data = [encode_texts(pkg.tokenizers, [src[i] for i in b], [ref[i] for i in b]) for b in batches]
     out: dict[str, Any] = {}
     for beam in (1, BEAM):
         opts = replace(base, beam=beam, length_penalty=1.0)
-
-        def generate(opts: DecodeOptions = opts) -> int:
-            made = 0
-            with torch.inference_mode():
-                for inputs in hf_inputs:
-                    ids = hf.generate(**inputs, num_beams=opts.beam, do_sample=False,
-                                      min_new_tokens=length, max_new_tokens=length,
-                                      length_penalty=1.0)  # fmt: skip
-                    made += ids.numel()
-            return made
 
         timings: dict[str, list[float]] = {name: [] for name in [*engines, "generate"]}
         for _ in range(s.decode_rounds):  # alternating
@@ -403,7 +371,10 @@ def bench_decoding(s: Settings, folder: Path, run: Path) -> dict[str, Any]:
                     engine.hypotheses(d, opts)
                 timings[name].append(time.perf_counter() - start)
             start = time.perf_counter()
-            generate()
+            with torch.inference_mode():
+                for inputs in hf_inputs:
+                    hf.generate(**inputs, num_beams=beam, do_sample=False, min_new_tokens=length,
+                                max_new_tokens=length, length_penalty=1.0)  # fmt: skip
             timings["generate"].append(time.perf_counter() - start)
         best = {name: min(t) for name, t in timings.items()}
         out[f"beam{beam}"] = {

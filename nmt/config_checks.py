@@ -58,6 +58,17 @@ def check_train_config(cfg: DictConfig, training: bool = True) -> None:
     if dec.checkpoint == "averaged" and cfg.trainer.average_last == 0:
         raise ConfigError("decode.checkpoint=averaged needs trainer.average_last > 0")
     check_model_config(cfg.model)
+    t = cfg.trainer
+    if (
+        training
+        and cfg.model.get("shared_embeddings")
+        and not (cfg.data.joint_vocab or t.init_from or t.resume)
+    ):
+        raise ConfigError(
+            "model.shared_embeddings=true gives the source the target's embedding matrix: an "
+            "imported OPUS-MT model's, whose two sentencepiece models share one vocab.json; a "
+            "model trained here shares its embeddings through data.joint_vocab=true"
+        )
 
 
 def _check_data(d: DictConfig, training: bool = True) -> None:

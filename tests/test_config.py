@@ -69,6 +69,17 @@ def test_experiment_presets_compose(experiment):
     check_train_config(compose_config("train", [f"experiment={experiment}", *extra]))
 
 
+def test_shared_embeddings_without_one_vocabulary_are_refused_by_name():
+    """Two sentencepiece models of their own give unrelated pieces the same ids: only an
+    imported model (fine-tuned or resumed) has one id space for two of them."""
+    cfg = compose_config("train", ["data.joint_vocab=false", "model.shared_embeddings=true"])
+    with pytest.raises(ConfigError, match="model.shared_embeddings=true"):
+        check_train_config(cfg)
+    check_train_config(cfg, training=False)  # a stored imported run's config, read to decode
+    for allowed in ("data.joint_vocab=true", "trainer.init_from=runs/x"):
+        check_train_config(compose_config("train", ["model.shared_embeddings=true", allowed]))
+
+
 def test_parallel_config_needs_its_files():
     cfg = compose_config(
         "train",

@@ -373,15 +373,23 @@ def test_dropout_rates_may_differ_other_model_keys_may_not(runs) -> None:
 
 # ------------------------------------------------------- the architecture, from the command line
 
+# what a quiet, short fine-tuning run from the command line adds
+QUIET = ("trainer.progress=false", "trainer.precision=32", "trainer.val_sentences=4",
+         "trainer.attention_sentences=0", "data.max_tokens=600")  # fmt: skip
+
+
+def command_line(runs: dict, tmp_path: Path, *extra: str) -> list[str]:
+    """The overrides of a fine-tuning run from the source run on the new half, as nmt-train
+    gets them."""
+    return [*corpus_overrides(runs["new"], tmp_path), f"outputs={tmp_path / 'outputs'}",
+            f"trainer.init_from={runs['source_dir']}", *extra]  # fmt: skip
+
 
 def test_from_the_command_line_the_model_config_is_the_checkpoints(runs, tmp_path: Path) -> None:
     """Given the command line's overrides (as nmt-train passes them), a fine-tuning run takes
     its checkpoint's model config whatever the defaults compose to: no model keys to repeat.
     A dropout rate set one by one still applies; the log names what was replaced."""
-    overrides = [*corpus_overrides(runs["new"], tmp_path), f"outputs={tmp_path / 'outputs'}",
-                 f"trainer.init_from={runs['source_dir']}", "model.dropout=0.2", ONE_STEP,
-                 "trainer.progress=false", "trainer.precision=32", "trainer.val_sentences=4",
-                 "trainer.attention_sentences=0", "data.max_tokens=600"]  # fmt: skip
+    overrides = command_line(runs, tmp_path, "model.dropout=0.2", ONE_STEP, *QUIET)
     cfg = compose_config("train", overrides)
     assert cfg.model.d_model != 64  # the default model is not the checkpoint's
     result = train(cfg, tmp_path / "run", overrides)
@@ -396,9 +404,7 @@ def test_from_the_command_line_the_model_config_is_the_checkpoints(runs, tmp_pat
 def test_from_the_command_line_a_model_key_set_one_by_one_must_still_match(
     runs, tmp_path: Path
 ) -> None:
-    overrides = [*corpus_overrides(runs["new"], tmp_path), f"outputs={tmp_path / 'outputs'}",
-                 f"trainer.init_from={runs['source_dir']}", "model.d_model=32",
-                 ONE_STEP]  # fmt: skip
+    overrides = command_line(runs, tmp_path, "model.d_model=32", ONE_STEP)
     with pytest.raises(ConfigError, match="model.d_model=32 differs from the checkpoint's"):
         train(compose_config("train", overrides), tmp_path / "run", overrides)
     assert not (tmp_path / "run").exists()
@@ -407,9 +413,7 @@ def test_from_the_command_line_a_model_key_set_one_by_one_must_still_match(
 def test_from_the_command_line_a_key_the_checkpoints_model_lacks_is_refused_by_name(
     runs, tmp_path: Path
 ) -> None:
-    overrides = [*corpus_overrides(runs["new"], tmp_path), f"outputs={tmp_path / 'outputs'}",
-                 f"trainer.init_from={runs['source_dir']}", "+model.hidden_dim=32",
-                 ONE_STEP]  # fmt: skip
+    overrides = command_line(runs, tmp_path, "+model.hidden_dim=32", ONE_STEP)
     with pytest.raises(ConfigError, match="model.hidden_dim: cannot set it on the checkpoint's"):
         train(compose_config("train", overrides), tmp_path / "run", overrides)
     assert not (tmp_path / "run").exists()
@@ -423,12 +427,9 @@ def test_the_finetune_preset_starts_from_the_checkpoint_with_a_small_decaying_lr
 ) -> None:
     """``experiment=finetune``: the checkpoint's model, a small learning rate that warms up and
     decays linearly over trainer.max_steps, validation before the first update."""
-    overrides = ["experiment=finetune", *corpus_overrides(runs["new"], tmp_path),
-                 f"outputs={tmp_path / 'outputs'}", f"trainer.init_from={runs['source_dir']}",
-                 "trainer.max_steps=4", "trainer.val_every=4", "optim.warmup_steps=2",
-                 "trainer.log_every=1",
-                 "trainer.progress=false", "trainer.precision=32", "trainer.val_sentences=4",
-                 "trainer.attention_sentences=0", "data.max_tokens=600"]  # fmt: skip
+    overrides = command_line(runs, tmp_path, "experiment=finetune", "trainer.max_steps=4",
+                             "trainer.val_every=4", "optim.warmup_steps=2", "trainer.log_every=1",
+                             *QUIET)  # fmt: skip
     cfg = compose_config("train", overrides)
     assert (cfg.optim.lr, cfg.optim.schedule, cfg.optim.min_lr) == (5e-5, "linear", 0)
     result = train(cfg, tmp_path / "run", overrides)

@@ -6,15 +6,14 @@ or foreign folders are refused by name."""
 from __future__ import annotations
 
 import copy
-import io
 import json
 import shutil
 from pathlib import Path
 
 import pytest
-import sentencepiece as spm
 import torch
 
+from benchmarks.hf_trainer import pieces, spm_model
 from nmt.config import ConfigError
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.decode.search import greedy_search
@@ -31,22 +30,6 @@ pytestmark = [
 ]
 
 DROPPED = 3  # source pieces left out of vocab.json: Marian reads them as <unk>
-
-
-def spm_model(lines: list[str], size: int) -> bytes:
-    """A unigram sentencepiece model as Marian's converter leaves them: unk 0, bos 1, eos 2."""
-    out = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=out, vocab_size=size, model_type="unigram",
-        character_coverage=1.0, minloglevel=2, num_threads=1,
-    )  # fmt: skip
-    return out.getvalue()
-
-
-def pieces(proto: bytes) -> list[str]:
-    sp = spm.SentencePieceProcessor()
-    sp.LoadFromSerializedProto(proto)
-    return [sp.IdToPiece(i) for i in range(3, sp.GetPieceSize())]
 
 
 @pytest.fixture(scope="module")

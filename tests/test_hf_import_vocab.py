@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.hf_trainer import pieces, spm_model
 from nmt.config import ConfigError
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.decode.search import greedy_search
@@ -19,7 +20,7 @@ from nmt.ship.import_command import main as import_main
 from nmt.store.hf_import import import_marian
 
 from .helpers import saved_random_model
-from .test_hf_import import hf_tokenizer, pieces, sentences, spm_model
+from .test_hf_import import hf_tokenizer, sentences
 
 transformers = pytest.importorskip("transformers")
 
