@@ -39,10 +39,9 @@ else:  # pragma: no cover - Python 3.10
 
 
 # The closed choices of the schema. OmegaConf types a field by its Enum and accepts a member's
-# *name* (from YAML or the command line), so a misspelt choice fails when the config is composed,
-# naming the key and the allowed names. Each name equals its value and a member is a str, so code
-# compares it with plain strings and configs are stored with plain strings (:func:`to_container`).
-# Hydra parses ``32`` as an int, which an Enum field refuses: ``trainer.precision`` is a str.
+# *name*, so a misspelt choice fails when the config is composed, naming the key and the allowed
+# names. A member is a str equal to its name: code compares it with plain strings, configs store
+# plain strings (:func:`to_container`). ``trainer.precision`` is a str: Hydra parses ``32`` as int.
 
 
 class Corpus(StrEnum):
@@ -98,9 +97,8 @@ class PositionStyle(StrEnum):
 
 
 # What decodes (nmt.decode.engines): auto (the faster of torch and ctranslate2 for the model and
-# search, measured once), torch (our PyTorch search), torch-int8 (the GRU with int8 weights, CPU)
-# and ctranslate2 (a package exported with --format ctranslate2). Built by the functional API, as
-# OmegaConf reads a member by its name and "torch-int8" is not a Python name.
+# search, measured once), torch (our search), torch-int8 (the GRU, int8 weights, CPU), ctranslate2
+# (a --format ctranslate2 package). Functional API: "torch-int8" is not a Python name.
 ENGINE_NAMES = ("auto", "torch", "torch-int8", "ctranslate2")
 Engine = StrEnum("Engine", [(name, name) for name in ENGINE_NAMES])
 
@@ -229,6 +227,8 @@ class TransformerConfig:
     tie_embeddings: bool = True  # the decoder's input embedding is the output projection
     shared_embeddings: bool = False  # and the source's, one id space for two segmenters (Marian)
     output_bias: bool = False  # a bias on the vocabulary projection (Marian's final_logits_bias)
+    frozen_output_bias: bool = False  # never trained (an imported M2M100's classes it lacks)
+    embedding_aliases: bool = False  # ids read another id's row (an imported M2M100, its BOS)
     learned_positions: bool = False  # learned position embeddings instead of sinusoidal ones
     position_style: PositionStyle = PositionStyle.vaswani  # the sinusoid: vaswani | fairseq
     max_positions: int = 1024  # longest sequence the position table holds

@@ -7,12 +7,10 @@ and fine-tunes any pair of its languages as generate() with ``forced_bos_token_i
 from __future__ import annotations
 
 import copy
-import io
 import json
 from pathlib import Path
 
 import pytest
-import sentencepiece as spm
 import torch
 
 from nmt.config import ConfigError
@@ -21,47 +19,19 @@ from nmt.ship.import_command import main as import_main
 from nmt.store.checkpoint import load_checkpoint
 from nmt.store.m2m100_import import M2M100_LANGUAGES, import_m2m100
 
-from .helpers import QUIET_TINY_RUN, saved_random_model
+from .helpers import QUIET_TINY_RUN
+from .m2m100_folders import NLLB_LANGS, make_m2m100, make_nllb
 
 transformers = pytest.importorskip("transformers")
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
 
-DROPPED = 3  # pieces of the sentencepiece model left out of vocab.json: read as <unk>
-LANGS = ("de", "en", "fr")
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def m2m100(threeway: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random M2M100 model (relu, pre-norm) with its tokenizer's files."""
-    folder = tmp_path_factory.mktemp("m2m100")
-    lines = [ln for lang in LANGS for ln in Path(f"{threeway}.{lang}").read_text().splitlines()]
-    out = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=out, vocab_size=180, model_type="bpe",
-        character_coverage=1.0, minloglevel=2, num_threads=1,
-    )  # fmt: skip
-    (folder / "sentencepiece.bpe.model").write_bytes(out.getvalue())
-    sp = spm.SentencePieceProcessor()
-    sp.LoadFromSerializedProto(out.getvalue())
-    pieces = [sp.IdToPiece(i) for i in range(3, sp.GetPieceSize() - DROPPED)]
-    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-    vocab |= {p: i + 4 for i, p in enumerate(pieces)}
-    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "M2M100Tokenizer", "language_codes": "m2m100",
-        "num_madeup_words": 8, "src_lang": "de", "tgt_lang": "en",
-    }), encoding="utf-8")  # fmt: skip
-    config = transformers.M2M100Config(
-        vocab_size=len(vocab) + 100 + 8, d_model=16, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-        decoder_ffn_dim=32, activation_function="relu", max_position_embeddings=256,
-        scale_embedding=True, dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-        decoder_start_token_id=2,
-    )  # fmt: skip
-    saved_random_model(transformers.M2M100ForConditionalGeneration, config, folder, seed=0)
-    return folder
+    return make_m2m100(threeway, tmp_path_factory.mktemp("m2m100"))
 
 
 def fine_tune_args(
@@ -224,32 +194,10 @@ def test_a_foreign_language_list_is_refused_by_name(m2m100, tmp_path) -> None:
 
 # ------------------------------------------------------------------------------------ NLLB
 
-NLLB_LANGS = {"de": "deu_Latn", "en": "eng_Latn", "fr": "fra_Latn"}
-
 
 @pytest.fixture(scope="module")
 def nllb(m2m100: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random NLLB-200 model: M2M100's architecture with NllbTokenizer (the sentencepiece
-    model with fairseq's offset, the 202 codes and <mask> in tokenizer.json)."""
-    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
-
-    folder = tmp_path_factory.mktemp("nllb")
-    spm_dir = tmp_path_factory.mktemp("nllb-spm")
-    (spm_dir / "sentencepiece.bpe.model").write_bytes(
-        (m2m100 / "sentencepiece.bpe.model").read_bytes()
-    )
-    tok = transformers.NllbTokenizer.from_pretrained(
-        str(spm_dir), src_lang="deu_Latn", tgt_lang="eng_Latn",
-        extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES),
-    )  # fmt: skip
-    tok.save_pretrained(folder)
-    (folder / "sentencepiece.bpe.model").write_bytes(
-        (spm_dir / "sentencepiece.bpe.model").read_bytes()
-    )
-    base = transformers.M2M100ForConditionalGeneration.from_pretrained(str(m2m100)).config
-    config = transformers.M2M100Config(**{**base.to_dict(), "vocab_size": len(tok)})
-    saved_random_model(transformers.M2M100ForConditionalGeneration, config, folder, seed=1)
-    return folder
+    return make_nllb(m2m100, tmp_path_factory.mktemp("nllb"), tmp_path_factory.mktemp("spm"))
 
 
 def nllb_tokenizer(folder: Path, src: str, tgt: str):

@@ -171,7 +171,7 @@ def prepare_multilingual(
     by the sampling temperature, and the validation split of every direction, one after the
     other (``valid.parts``)."""
     cache = ensure_multi_prepared(cfg, tokenizers, source=source, progress=progress)
-    tokenizers = cache.tokenizers
+    tokenizers = cache.tokenizers if tokenizers is None else tokenizers
     tok = tokenizers.src
     directions = directions_of(cfg)
     missing = [lang for lang in languages(directions) if lang not in tok.tags]

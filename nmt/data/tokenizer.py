@@ -146,12 +146,18 @@ class TokenizerPair:
     src: Tokenizer
     tgt: Tokenizer
     joint: bool
+    # a model imported from a folder whose ids are not ours (M2M100, NLLB-200): its id behind
+    # each of ours and its tokenizer's files, for an export back to that layout
+    # (:mod:`nmt.ship.hf_m2m100`); plain data, never read as code
+    origin: dict | None = None
 
     def state_dict(self) -> dict:
         """Plain data (bytes) for a checkpoint."""
         state = {"joint": self.joint, "src": self.src.proto}
         if not self.joint:
             state["tgt"] = self.tgt.proto
+        if self.origin is not None:
+            state["origin"] = self.origin
         return state
 
     def __reduce__(self) -> tuple:
@@ -163,10 +169,11 @@ class TokenizerPair:
     def from_state_dict(cls, state: dict) -> TokenizerPair:
         """Inverse of :meth:`state_dict`."""
         src = Tokenizer.from_proto(state["src"], origin="checkpoint source tokenizer")
+        origin = state.get("origin")
         if state["joint"]:
-            return cls(src=src, tgt=src, joint=True)
+            return cls(src=src, tgt=src, joint=True, origin=origin)
         tgt = Tokenizer.from_proto(state["tgt"], origin="checkpoint target tokenizer")
-        return cls(src=src, tgt=tgt, joint=False)
+        return cls(src=src, tgt=tgt, joint=False, origin=origin)
 
 
 def _trainer_options(

@@ -264,9 +264,15 @@ class Transformer(Seq2Seq):
         output_bias: bool = False,
         position_style: str = "vaswani",
         shared_embeddings: bool = False,
+        frozen_output_bias: bool = False,
+        embedding_aliases: bool = False,
     ) -> None:
         super().__init__()
         shared_vocab = shared_vocab or shared_embeddings
+        if frozen_output_bias and not output_bias:
+            raise ValueError("frozen_output_bias needs output_bias")
+        if embedding_aliases and not (shared_vocab and tie_embeddings):
+            raise ValueError("embedding_aliases needs one embedding matrix (shared and tied)")
         if shared_vocab and src_vocab_size != tgt_vocab_size:
             raise ValueError(f"shared_vocab with sizes {src_vocab_size} != {tgt_vocab_size}")
         self.pad_id = pad_id
@@ -290,6 +296,13 @@ class Transformer(Seq2Seq):
         self._init_weights()
         if tie_embeddings:
             self.out_proj.weight = self.tgt_embed.weight
+        if frozen_output_bias:  # as a buffer would be, but where every loss path reads it
+            self.out_proj.bias.requires_grad_(False)
+        # the embedding row each id reads (embedding_aliases): an imported model whose one row
+        # is two of our ids' keeps them one, whatever training does to the row never read
+        rows = torch.arange(tgt_vocab_size) if embedding_aliases else None
+        self.embed_rows: Tensor | None
+        self.register_buffer("embed_rows", rows)
 
     def _init_weights(self) -> None:
         for module in self.modules():
@@ -306,6 +319,8 @@ class Transformer(Seq2Seq):
         self, tokens: Tensor, embed: nn.Embedding, pos: PositionalEmbedding, start: int
     ) -> Tensor:
         """Tokens (B, T) at positions start.. -> dropout(scaled embedding + position) (B, T, D)."""
+        if self.embed_rows is not None:
+            tokens = self.embed_rows[tokens]
         x = embed(tokens) * self.embed_scale + pos(start, tokens.size(1))  # (B, T, D)
         return self.dropout(x)
 

@@ -7,7 +7,7 @@ attention) or query and fused key/value (cross-attention) projections, the layer
 1e-5, PyTorch's) and the output projection with its bias where it has one. Every Transformer
 variant of :class:`~nmt.config.TransformerConfig` converts: pre- and post-norm, tied or untied
 embeddings, one joint or two vocabularies, sinusoidal or learned positions, each feed-forward
-activation. The GRU model cannot: CTranslate2
+activation, ids that read another id's embedding row. The GRU model cannot: CTranslate2
 has no recurrent sequence-to-sequence models.
 
 Decoding the converted model is :mod:`nmt.decode.ct2`.
@@ -92,6 +92,13 @@ def _positions(model: Transformer, which: str) -> np.ndarray:
     return _np(pos.learned.weight if pos.learned is not None else pos.table)  # (P, D)
 
 
+def _embeddings(model: Transformer, embed: torch.nn.Embedding) -> np.ndarray:
+    """The rows each id reads: its own, or another id's where the model says so
+    (``model.embedding_aliases``; the output projection keeps every row)."""
+    weight = embed.weight if model.embed_rows is None else embed.weight[model.embed_rows]
+    return _np(weight)
+
+
 def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:
     """A filled ``ctranslate2.specs.TransformerSpec`` of ``model``."""
     require()
@@ -110,7 +117,7 @@ def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:
     )
     spec.config.layer_norm_epsilon = model.encoder_layers[0].norm1.eps
     enc, dec = spec.encoder, spec.decoder
-    enc.embeddings[0].weight = _np(model.src_embed.weight)
+    enc.embeddings[0].weight = _embeddings(model, model.src_embed)
     enc.scale_embeddings = True  # sqrt(d_model), as Transformer._embed
     enc.position_encodings.encodings = _positions(model, "src_pos")
     if norm_first:
@@ -118,7 +125,7 @@ def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:
     for layer_spec, layer in zip(enc.layer, model.encoder_layers, strict=True):
         _self_attention(layer_spec.self_attention, layer.self_attn, layer.norm1)
         _ffn(layer_spec.ffn, layer, layer.norm2)
-    dec.embeddings.weight = _np(model.tgt_embed.weight)
+    dec.embeddings.weight = _embeddings(model, model.tgt_embed)
     dec.scale_embeddings = True
     dec.position_encodings.encodings = _positions(model, "tgt_pos")
     if norm_first:

@@ -173,6 +173,7 @@ class Vocabulary:
     size: int = 0  # the model's (target) vocabulary: rows of its embedding; 0: max(tgt_rows) + 1
     src_size: int = 0  # rows of its source embedding; 0: as the target's
     languages: tuple[str, ...] = ()  # the languages of its tags, in the order of their ids
+    codes: tuple[str, ...] = ()  # the folder's own code of each (NLLB's deu_Latn), if it differs
 
 
 def read_json_vocab(folder: Path, name: str = "vocab.json") -> dict[str, int]:

@@ -38,6 +38,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from nmt.config import ConfigError
 from nmt.data.tokenizer import (
     BOS_ID,
@@ -79,14 +81,19 @@ M2M100_LANGUAGES = (
 )
 # fmt: on
 SPM_FILE = "sentencepiece.bpe.model"
+# the tokenizer files of an M2M100 or NLLB folder, kept with the run for its export
+ORIGIN_FILES = (SPM_FILE, "vocab.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json")  # fmt: skip
 # their special pieces, ids 0-3
 THEIR_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 
 
 def m2m100_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """Our ``model`` config of an M2M100 config."""
+    """Our ``model`` config of an M2M100 config: its output bias (our classes it lacks held at
+    NEVER) and the rows our BOS and its unread pieces share with other ids never trained."""
     fields = model_fields({"activation_function": "relu", **config})
-    return fields | {"norm_first": True, "position_style": "fairseq"}
+    return fields | {"norm_first": True, "position_style": "fairseq",
+                     "frozen_output_bias": True, "embedding_aliases": True}  # fmt: skip
 
 
 def languages_of(folder: Path) -> list[str]:
@@ -114,12 +121,18 @@ def check_special_ids(folder: Path, config: dict[str, Any]) -> int:
 
 
 def layout(
-    folder: Path, size: int, pieces: dict[int, str], codes: dict[str, int], named: dict[int, str]
+    folder: Path,
+    size: int,
+    pieces: dict[int, str],
+    codes: dict[str, int],
+    named: dict[int, str],
+    own: dict[str, str] | None = None,
 ) -> Vocabulary:
     """Our ids for a vocabulary of ``size`` rows whose ids 0-3 are ``<s> <pad> </s> <unk>``:
     ``pieces`` (their id -> a piece of the sentencepiece model), language ``codes`` (language ->
     their id) and the ``named`` rows that decode to nothing (their id -> name); any other row is
-    kept as an unnamed class. See the module doc."""
+    kept as an unnamed class; ``own``: the folder's code of each language (its name else).
+    See the module doc."""
     taken = set(pieces) | set(codes.values()) | {0, 1, 2, 3}
     if max(taken) >= size or len(taken) != len(pieces) + len(codes) + 4:
         raise ConfigError(f"{folder}: the tokenizer's ids do not fit the model's vocab_size="
@@ -144,6 +157,7 @@ def layout(
         never=never,
         size=size,
         languages=tuple(langs),
+        codes=tuple((own or {}).get(lang, lang) for lang in langs),
     )
 
 
@@ -195,7 +209,8 @@ def nllb_vocabulary(folder: Path, config: dict[str, Any]) -> Vocabulary:
     }
     size = check_special_ids(folder, config)
     names = iso_names(list(codes))
-    return layout(folder, size, pieces, {names[c]: i for c, i in codes.items()}, named)
+    own = {names[c]: c for c in codes}
+    return layout(folder, size, pieces, {names[c]: i for c, i in codes.items()}, named, own)
 
 
 def import_m2m100(folder: Path) -> Imported:
@@ -205,6 +220,9 @@ def import_m2m100(folder: Path) -> Imported:
     config = read_config(folder)
     if config["model_type"] != "m2m_100":
         raise refuse(folder, f"{config['model_type']} is not an M2M100 model")
+    if "auto_map" in read_json_object(folder, "tokenizer_config.json"):
+        raise refuse(folder, "tokenizer_config.json asks for remote code (auto_map); nothing "
+                     "is run")  # fmt: skip
     fields = m2m100_fields(config)
     is_nllb = not (folder / "vocab.json").is_file() and (folder / "tokenizer.json").is_file()
     vocab = (nllb_vocabulary if is_nllb else m2m100_vocabulary)(folder, config)
@@ -213,7 +231,37 @@ def import_m2m100(folder: Path) -> Imported:
         fields, src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
         pad_id=PAD_ID, shared_vocab=True,
     )  # fmt: skip
-    assert isinstance(model, Transformer)
+    assert isinstance(model, Transformer) and model.embed_rows is not None
     load_weights(model, read_weights(folder), vocab, marian=False)
-    tokenizers = TokenizerPair(src=tokenizer, tgt=tokenizer, joint=True)
+    model.embed_rows.copy_(torch.tensor(aliases(vocab)))
+    origin = folder_origin(folder, vocab, "nllb" if is_nllb else "m2m100")
+    tokenizers = TokenizerPair(src=tokenizer, tgt=tokenizer, joint=True, origin=origin)
     return Imported(model.eval(), tokenizers, fields, vocab)
+
+
+def aliases(vocab: Vocabulary) -> list[int]:
+    """The embedding row each of our ids reads: its own, but for the ids held at NEVER whose
+    row of theirs is another id's (our BOS reads EOS's, a piece they read as ``<unk>`` UNK's),
+    so that training keeps them one row as the folder has it."""
+    rows, never = vocab.src_rows, set(vocab.never)
+    first: dict[int, int] = {}
+    for i, row in enumerate(rows):
+        if i not in never:
+            first.setdefault(row, i)
+    return [first.get(row, i) if i in never and i != PAD_ID else i for i, row in enumerate(rows)]
+
+
+def folder_origin(folder: Path, vocab: Vocabulary, kind: str) -> dict[str, Any]:
+    """What an export back to the folder's layout needs (``TokenizerPair.origin``): its id
+    behind each of ours, its vocabulary size, its code of each language and its tokenizer's
+    files as they are."""
+    files = {name: (folder / name).read_bytes() for name in ORIGIN_FILES
+             if (folder / name).is_file()}  # fmt: skip
+    return {
+        "kind": kind,
+        "ids": list(vocab.src_rows),
+        "never": list(vocab.never),
+        "size": vocab.size,
+        "codes": dict(zip(vocab.languages, vocab.codes, strict=True)),
+        "files": files,
+    }
