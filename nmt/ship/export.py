@@ -117,7 +117,7 @@ def front_matter(trained: Trained, licence: str | None, hf_arch: str | None) -> 
     pair = "multilingual" if package_languages(trained.cfg) else f"{d.src_lang}-{d.tgt_lang}"
     tags = ["translation", "nmt", arch, *card_directions(trained.cfg, [pair])]
     if hf_arch:
-        tags.append("marian" if hf_arch == "MarianMTModel" else "pegasus")
+        tags.append(HF_TAGS[hf_arch])
     meta["tags"] = tags
     results = []
     task = {"type": "translation", "name": f"Translation {d.src_lang}-{d.tgt_lang}"}
@@ -159,6 +159,10 @@ def model_card(
             "(nmt-export --data-licence states it)"
         )
     use = _card_hf_use(trained, decode, hf_arch) if hf_arch else _CARD_USE
+    if hf_arch == "M2M100ForConditionalGeneration":
+        from nmt.ship.hf_m2m100 import card_use
+
+        use = card_use(trained.cfg, trained.tokenizers, decode)
     pairs = ", ".join(card_directions(trained.cfg, [f"{d.src_lang}->{d.tgt_lang}"]))
     lines = [
         *matter,
@@ -182,6 +186,9 @@ def model_card(
     return "\n".join(lines)
 
 
+# the Hub's tag of each architecture an --format hf folder holds
+HF_TAGS = {"MarianMTModel": "marian", "PegasusForConditionalGeneration": "pegasus",
+           "M2M100ForConditionalGeneration": "m2m_100"}  # fmt: skip
 # the model card's line on where a multilingual model's language tags go
 PLACEMENT_LINES = {
     "source": "the target language's tag goes on the source (`tgt_lang=` names it)",
@@ -432,22 +439,24 @@ def export_hf(source: Path, out: Path, *, licence: str | None = None) -> Path:
     written whole in a temporary folder, loaded back with transformers and compared with our
     model (:func:`nmt.ship.hf.verify_folder`), then moved into place, so a failed or killed
     export leaves nothing under ``out``."""
-    from nmt.ship import hf
+    from nmt.ship import hf, hf_m2m100
 
     hf.require()
     source = Path(source)
     cpu = torch.device("cpu")
     trained = load_package(source, cpu) if is_package(source) else load_trained(source, cpu)
-    hf.check_exportable(trained.cfg, trained.tokenizers)
+    # a run imported from M2M100 or NLLB goes back to its folder's layout
+    conv: Any = hf if trained.tokenizers.origin is None else hf_m2m100
+    conv.check_exportable(trained.cfg, trained.tokenizers)
     decode = package_config(trained)["decode"]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         model: Any = trained.model
-        hf.write_folder(model, trained.tokenizers, trained.cfg, decode, tmp)
-        card = model_card(trained, decode, licence, None, hf_arch=hf.architecture(model))
+        conv.write_folder(model, trained.tokenizers, trained.cfg, decode, tmp)
+        card = model_card(trained, decode, licence, None, hf_arch=conv.architecture(model))
         atomic_write_bytes(tmp / CARD, card.encode("utf-8"))
-        hf.verify_folder(model, trained.tokenizers, tmp, trained.cfg)
+        conv.verify_folder(model, trained.tokenizers, tmp, trained.cfg)
         for path in tmp.iterdir():  # what transformers wrote, durable before the rename
             with path.open("rb") as f:
                 os.fsync(f.fileno())

@@ -86,8 +86,9 @@ def refusal(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str | None:
     if m.get("position_style", "vaswani") != "vaswani":
         return (
             f"--format hf: model.position_style={m.position_style} cannot be exported: Marian "
-            "and Pegasus compute Vaswani's sinusoid from position 0 "
-            "(this model ships with --format torch or ctranslate2)"
+            "and Pegasus compute Vaswani's sinusoid from position 0, and only a run imported "
+            "from M2M100 or NLLB (its checkpoint, which keeps the folder's layout) goes back "
+            "to M2M100 (this model ships with --format torch or ctranslate2)"
         )
     if directions_of(cfg.data) and placement_of(cfg.data) != "source":
         return (
@@ -196,7 +197,15 @@ def convert_model(model: Transformer) -> Any:
     cls = getattr(transformers, architecture(model))
     with torch.device("cpu"):
         hf = cls(config).float().eval()
-    weights = hf_weights(model, pre_norm=architecture(model) != "MarianMTModel")
+    load_into(hf, hf_weights(model, pre_norm=architecture(model) != "MarianMTModel"))
+    return hf
+
+
+def load_into(hf: Any, weights: dict[str, torch.Tensor]) -> None:
+    """Copy ``weights`` into the transformers model ``hf``, every one of its tensors but the
+    position tables named once; ConfigError otherwise."""
+    import torch
+
     theirs = hf.state_dict()
     unknown = sorted(set(weights) - set(theirs))
     if "model.shared.weight" in unknown:  # Marian with separate embeddings has none
@@ -210,7 +219,6 @@ def convert_model(model: Transformer) -> Any:
             if theirs[name].shape != tensor.shape:
                 raise ConfigError(f"--format hf: {name} is {tuple(theirs[name].shape)} there")
             theirs[name].copy_(tensor)  # tied parameters receive the same values
-    return hf
 
 
 # --------------------------------------------------------------------------------- tokenizer
