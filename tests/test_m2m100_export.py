@@ -231,3 +231,10 @@ def test_a_package_of_an_import_is_refused_with_the_reason(
     assert stop.value.code == 2
     assert "its checkpoint, which keeps the folder's layout" in caplog.text
     assert not (tmp_path / "hf").exists()
+
+
+def test_the_marian_parity_check_refuses_an_import_with_the_reason(runs: dict[str, Path]) -> None:
+    from nmt.ship.hf_check import check_run
+
+    with pytest.raises(ConfigError, match="nmt-export --format hf itself compares"):
+        check_run(runs["nllb"] / "checkpoints" / "best.pt")

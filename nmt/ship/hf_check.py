@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt.config import ConfigError
 from nmt.data.corpus import read_parallel, strip_lines
 from nmt.data.datasets import EvalSet, load_test_sets
 from nmt.data.multilingual import directions_of
@@ -311,6 +312,12 @@ def check_run(
     """Export checkpoint ``ckpt`` (unless ``folder`` holds its export already) and check it;
     ``generate``: settings that replace the folder's in the beam check (:func:`check`)."""
     trained = load_trained(ckpt, torch.device("cpu"))
+    if trained.tokenizers.origin is not None:
+        raise ConfigError(
+            f"{ckpt}: a run imported from M2M100 or NLLB exports to its folder's tokenizer and "
+            "ids, which this check (Marian's tokenizer and ours) does not read; nmt-export "
+            "--format hf itself compares that folder's ids and log-probabilities with the run's"
+        )
     if folder is not None:
         return check(trained, folder, limit, beam, generate)
     with tempfile.TemporaryDirectory(prefix="nmt-check-hf.") as scratch:
