@@ -70,12 +70,9 @@ def test_auto_picks_the_faster_precision(bf16_cpu, fp32, bf16, expected) -> None
     assert stub.calls == 1
 
 
-@pytest.mark.parametrize(
-    ("fp32_cost", "bf16_cost", "expected", "rows"),
-    [(2.0, 1.0, "bf16", 12), (1, 3, "32", 16)],  # 16 sentences of 2 ms: over 25 ms, cut to 12
-)
-def test_measurement_times_both_precisions_and_takes_the_faster(
-    fp32_cost: float, bf16_cost: float, expected: str, rows: int
+@pytest.mark.parametrize(("fp32_cost", "bf16_cost", "expected"), [(2.0, 1.0, "bf16"), (1, 3, "32")])
+def test_measurement_times_both_precisions_on_whole_batches_and_takes_the_faster(
+    fp32_cost: float, bf16_cost: float, expected: str
 ) -> None:
     """With a stub clock, a step costs ``cost`` ms per sentence; the medians decide."""
     now = [0.0]
@@ -87,9 +84,10 @@ def test_measurement_times_both_precisions_and_takes_the_faster(
         steps.append((precision, rows))
         return rows * 10  # ten target tokens per sentence
 
-    m = measure_speed(step, max_rows=64, clock=lambda: now[0], step_seconds=0.025, budget=1.0)
+    m = measure_speed(step, max_rows=64, clock=lambda: now[0], budget=1.0)
     assert m.choice == expected
-    assert m.rows == rows  # a quarter of the training batch, cut to fit step_seconds
+    assert m.rows == 64  # a whole training batch
+    assert all(rows == 64 for _, rows in steps[1:])  # after the one-sentence first use
     assert m.fp32 == pytest.approx(10 / cost["32"]) and m.bf16 == pytest.approx(10 / cost["bf16"])
     timed = steps[-2 * m.pairs :]
     assert [p for p, _ in timed].count("bf16") == m.pairs == [p for p, _ in timed].count("32")
@@ -97,16 +95,30 @@ def test_measurement_times_both_precisions_and_takes_the_faster(
 
 
 def test_a_machine_too_busy_to_measure_stops_the_probe_early() -> None:
-    """Each step takes 2 s (stub clock): one pair after the warm-up, then the limit stops it."""
-    now = [0.0]
+    """The untimed steps take 0.1 s, then the machine slows down: each step takes seconds (stub
+    clock), one pair passes the limit and the measurement is not trusted."""
+    now, n = [0.0], [0]
 
     def step(precision: str, rows: int) -> int:
-        now[0] += 2.0 if precision == "32" else 1.0
+        n[0] += 1
+        now[0] += 0.1 if n[0] <= 3 else 4.0 if precision == "32" else 2.0
         return rows
 
     m = measure_speed(step, max_rows=64, clock=lambda: now[0])
     assert m.pairs == 1 and m.choice == "bf16" and not m.trusted
-    assert m.rows == 64 // prec.MIN_SHARE  # cut for time, but not below the floor
+
+
+def test_a_large_models_slow_steps_still_get_the_pairs_it_needs() -> None:
+    """Whole batches of 3 s (fp32) and 2 s (bf16) from the start: the limit grows with the
+    untimed step, so MIN_PAIRS pairs are timed and the answer is trusted."""
+    now = [0.0]
+
+    def step(precision: str, rows: int) -> int:
+        now[0] += (3.0 if precision == "32" else 2.0) * rows / 64
+        return rows
+
+    m = measure_speed(step, max_rows=64, clock=lambda: now[0])
+    assert m.pairs == prec.MIN_PAIRS and m.choice == "bf16" and m.trusted
 
 
 def test_pairs_that_disagree_are_not_trusted() -> None:
