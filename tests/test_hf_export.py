@@ -26,7 +26,7 @@ from nmt.ship import hf
 from nmt.ship.export import HF_RERANK, export_hf
 from nmt.ship.export import main as export_main
 from nmt.ship.hf_check import USER_STEPS, check_run, gnmt_best, hf_generate, hf_nbest, reranked
-from nmt.store.loading import build_model
+from nmt.store.loading import build_model, load_trained
 from nmt.train.command import train
 
 from .helpers import REPO, TINY_TRANSFORMER, compose_config, corpus_overrides, tiny_run_overrides
@@ -356,6 +356,31 @@ def test_the_gru_export_exits_2_with_one_line(
         export_main([str(tmp_path / "gru"), "--out", str(tmp_path / "hf"), "--format", "hf"])
     assert stop.value.code == 2
     assert "no recurrent" in caplog.text and not (tmp_path / "hf").exists()
+
+
+def test_without_a_length_penalty_beam_4_is_generates_output(corpus: Path, tmp_path: Path) -> None:
+    """At alpha 0 both penalties divide by 1 and both searches keep the same hypotheses:
+    ``generate(num_beams=4)`` on the exported folder returns our beam search's output on every
+    sentence of a model trained until its outputs end (before the cap, where the two would
+    score EOS otherwise)."""
+    overrides = tiny_run_overrides(corpus, tmp_path, "trainer.max_steps=300",
+                                   "trainer.val_every=300", "optim.lr=0.003",
+                                   "optim.warmup_steps=20")  # fmt: skip
+    train(compose_config("train", overrides), tmp_path / "run")
+    out = export_hf(tmp_path / "run" / "checkpoints" / "last.pt", tmp_path / "hf")
+    trained = load_trained(tmp_path / "run" / "checkpoints" / "last.pt", torch.device("cpu"))
+    sources = Path(f"{corpus}.de").read_text(encoding="utf-8").splitlines()[:48]
+    batch = real_batch(corpus, trained.tokenizers, 48)
+    caps = torch.full((48,), 40)
+    ours = [h.tokens for h in beam_search(
+        trained.model, batch.src, batch.src_lens, caps, BOS_ID, EOS_ID, 4, 0.0
+    )]  # fmt: skip
+    assert all(len(tokens) < 40 for tokens in ours) and len(set(map(len, ours))) > 5
+    converted = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(out)).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    theirs = hf_generate(converted, tok, sources, caps.tolist(), 16, num_beams=4,
+                         length_penalty=0.0, early_stopping=False, do_sample=False)  # fmt: skip
+    assert theirs == ours
 
 
 def test_the_parity_check_reports_greedy_and_user_text_parity(run: Path) -> None:
