@@ -56,8 +56,7 @@ class TagPlacement(StrEnum):
 
 
 class SpmModelType(StrEnum):
-    unigram = "unigram"
-    bpe = "bpe"
+    unigram, bpe = "unigram", "bpe"
 
 
 class OptimizerName(StrEnum):
@@ -229,6 +228,7 @@ class TransformerConfig:
     output_bias: bool = False  # a bias on the vocabulary projection (Marian's final_logits_bias)
     frozen_output_bias: bool = False  # never trained (an imported M2M100's classes it lacks)
     embedding_aliases: bool = False  # ids read another id's row (an imported M2M100, its BOS)
+    suppress_start: bool = False  # the search never outputs BOS (OPUS-MT: it is their pad)
     learned_positions: bool = False  # learned position embeddings instead of sinusoidal ones
     position_style: PositionStyle = PositionStyle.vaswani  # the sinusoid: vaswani | fairseq
     max_positions: int = 1024  # longest sequence the position table holds

@@ -458,3 +458,47 @@ def test_one_vocabulary_for_every_piece_is_one_embedding_matrix(corpus, tmp_path
     assert "model.encoder.embed_tokens.weight" not in weights or torch.equal(
         weights["model.encoder.embed_tokens.weight"], weights["model.shared.weight"]
     )
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_start_token_is_never_output_as_transformers_never_outputs_pad(
+    corpus: Path, tmp_path: Path, beam: int
+) -> None:
+    """transformers' Marian never outputs pad, where its decoder starts: our BOS carries that
+    row, and the imported model's search never outputs it. A folder whose pad logit wins at
+    some steps decodes as ``generate`` does, in greedy and beam search (alpha 0: the same
+    penalty), where a search without the rule outputs BOS."""
+    from nmt.decode.search import beam_search
+
+    folder = tmp_path / "marian"
+    folder.mkdir()
+    make_marian(corpus, folder, DROPPED)
+    hf = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
+    pad = hf.config.pad_token_id
+    with torch.no_grad():
+        hf.final_logits_bias[0, pad] += 30.0  # pad the best choice at some steps
+    hf.save_pretrained(str(folder))
+    imported = import_marian(folder)
+    src, _ = sentences(corpus, 24)
+    tok, rows = imported.tokenizers, imported.vocab.tgt_rows
+    src_ids = [tok.src.encode(s) + [EOS_ID] for s in src]
+    s_len = max(map(len, src_ids))
+    src_t = torch.tensor([s + [PAD_ID] * (s_len - len(s)) for s in src_ids])
+    lens = torch.tensor([len(s) for s in src_ids])
+    mask = torch.arange(s_len)[None] < lens[:, None]
+    caps = torch.full((len(src),), 10)
+    with torch.inference_mode():
+        out = hf.generate(input_ids=torch.tensor(imported.vocab.src_rows)[src_t],
+                          attention_mask=mask.long(), num_beams=beam, do_sample=False,
+                          max_new_tokens=11, length_penalty=0.0, early_stopping=False,
+                          bad_words_ids=[[pad]])  # fmt: skip
+    theirs = [row[1 : row.index(0)] if 0 in row[1:] else row[1:] for row in out.tolist()]
+    assert imported.model.suppress_start
+    hyps = beam_search(imported.model, src_t, lens, caps, BOS_ID, EOS_ID, beam, 0.0)
+    assert [[rows[t] for t in h.tokens] for h in hyps] == [
+        [t for t in row if t != pad]
+        for row in theirs  # generate pads the rows it ends early
+    ]
+    imported.model.suppress_start = False
+    hyps = beam_search(imported.model, src_t, lens, caps, BOS_ID, EOS_ID, beam, 0.0)
+    assert any(BOS_ID in h.tokens for h in hyps)  # the rule matters for this folder

@@ -62,7 +62,7 @@ import numpy as np
 
 from nmt.cli import Advance, no_progress, usable_cores
 from nmt.config import ConfigError
-from nmt.data.tokenizer import EOS_ID, TokenizerPair
+from nmt.data.tokenizer import BOS_ID, EOS_ID, TokenizerPair
 from nmt.decode.options import DecodeOptions
 
 if TYPE_CHECKING:  # decoding needs no PyTorch
@@ -190,6 +190,7 @@ class CTranslate2Engine:
         max_positions: int | None,
         device: Any = "cpu",
         threads: int = 0,
+        suppress_start: bool = False,
     ) -> None:
         ct2 = require()
         device_type, index = ct2_device(device)
@@ -218,6 +219,8 @@ class CTranslate2Engine:
         self.tgt_pieces = tgt
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt)}
         self.eos_piece = tgt[EOS_ID]
+        # a model whose BOS is never an output (model.suppress_start; before the softmax here)
+        self.suppressed = [[tgt[BOS_ID]]] if suppress_start else None
         self.max_positions = max_positions
         self.calls = 0  # translate_batch calls submitted, for tests and benchmarks
         self.redone = 0  # sentences decoded again with their own cap
@@ -260,6 +263,7 @@ class CTranslate2Engine:
             length_penalty=0.0 if greedy else opts.length_penalty,
             patience=1.0 if greedy or opts.length_penalty == 0 else BEAM_PATIENCE,
             return_end_token=True,
+            suppress_sequences=self.suppressed,
             max_input_length=0,
             max_decoding_length=cap,
             min_decoding_length=min(opts.min_output_len, cap),

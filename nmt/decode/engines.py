@@ -144,6 +144,7 @@ def make_ct2_engine(trained: Trained, device: torch.device) -> ct2.CTranslate2En
         max_positions,
         device,
         threads=torch.get_num_threads(),
+        suppress_start=bool(trained.cfg.model.get("suppress_start", False)),
     )
 
 

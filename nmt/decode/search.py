@@ -113,9 +113,11 @@ def greedy_search(
     src: (B, S); src_lens, max_lens: (B,). Returns one hypothesis per row, in input order.
     Rows that emit EOS (or reach their cap) are dropped from the state at once. EOS is not
     chosen before ``min_len`` tokens, except at a cap that is shorter. ``forced`` (B,): each
-    row's first output token (a multilingual model's target tag), or None.
+    row's first output token (a multilingual model's target tag), or None. A model with
+    ``suppress_start`` never outputs ``bos_id``.
     """
     batch, device = src.size(0), src.device
+    suppress = bool(getattr(model, "suppress_start", False))
     limit = max_lens.to(device)  # (B,)
     steps = int(limit.max()) + 1  # room for the closing EOS
     out = torch.full((batch, steps), eos_id, dtype=torch.long, device=device)  # (B, L)
@@ -128,6 +130,8 @@ def greedy_search(
     for step in range(steps):
         logits, state, attn = model.decode_step(prev, state)  # (A, V), (A, S)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (A, V)
+        if suppress:  # after the softmax, as transformers' bad_words_ids
+            logp[:, bos_id] = NEG_INF
         if step == 0 and forced is not None:
             logp = force_first(logp, forced.to(device))
         if step < min_len:
@@ -306,6 +310,7 @@ def beam_search(
         raise ValueError(f"beam={beam} must be >= 1")
     alpha = alpha if beam > 1 else 0.0
     batch, device = src.size(0), src.device
+    suppress = bool(getattr(model, "suppress_start", False))  # no BOS output (greedy_search)
     caps = max_lens.to(device)  # (B,)
     width = int(caps.max())  # longest output, EOS excluded
     pool = _FinishedPool(batch, beam, width, src.size(1), keep_attention, device)
@@ -319,6 +324,8 @@ def beam_search(
         logits, state, attn = model.decode_step(prev, state)  # (A * k, V), (A * k, S)
         n_alive, k = scores.shape
         logp = torch.log_softmax(logits.float(), dim=-1).view(n_alive, k, -1)  # (A, k, V)
+        if suppress:  # after the softmax, as transformers' bad_words_ids
+            logp[:, :, bos_id] = NEG_INF
         if step == 0 and forced is not None:  # one hypothesis per sentence so far (k = 1)
             logp = force_first(logp[:, 0], forced.to(device))[:, None]
         vocab = logp.size(2)

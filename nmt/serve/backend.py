@@ -84,6 +84,7 @@ def ct2_backend(cfg: DictConfig, package: Path) -> Backend:
         max_positions,
         cfg.device,
         threads=cfg.threads,
+        suppress_start=bool(train_cfg.model.get("suppress_start", False)),
     )
     defaults = DecodeOptions.from_config(cfg, train_cfg.decode)
     # each worker takes a decode of its own: a worker that finishes its sentences starts on

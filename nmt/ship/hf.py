@@ -302,7 +302,9 @@ def add_language_codes(tokenizer: Any, codes: dict[int, str]) -> None:
 # ------------------------------------------------------------------------------------ folder
 
 
-def generation_config(decode: DictConfig | dict, max_positions: int, max_len: int) -> Any:
+def generation_config(
+    decode: DictConfig | dict, max_positions: int, max_len: int, suppress_start: bool = False
+) -> Any:
     """Our decoding defaults as a transformers ``GenerationConfig``.
 
     ``num_beams`` is the run's beam; ``length_penalty`` its GNMT alpha (transformers divides by
@@ -326,6 +328,7 @@ def generation_config(decode: DictConfig | dict, max_positions: int, max_len: in
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
         forced_eos_token_id=EOS_ID,
+        bad_words_ids=[[BOS_ID]] if suppress_start else None,  # model.suppress_start
     )
 
 
@@ -339,7 +342,9 @@ def write_folder(
     """The transformers model, its generation config and its tokenizer into the folder ``out``
     (which exists): what ``from_pretrained(out)`` loads."""
     hf = convert_model(model)
-    hf.generation_config = generation_config(decode, model.max_positions, int(cfg.data.max_len))
+    hf.generation_config = generation_config(
+        decode, model.max_positions, int(cfg.data.max_len), model.suppress_start
+    )
     hf.save_pretrained(str(out), safe_serialization=True)
     write_tokenizer(tokenizers, out, cfg, model.max_positions)
 

@@ -428,6 +428,8 @@ def import_marian(folder: Path) -> Imported:
     vocab = vocabulary(folder, config)
     # one vocab.json for both sides, every source piece in it: one matrix, as in transformers
     fields["shared_embeddings"] = fields["tie_embeddings"] and vocab.src_rows == vocab.tgt_rows
+    # transformers' Marian never outputs pad (bad_words_ids), where the decoder starts: our BOS
+    fields["suppress_start"] = PAD_ID in vocab.never
     weights = read_weights(folder)
     bias = weights.get("final_logits_bias")
     # an output bias where the model has one, or needs NEVER (a folder this project exported
