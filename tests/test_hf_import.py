@@ -406,6 +406,10 @@ def test_the_run_exports_back_to_the_original_tensors(marian, imported, run, tmp
             assert torch.equal(mine, theirs), name
         compared += 1
     assert compared >= len(original) - 3  # every tensor but a tied or positional one
+    # the start token stays one the model never outputs, in transformers and imported again
+    generation = json.loads((out / "generation_config.json").read_text(encoding="utf-8"))
+    assert generation["bad_words_ids"] == [[BOS_ID]]
+    assert import_marian(out).model.suppress_start
 
 
 def test_one_vocabulary_for_every_piece_is_one_embedding_matrix(corpus, tmp_path) -> None:

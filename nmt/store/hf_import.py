@@ -418,6 +418,17 @@ class Imported:
     vocab: Vocabulary  # the Marian id behind each of ours
 
 
+def start_forbidden(folder: Path, config: Mapping[str, Any]) -> bool:
+    """Whether the folder's generation config never outputs the decoder's start token
+    (``bad_words_ids``: a folder this project exported from a model with
+    ``model.suppress_start``)."""
+    if not (folder / "generation_config.json").is_file():
+        return False
+    banned = read_json_object(folder, "generation_config.json").get("bad_words_ids") or []
+    start = field_of(config, "decoder_start_token_id", int, field_of(config, "pad_token_id", int))
+    return isinstance(banned, list) and [start] in banned
+
+
 def import_marian(folder: Path) -> Imported:
     """A Marian folder as our Transformer (eval mode) and tokenizers; ConfigError otherwise."""
     folder = Path(folder)
@@ -428,8 +439,8 @@ def import_marian(folder: Path) -> Imported:
     vocab = vocabulary(folder, config)
     # one vocab.json for both sides, every source piece in it: one matrix, as in transformers
     fields["shared_embeddings"] = fields["tie_embeddings"] and vocab.src_rows == vocab.tgt_rows
-    # transformers' Marian never outputs pad (bad_words_ids), where the decoder starts: our BOS
-    fields["suppress_start"] = PAD_ID in vocab.never
+    # transformers' Marian never outputs pad, where the decoder starts: our BOS
+    fields["suppress_start"] = PAD_ID in vocab.never or start_forbidden(folder, config)
     weights = read_weights(folder)
     bias = weights.get("final_logits_bias")
     # an output bias where the model has one, or needs NEVER (a folder this project exported
