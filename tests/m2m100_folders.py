@@ -9,7 +9,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from .helpers import saved_random_model
+from .helpers import QUIET_TINY_RUN, saved_random_model
 
 DROPPED = 3  # pieces of the sentencepiece model left out of vocab.json: read as <unk>
 LANGS = ("de", "en", "fr")
@@ -67,3 +67,16 @@ def make_nllb(m2m100: Path, folder: Path, scratch: Path) -> Path:
     config = transformers.M2M100Config(**{**base.to_dict(), "vocab_size": len(tok)})
     saved_random_model(transformers.M2M100ForConditionalGeneration, config, folder, seed=1)
     return folder
+
+
+def fine_tune_args(
+    threeway: Path, tmp_path: Path, init_from: str, steps: int, directions: str = "[de-en]"
+) -> list[str]:
+    """A fine-tuning run of ``steps`` updates from ``init_from`` on ``threeway``."""
+    return [
+        "data=parallel", f"data.directions={directions}", f"data.train={threeway}",
+        f"data.valid={threeway}", f"data.test=[{threeway}]", f"data.root={tmp_path / 'data'}",
+        f"outputs={tmp_path / 'outputs'}", f"trainer.init_from={init_from}",
+        f"trainer.max_steps={steps}", f"trainer.val_every={steps}", "trainer.val_sentences=4",
+        *QUIET_TINY_RUN,
+    ]  # fmt: skip

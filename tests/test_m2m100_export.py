@@ -16,8 +16,7 @@ from nmt.ship.export import main as export_main
 from nmt.ship.import_command import main as import_main
 from nmt.store.checkpoint import load_checkpoint
 
-from .helpers import QUIET_TINY_RUN
-from .m2m100_folders import NLLB_LANGS, make_m2m100, make_nllb
+from .m2m100_folders import NLLB_LANGS, fine_tune_args, make_m2m100, make_nllb
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -58,13 +57,8 @@ def fine_tuned(run: Path, threeway: Path, tmp_path: Path, steps: int = 3) -> Pat
 
     from .helpers import compose_config
 
-    overrides = [
-        "data=parallel", "data.directions=[de-en]", f"data.train={threeway}",
-        f"data.valid={threeway}", f"data.test=[{threeway}]", f"data.root={tmp_path / 'data'}",
-        f"outputs={tmp_path / 'outputs'}", f"trainer.init_from={run}",
-        f"trainer.max_steps={steps}", f"trainer.val_every={steps}", "trainer.val_sentences=4",
-        "optim.lr=0.01", "optim.warmup_steps=1", *QUIET_TINY_RUN,
-    ]  # fmt: skip
+    overrides = [*fine_tune_args(threeway, tmp_path, str(run), steps), "optim.lr=0.01",
+                 "optim.warmup_steps=1"]  # fmt: skip
     train(compose_config("train", overrides), tmp_path / "tuned", overrides)
     last = tmp_path / "tuned" / "checkpoints" / "last.pt"
     payload = load_checkpoint(last)

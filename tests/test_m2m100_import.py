@@ -19,8 +19,7 @@ from nmt.ship.import_command import main as import_main
 from nmt.store.checkpoint import load_checkpoint
 from nmt.store.m2m100_import import M2M100_LANGUAGES, import_m2m100
 
-from .helpers import QUIET_TINY_RUN
-from .m2m100_folders import NLLB_LANGS, make_m2m100, make_nllb
+from .m2m100_folders import NLLB_LANGS, fine_tune_args, make_m2m100, make_nllb
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,19 +31,6 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def m2m100(threeway: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_m2m100(threeway, tmp_path_factory.mktemp("m2m100"))
-
-
-def fine_tune_args(
-    threeway: Path, tmp_path: Path, init_from: str, steps: int, directions: str = "[de-en]"
-) -> list[str]:
-    """A fine-tuning run of ``steps`` updates from ``init_from`` on ``threeway``."""
-    return [
-        "data=parallel", f"data.directions={directions}", f"data.train={threeway}",
-        f"data.valid={threeway}", f"data.test=[{threeway}]", f"data.root={tmp_path / 'data'}",
-        f"outputs={tmp_path / 'outputs'}", f"trainer.init_from={init_from}",
-        f"trainer.max_steps={steps}", f"trainer.val_every={steps}", "trainer.val_sentences=4",
-        *QUIET_TINY_RUN,
-    ]  # fmt: skip
 
 
 def hf_tokenizer(folder: Path, src: str, tgt: str):

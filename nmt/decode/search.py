@@ -117,7 +117,7 @@ def greedy_search(
     ``suppress_start`` never outputs ``bos_id``.
     """
     batch, device = src.size(0), src.device
-    suppress = bool(getattr(model, "suppress_start", False))
+    suppress = model.suppress_start
     limit = max_lens.to(device)  # (B,)
     steps = int(limit.max()) + 1  # room for the closing EOS
     out = torch.full((batch, steps), eos_id, dtype=torch.long, device=device)  # (B, L)
@@ -310,7 +310,7 @@ def beam_search(
         raise ValueError(f"beam={beam} must be >= 1")
     alpha = alpha if beam > 1 else 0.0
     batch, device = src.size(0), src.device
-    suppress = bool(getattr(model, "suppress_start", False))  # no BOS output (greedy_search)
+    suppress = model.suppress_start  # no BOS output (greedy_search)
     caps = max_lens.to(device)  # (B,)
     width = int(caps.max())  # longest output, EOS excluded
     pool = _FinishedPool(batch, beam, width, src.size(1), keep_attention, device)

@@ -125,6 +125,8 @@ class Seq2Seq(nn.Module):
 
     pad_id: int
     out_proj: nn.Linear  # features (..., D) -> logits (..., V)
+    # the search never outputs BOS (an imported OPUS-MT model, whose BOS is its pad)
+    suppress_start: bool = False
 
     @property
     def max_positions(self) -> int | None:

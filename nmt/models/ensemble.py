@@ -36,7 +36,7 @@ class Ensemble(Seq2Seq):
             raise ValueError("an ensemble needs at least one model")
         self.members = nn.ModuleList(members)
         self.pad_id = members[0].pad_id
-        self.suppress_start = any(getattr(m, "suppress_start", False) for m in members)
+        self.suppress_start = any(m.suppress_start for m in members)
 
     @property
     def max_positions(self) -> int | None:

@@ -277,7 +277,7 @@ class Transformer(Seq2Seq):
         if shared_vocab and src_vocab_size != tgt_vocab_size:
             raise ValueError(f"shared_vocab with sizes {src_vocab_size} != {tgt_vocab_size}")
         self.pad_id = pad_id
-        self.suppress_start = suppress_start  # read by the search (nmt.decode.search)
+        self.suppress_start = suppress_start
         self.d_model, self.heads = d_model, heads
         self.embed_scale = math.sqrt(d_model)
         self.tgt_embed = nn.Embedding(tgt_vocab_size, d_model, padding_idx=pad_id)

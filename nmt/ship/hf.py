@@ -129,14 +129,12 @@ def _embeddings_shared(model: Transformer) -> bool:
     return model.src_embed.weight is model.tgt_embed.weight is model.out_proj.weight
 
 
-def hf_config(model: Transformer) -> Any:
-    """The transformers config (Marian or Pegasus) of ``model``."""
-    transformers = require()
+def stack_fields(model: Transformer) -> dict[str, Any]:
+    """The config fields of ``model``'s stacks, the same for every transformers class that
+    holds it (Marian, Pegasus, M2M100): widths, depths, heads, activation, dropouts, the
+    position limit and the embedding scale."""
     layer = model.encoder_layers[0]
-    shared = _embeddings_shared(model)
-    tied = model.tgt_embed.weight is model.out_proj.weight
-    common = {
-        "vocab_size": model.src_embed.num_embeddings,
+    return {
         "d_model": model.d_model,
         "encoder_layers": len(model.encoder_layers),
         "decoder_layers": len(model.decoder_layers),
@@ -152,13 +150,24 @@ def hf_config(model: Transformer) -> Any:
         "activation_dropout": layer.act_dropout.p,
         "max_position_embeddings": model.max_positions,
         "scale_embedding": True,  # sqrt(d_model), as Transformer._embed
+        "is_encoder_decoder": True,
+        "use_cache": True,
+    }
+
+
+def hf_config(model: Transformer) -> Any:
+    """The transformers config (Marian or Pegasus) of ``model``."""
+    transformers = require()
+    shared = _embeddings_shared(model)
+    tied = model.tgt_embed.weight is model.out_proj.weight
+    common = {
+        "vocab_size": model.src_embed.num_embeddings,
+        **stack_fields(model),
         "pad_token_id": PAD_ID,
         "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID,
         "decoder_start_token_id": BOS_ID,  # our decoder input starts with BOS
         "forced_eos_token_id": EOS_ID,  # at the length cap EOS closes the output, as ours
-        "is_encoder_decoder": True,
-        "use_cache": True,
     }
     if architecture(model) == "MarianMTModel":
         return transformers.MarianConfig(

@@ -29,6 +29,14 @@ from nmt.config import ConfigError
 from nmt.data.tokenizer import BOS_ID, EOS_ID, TokenizerPair
 from nmt.ship import hf
 from nmt.store.hf_import import NEVER, VOCABULARY_ROWS
+from nmt.store.m2m100_import import (
+    M2M100_SETTINGS,
+    ORIGIN_FILES,
+    THEIR_BOS,
+    THEIR_EOS,
+    THEIR_PAD,
+    classes_of,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -39,15 +47,9 @@ ARCHITECTURE = "M2M100ForConditionalGeneration"
 # the largest log-probability difference allowed, per unit of the largest logit: a conversion
 # error moves log-probabilities by the scale of the logits, float32 by 1e-6 of it per layer
 TOLERANCE = 1e-4
-# their special ids (M2M100's and NLLB's)
-THEIR_BOS, THEIR_PAD, THEIR_EOS = 0, 1, 2
-# what the import keeps of the folder's tokenizer (nmt.store.m2m100_import.ORIGIN_FILES)
-FILES = ("sentencepiece.bpe.model", "vocab.json", "tokenizer.json", "tokenizer_config.json",
-         "special_tokens_map.json")  # fmt: skip
-# the model settings of an import (nmt.store.m2m100_import.m2m100_fields) the export relies on
-IMPORTED = {"norm_first": True, "position_style": "fairseq", "tie_embeddings": True,
-            "learned_positions": False, "output_bias": True, "frozen_output_bias": True,
-            "embedding_aliases": True}  # fmt: skip
+# the model settings of an import the export relies on: its own and those of every M2M100
+IMPORTED = {**M2M100_SETTINGS, "tie_embeddings": True, "learned_positions": False,
+            "output_bias": True}  # fmt: skip
 
 
 def refusal(cfg: DictConfig, tokenizers: TokenizerPair) -> str | None:
@@ -58,7 +60,7 @@ def refusal(cfg: DictConfig, tokenizers: TokenizerPair) -> str | None:
             return (f"--format hf: model.{key}={m.get(key)} differs from the M2M100 import's "
                     f"{value}; the folder's layout cannot hold this model")  # fmt: skip
     try:
-        check_origin(tokenizers.origin, tokenizers.src.vocab_size)
+        origin_of(tokenizers)
     except ConfigError as e:
         return str(e)
     return None
@@ -70,8 +72,10 @@ def check_exportable(cfg: DictConfig, tokenizers: TokenizerPair) -> None:
         raise ConfigError(why)
 
 
-def check_origin(origin: Any, vocab_size: int) -> dict[str, Any]:
-    """The run's record of the folder it came from, checked as plain data."""
+def origin_of(tokenizers: TokenizerPair) -> dict[str, Any]:
+    """The run's record of the folder it came from (``tokenizers.origin``), checked as plain
+    data."""
+    origin, vocab_size = tokenizers.origin, tokenizers.src.vocab_size
     where = "--format hf: the run's record of its M2M100 folder"
     if not isinstance(origin, dict) or origin.get("kind") not in ("m2m100", "nllb"):
         raise ConfigError(f"{where} is not one of an M2M100 or NLLB import")
@@ -82,9 +86,9 @@ def check_origin(origin: Any, vocab_size: int) -> dict[str, Any]:
         raise ConfigError(f"{where}: its ids do not match the tokenizer's {vocab_size} pieces")
     files = origin.get("files")
     if not isinstance(files, dict) or not all(
-        k in FILES and isinstance(v, bytes) for k, v in files.items()
+        k in ORIGIN_FILES and isinstance(v, bytes) for k, v in files.items()
     ):
-        raise ConfigError(f"{where}: its tokenizer files are not {', '.join(FILES)}")
+        raise ConfigError(f"{where}: its tokenizer files are not {', '.join(ORIGIN_FILES)}")
     codes = origin.get("codes")
     if not isinstance(codes, dict) or not all(isinstance(v, str) for v in codes.values()):
         raise ConfigError(f"{where}: its language codes are not a mapping of names")
@@ -95,17 +99,11 @@ def sources(origin: dict[str, Any]) -> torch.Tensor:
     """Our id whose row each of their rows is (the one not held at NEVER)."""
     import torch
 
-    never, size = set(origin["never"]), origin["size"]
-    source = [-1] * size
-    for ours, theirs in enumerate(origin["ids"]):
-        if ours in never:
-            continue
-        if source[theirs] != -1:
-            raise ConfigError(f"--format hf: their id {theirs} is two of ours")
-        source[theirs] = ours
-    if -1 in source:
-        raise ConfigError(f"--format hf: their id {source.index(-1)} is none of ours")
-    return torch.tensor(source)
+    classes = classes_of(origin["ids"], origin["never"])
+    missing = [i for i in range(origin["size"]) if i not in classes]
+    if missing:
+        raise ConfigError(f"--format hf: their id {missing[0]} is none of ours")
+    return torch.tensor([classes[i] for i in range(origin["size"])])
 
 
 def architecture(model: Transformer) -> str:
@@ -118,32 +116,15 @@ def architecture(model: Transformer) -> str:
 def hf_config(model: Transformer, size: int) -> Any:
     """The ``M2M100Config`` of ``model`` with ``size`` rows in their layout."""
     transformers = hf.require()
-    layer = model.encoder_layers[0]
     return transformers.M2M100Config(
         vocab_size=size,
-        d_model=model.d_model,
-        encoder_layers=len(model.encoder_layers),
-        decoder_layers=len(model.decoder_layers),
-        encoder_ffn_dim=layer.linear1.out_features,
-        decoder_ffn_dim=layer.linear1.out_features,
-        encoder_attention_heads=model.heads,
-        decoder_attention_heads=model.heads,
-        encoder_layerdrop=0.0,
-        decoder_layerdrop=0.0,
-        activation_function=layer.activation,
-        dropout=layer.dropout.p,
-        attention_dropout=layer.self_attn.dropout,
-        activation_dropout=layer.act_dropout.p,
-        max_position_embeddings=model.max_positions,
-        scale_embedding=True,
+        **hf.stack_fields(model),
         pad_token_id=THEIR_PAD,
         bos_token_id=THEIR_BOS,
         eos_token_id=THEIR_EOS,
         decoder_start_token_id=THEIR_EOS,
         forced_eos_token_id=THEIR_EOS,
         tie_word_embeddings=True,
-        is_encoder_decoder=True,
-        use_cache=True,
     )
 
 
@@ -200,7 +181,7 @@ def write_folder(
     out: Path,
 ) -> None:
     """The model, its generation config and the folder's own tokenizer files into ``out``."""
-    origin = check_origin(tokenizers.origin, tokenizers.src.vocab_size)
+    origin = origin_of(tokenizers)
     converted = convert_model(model, origin)
     converted.generation_config = generation_config(
         decode, model.max_positions, int(cfg.data.max_len)
@@ -228,7 +209,7 @@ def verify_folder(
     import torch
 
     transformers = hf.require()
-    origin = check_origin(tokenizers.origin, tokenizers.src.vocab_size)
+    origin = origin_of(tokenizers)
     ids = torch.tensor(origin["ids"])
     loaded = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(out)).float().eval()
     src_lang, tgt_lang = str(cfg.data.src_lang), str(cfg.data.tgt_lang)
@@ -266,7 +247,7 @@ def card_use(cfg: DictConfig, tokenizers: TokenizerPair, decode: DictConfig | di
     """The model card's "Use with transformers" of an M2M100 folder."""
     from nmt.decode.options import DecodeOptions
 
-    origin = check_origin(tokenizers.origin, tokenizers.src.vocab_size)
+    origin = origin_of(tokenizers)
     opts = DecodeOptions.of_run(decode)
     src, tgt = (their_code(origin, str(lang)) for lang in (cfg.data.src_lang, cfg.data.tgt_lang))
     token = f"__{tgt}__" if origin["kind"] == "m2m100" else tgt

@@ -35,6 +35,7 @@ refused.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,16 +85,19 @@ SPM_FILE = "sentencepiece.bpe.model"
 # the tokenizer files of an M2M100 or NLLB folder, kept with the run for its export
 ORIGIN_FILES = (SPM_FILE, "vocab.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json")  # fmt: skip
-# their special pieces, ids 0-3
+# their special pieces, ids 0-3, and the ids of their specials (M2M100's and NLLB's)
 THEIR_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
+THEIR_BOS, THEIR_PAD, THEIR_EOS = 0, 1, 2
+# the settings of an imported model beside its config's (:func:`m2m100_fields`): an export
+# back to the folder's layout relies on them (nmt.ship.hf_m2m100)
+M2M100_SETTINGS = {"norm_first": True, "position_style": "fairseq",
+                   "frozen_output_bias": True, "embedding_aliases": True}  # fmt: skip
 
 
 def m2m100_fields(config: dict[str, Any]) -> dict[str, Any]:
     """Our ``model`` config of an M2M100 config: its output bias (our classes it lacks held at
     NEVER) and the rows our BOS and its unread pieces share with other ids never trained."""
-    fields = model_fields({"activation_function": "relu", **config})
-    return fields | {"norm_first": True, "position_style": "fairseq",
-                     "frozen_output_bias": True, "embedding_aliases": True}  # fmt: skip
+    return model_fields({"activation_function": "relu", **config}) | M2M100_SETTINGS
 
 
 def languages_of(folder: Path) -> list[str]:
@@ -109,10 +113,10 @@ def languages_of(folder: Path) -> list[str]:
 def check_special_ids(folder: Path, config: dict[str, Any]) -> int:
     """The folder's vocabulary size; their special ids checked (M2M100's and NLLB's)."""
     expected = {
-        "bos_token_id": 0,
-        "pad_token_id": 1,
-        "eos_token_id": 2,
-        "decoder_start_token_id": 2,
+        "bos_token_id": THEIR_BOS,
+        "pad_token_id": THEIR_PAD,
+        "eos_token_id": THEIR_EOS,
+        "decoder_start_token_id": THEIR_EOS,
     }
     for key, value in expected.items():
         if field_of(config, key, int, value) != value:
@@ -239,16 +243,28 @@ def import_m2m100(folder: Path) -> Imported:
     return Imported(model.eval(), tokenizers, fields, vocab)
 
 
+def classes_of(ids: list[int], never: Sequence[int]) -> dict[int, int]:
+    """Their id -> the one id of ours that is that class of theirs: the one not held at NEVER
+    among ours that take its row (``ids``: their id behind each of ours). ConfigError where two
+    of ours would be one class."""
+    out: dict[int, int] = {}
+    held = set(never)
+    for ours, theirs in enumerate(ids):
+        if ours not in held:
+            if theirs in out:
+                raise ConfigError(f"their id {theirs} is two classes of ours, {out[theirs]} and "
+                                  f"{ours}")  # fmt: skip
+            out[theirs] = ours
+    return out
+
+
 def aliases(vocab: Vocabulary) -> list[int]:
     """The embedding row each of our ids reads: its own, but for the ids held at NEVER whose
     row of theirs is another id's (our BOS reads EOS's, a piece they read as ``<unk>`` UNK's),
     so that training keeps them one row as the folder has it."""
     rows, never = vocab.src_rows, set(vocab.never)
-    first: dict[int, int] = {}
-    for i, row in enumerate(rows):
-        if i not in never:
-            first.setdefault(row, i)
-    return [first.get(row, i) if i in never and i != PAD_ID else i for i, row in enumerate(rows)]
+    primary = classes_of(rows, vocab.never)
+    return [primary.get(row, i) if i in never and i != PAD_ID else i for i, row in enumerate(rows)]
 
 
 def folder_origin(folder: Path, vocab: Vocabulary, kind: str) -> dict[str, Any]:
