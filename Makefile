@@ -109,6 +109,10 @@ bench-serve: install ## Export, engines and server figures (JSON into outputs/be
 # writes JoeyNMT's Multi30k text files and sentencepiece model into JOEY_DIR when they are missing
 JOEY_PYTHON ?= ../joeyvenv/bin/python
 JOEY_DIR ?= ../joeywork
+.PHONY: bench-peers
+bench-peers: install ## Training speed beside Eole 0.6.4, Marian (pymarian 1.12.42) and JoeyNMT 2.3.0, each installed on first use into outputs/peers/venvs (JSON into outputs/bench/; ARGS="--quick", "--peers eole --models transformer")
+	$(BIN)/python scripts/bench_peers.py $(ARGS)
+
 .PHONY: bench-joeynmt
 bench-joeynmt: install ## Speed next to JoeyNMT on this CPU (JOEY_PYTHON=python of its venv, installed by hand; JOEY_DIR=its working folder, filled by the run; ARGS="--quick")
 	$(BIN)/python scripts/bench_joeynmt.py --joey-python $(JOEY_PYTHON) --joey-dir $(JOEY_DIR) $(ARGS)

@@ -1,0 +1,173 @@
+"""What every peer toolkit of ``make bench-peers`` shares (:mod:`benchmarks.peers`).
+
+A peer is a module (:mod:`benchmarks.peer_eole`, :mod:`benchmarks.peer_marian`,
+:mod:`benchmarks.peer_joeynmt`) that knows how to install one toolkit at a pinned version into
+a virtual environment of its own, how to write that toolkit's training config for a
+:class:`TrainJob`, and how to read that toolkit's training log into :class:`Window` rows.
+The orchestrator (:mod:`benchmarks.peers`) runs the toolkits in alternating rounds and turns
+the windows into figures; nothing here imports a peer's package: peers run as processes of
+their own venv's python.
+
+Every toolkit reads the same :class:`Workspace`: the Multi30k text files and one joint
+sentencepiece model (ids 0-3 ``<unk> <pad> <s> </s>``), written by
+:func:`benchmarks.joeynmt_setup.prepare_joey_dir`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+# the model shape every toolkit is asked for: nmt's default Transformer (TransformerConfig)
+SHAPE = {
+    "transformer": {
+        "layers": 3,
+        "width": 256,
+        "heads": 4,
+        "ffn": 1024,
+        "dropout": 0.1,
+        "label_smoothing": 0.1,
+        "tied": "all three embeddings (joint vocabulary)",
+    },
+    # nmt's default GRU + Bahdanau model (GRUBahdanauConfig)
+    "gru": {"embedding": 256, "hidden": 512, "encoder": "1-layer bidirectional GRU"},
+}
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The prepared files every toolkit reads: ``data/{train,val,val300,test_2016_flickr}.{de,en}``
+    and ``spm/spm_joint8k.{model,vocab}`` under ``root``."""
+
+    root: Path
+    # nmt's data.root: its own Multi30k preparation of the same lines
+    data_root: Path = Path("data")
+    src: str = "de"
+    tgt: str = "en"
+
+    def text(self, split: str, lang: str) -> Path:
+        return self.root / "data" / f"{split}.{lang}"
+
+    @property
+    def spm_model(self) -> Path:
+        return self.root / "spm" / "spm_joint8k.model"
+
+    @property
+    def spm_vocab(self) -> Path:
+        return self.root / "spm" / "spm_joint8k.vocab"
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """One training segment a toolkit runs: ``steps`` updates of ``model`` in ``precision``,
+    aiming at ``tgt_tokens_per_step`` target tokens per update, logging every ``log_every``
+    updates, with ``threads`` threads, its files under ``work``."""
+
+    model: str  # "transformer" or "gru"
+    precision: str  # "32" or "bf16"
+    steps: int
+    tgt_tokens_per_step: int
+    threads: int
+    work: Path
+    log_every: int = 1
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class Window:
+    """One logging window of a toolkit's training log: the last update it covers, how many
+    updates it covers, its seconds and the target tokens it trained on (EOS included, padding
+    excluded, as the toolkit counts them)."""
+
+    step: int
+    steps: int
+    seconds: float
+    tgt_tokens: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tgt_tokens / self.seconds
+
+
+@dataclass
+class Command:
+    """A process to run: argv, its working folder, extra environment, where its output goes
+    (``log``: stdout and stderr together) and the file its windows are read from."""
+
+    argv: list[str]
+    cwd: Path
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    windows_from: Path | None = None  # the file the windows are read from, if not ``log``
+    stdout: Path | None = None  # standard output into this file, apart from ``log``
+    stdin: Path | None = None  # standard input read from this file
+
+    @property
+    def windows_file(self) -> Path:
+        return self.windows_from or self.log
+
+
+@dataclass(frozen=True)
+class RecipeJob:
+    """One training run of a toolkit's own recipe for ``seconds`` of wall-clock time (the
+    harness sends the toolkit's stop signal then), with ``threads`` threads, under ``work``."""
+
+    seconds: float
+    threads: int
+    work: Path
+    seed: int = 1234
+
+
+class Peer(Protocol):
+    """What a peer module provides (module attributes and functions)."""
+
+    NAME: str
+    VERSION: str
+    REQUIREMENTS: tuple[tuple[str, ...], ...]  # pip install steps into the fresh venv, in order
+    PROBE: str  # python code run by the venv's python that prints the versions as JSON
+    PRECISIONS: dict[str, tuple[str, ...]]  # model -> precisions the toolkit offers on a CPU
+    DIFFERENCES: dict[str, list[str]]  # model -> how its model differs from nmt's
+
+    def train_command(self, python: Path, job: TrainJob, ws: Workspace) -> Command: ...
+
+    def parse_train_log(self, text: str) -> list[Window]: ...
+
+    # the budgeted run of the toolkit's own recipe and the decoding of its result
+    RECIPE: dict[str, Any]  # source, settings and what was adapted
+    STOP_SIGNAL: int | None  # sent at the deadline (None: the toolkit stops by itself)
+
+    def recipe_command(self, python: Path, job: RecipeJob, ws: Workspace) -> Command: ...
+
+    def decode_command(
+        self, python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path
+    ) -> Command: ...
+
+
+def steady_windows(windows: Sequence[Window], skip_steps: int) -> list[Window]:
+    """The windows that start after the first ``skip_steps`` updates (warm-up left out)."""
+    return [w for w in windows if w.step - w.steps >= skip_steps]
+
+
+def window_stats(windows: Sequence[Window], skip_steps: int) -> dict[str, Any]:
+    """Throughput of a segment over its steady windows: the median of the windows' target
+    tokens/s, the overall rate, and seconds per update."""
+    timed = steady_windows(windows, skip_steps)
+    if not timed:
+        last = windows[-1].step if windows else 0
+        raise ValueError(f"no logging window after the first {skip_steps} updates (last {last})")
+    steps = sum(w.steps for w in timed)
+    seconds = sum(w.seconds for w in timed)
+    tokens = sum(w.tgt_tokens for w in timed)
+    return {
+        "timed_windows": len(timed),
+        "timed_steps": steps,
+        "first_timed_step": timed[0].step - timed[0].steps + 1,
+        "window_tokens_per_s": [round(w.tokens_per_s, 1) for w in timed],
+        "tgt_tokens_per_s": statistics.median(w.tokens_per_s for w in timed),
+        "tgt_tokens_per_s_overall": tokens / seconds,
+        "step_seconds_median": statistics.median(w.seconds / w.steps for w in timed),
+        "tgt_tokens_per_step_mean": tokens / steps,
+    }

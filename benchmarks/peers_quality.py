@@ -1,0 +1,157 @@
+"""BLEU at an equal time budget beside the peers: the quality half of ``make bench-peers``
+(:mod:`benchmarks.peers`).
+
+nmt trains its 30-minute CPU preset first (``experiment=cpu_quick``, ``--quality-minutes`` of
+training); each peer then trains its own documented recipe, adapted to the same model size
+(:data:`RECIPE` of each peer module says from where and what was changed), for the wall-clock
+time nmt's whole training process took, validations included. At that deadline the harness
+sends the peer the signal its trainer answers by saving (JoeyNMT SIGINT, Marian and Eole
+SIGTERM) and waits for it to exit. Every toolkit then decodes test_2016_flickr with beam 5 by
+its own translator, and the detokenized outputs are scored here by sacreBLEU (cased 13a BLEU
+with a bootstrap interval) and by the paired bootstrap test against nmt's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from benchmarks.peers_common import Command, RecipeJob, Workspace
+from benchmarks.report import say as _say
+from nmt.config import BOOTSTRAP_RESAMPLES
+from nmt.environment import child_environment
+from nmt.evaluate.metrics import bleu, paired_bootstrap
+
+TEST = "test_2016_flickr"
+GRACE_SECONDS = 600  # after the stop signal, before the process is killed
+
+
+def say(msg: str) -> None:
+    _say("bench-peers", msg)
+
+
+def run_until(cmd: Command, stop_after: float | None, stop_signal: int | None, limit: float):
+    """Run ``cmd``; ``stop_after`` seconds after its start send ``stop_signal`` and give it
+    :data:`GRACE_SECONDS` to exit; kill it at ``limit`` seconds in any case. Returns (exit
+    code, seconds, seconds at which the signal was sent or None)."""
+    env = child_environment(**cmd.env)
+    env.pop("PYTHONPATH", None)
+    tic = time.perf_counter()
+    with (
+        cmd.log.open("w") as log,
+        cmd.stdout.open("w") if cmd.stdout else open(os.devnull, "w") as out,
+        cmd.stdin.open() if cmd.stdin else open(os.devnull) as inp,
+    ):
+        proc = subprocess.Popen(
+            cmd.argv,
+            cwd=cmd.cwd,
+            env=env,
+            stdin=inp,
+            stdout=out if cmd.stdout else log,
+            stderr=log,
+        )
+        signalled = None
+        try:
+            while proc.poll() is None:
+                elapsed = time.perf_counter() - tic
+                if elapsed >= limit:
+                    proc.kill()
+                elif stop_after is not None and signalled is None and elapsed >= stop_after:
+                    proc.send_signal(stop_signal or signal.SIGTERM)
+                    signalled = elapsed
+                    limit = min(limit, elapsed + GRACE_SECONDS)
+                time.sleep(0.5)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    return proc.returncode, time.perf_counter() - tic, signalled
+
+
+def _updates(peer: ModuleType, cmd: Command) -> int | None:
+    try:
+        windows = peer.parse_train_log(cmd.windows_file.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return None
+    return windows[-1].step
+
+
+def train_and_decode(
+    peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, stop: bool
+) -> dict[str, Any]:
+    """One toolkit's budgeted recipe run (stopped at ``job.seconds`` when ``stop``), then
+    its beam-5 decoding of the test set."""
+    if job.work.exists():
+        shutil.rmtree(job.work)
+    job.work.mkdir(parents=True)
+    cmd = peer.recipe_command(python, job, ws)
+    say(f"{peer.NAME}: training its recipe for {job.seconds / 60:.1f} minutes")
+    stop_after = job.seconds if stop else None
+    limit = job.seconds + GRACE_SECONDS if stop else 2 * job.seconds + GRACE_SECONDS
+    rc, seconds, signalled = run_until(cmd, stop_after, peer.STOP_SIGNAL, limit)
+    if rc != 0 and signalled is None:
+        tail = "\n".join(cmd.log.read_text(errors="replace").splitlines()[-20:])
+        raise RuntimeError(f"{peer.NAME} training failed (exit {rc}): {cmd.argv}\n{tail}")
+    out = job.work / f"{TEST}.hyp"
+    dec = peer.decode_command(python, job, ws, ws.text(TEST, ws.src), out)
+    say(f"{peer.NAME}: decoding {TEST} with beam 5")
+    drc, dseconds, _ = run_until(dec, None, None, 3600)
+    if drc != 0 or not out.exists():
+        tail = "\n".join(dec.log.read_text(errors="replace").splitlines()[-20:])
+        raise RuntimeError(f"{peer.NAME} decoding failed (exit {drc}): {dec.argv}\n{tail}")
+    return {
+        "training_seconds": seconds,
+        "stop_signal_at": signalled,
+        "exit_code": rc,
+        "updates": _updates(peer, cmd),
+        "decode_seconds": dseconds,
+        "hypotheses": str(out),
+        "recipe": peer.RECIPE,
+    }
+
+
+def score(results: dict[str, dict[str, Any]], ws: Workspace) -> None:
+    """BLEU with its interval for every toolkit, and the paired test against nmt's."""
+    refs = ws.text(TEST, ws.tgt).read_text(encoding="utf-8").splitlines()
+    hyps = {
+        name: Path(r["hypotheses"]).read_text(encoding="utf-8").splitlines()
+        for name, r in results.items()
+    }
+    for name, lines in hyps.items():
+        if len(lines) != len(refs):
+            raise RuntimeError(f"{name}: {len(lines)} output lines for {len(refs)} references")
+        s = bleu(lines, refs, resamples=BOOTSTRAP_RESAMPLES)
+        results[name]["bleu"] = s.score
+        results[name]["bleu_ci"] = [s.ci.low, s.ci.high] if s.ci else None
+        results[name]["signature"] = s.signature
+    others = [n for n in hyps if n != "nmt"]
+    if "nmt" in hyps and others:
+        _, paired = paired_bootstrap(hyps["nmt"], [hyps[n] for n in others], refs)
+        for name, p in zip(others, paired, strict=True):
+            results[name]["p_value_against_nmt"] = p.p_value
+
+
+def compare_quality(
+    minutes: float, threads: int, work: Path, ws: Workspace, kits: dict[str, ModuleType],
+    pythons: dict[str, Path],
+) -> dict[str, Any]:  # fmt: skip
+    """nmt's preset for ``minutes`` of training, then each peer for nmt's wall-clock time."""
+    results: dict[str, dict[str, Any]] = {}
+    budget = minutes * 60
+    if "nmt" in kits:
+        job = RecipeJob(budget, threads, work / "nmt" / "recipe")
+        results["nmt"] = train_and_decode(kits["nmt"], pythons["nmt"], job, ws, stop=False)
+        budget = results["nmt"]["training_seconds"]
+    for name, peer in kits.items():
+        if name == "nmt":
+            continue
+        job = RecipeJob(budget, threads, work / name / "recipe")
+        results[name] = train_and_decode(peer, pythons[name], job, ws, stop=True)
+    score(results, ws)
+    return {"minutes": minutes, "wall_clock_budget_seconds": budget, "toolkits": results}
