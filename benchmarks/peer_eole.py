@@ -299,8 +299,10 @@ def newest_checkpoint(model: Path) -> Path:
     return max(done, key=lambda p: int(p.name[5:]))
 
 
-def decode_command(python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path) -> Command:
-    """``eole predict`` of ``src`` with the newest complete checkpoint, beam 5; the
+def decode_command(
+    python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path, beam: int = 5
+) -> Command:
+    """``eole predict`` of ``src`` with the newest complete checkpoint at ``beam``; the
     sentencepiece transform segments the source and joins the output's pieces."""
     threads = str(job.threads)
     return Command(
@@ -314,7 +316,7 @@ def decode_command(python: Path, job: RecipeJob, ws: Workspace, src: Path, out: 
             "-output",
             str(out),
             "-beam_size",
-            "5",
+            str(beam),
             "-batch_size",
             "4096",
             "-batch_type",

@@ -208,11 +208,19 @@ def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     )
 
 
-def decode_command(python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path) -> Command:
-    """``joeynmt translate`` of ``src`` (standard input) with the best checkpoint, beam 5;
-    the detokenized output on standard output (``-o`` fails after decoding in 2.3.0)."""
+def decode_command(
+    python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path, beam: int = 5
+) -> Command:
+    """``joeynmt translate`` of ``src`` (standard input) with the best checkpoint at ``beam``
+    (the recipe's config with that beam); the detokenized output on standard output (``-o``
+    fails after decoding in 2.3.0)."""
+    config = job.work / "recipe.yaml"
+    if beam != 5:
+        cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+        cfg["testing"]["beam_size"] = beam
+        config = _write(job.work / f"recipe-beam{beam}.yaml", cfg)
     return Command(
-        argv=[str(python), "-m", "joeynmt", "translate", str(job.work / "recipe.yaml")],
+        argv=[str(python), "-m", "joeynmt", "translate", str(config)],
         cwd=job.work,
         log=job.work / "decode.log",
         env={"OMP_NUM_THREADS": str(job.threads), "MKL_NUM_THREADS": str(job.threads)},

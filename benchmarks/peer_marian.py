@@ -297,8 +297,10 @@ def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     )
 
 
-def decode_command(python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path) -> Command:
-    """``pymarian decode`` of ``src`` with the best-BLEU model (else the last), beam 5,
+def decode_command(
+    python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path, beam: int = 5
+) -> Command:
+    """``pymarian decode`` of ``src`` with the best-BLEU model (else the last) at ``beam``,
     normalize 1; sentencepiece decodes the output."""
     best = job.work / "model.npz.best-bleu.npz"
     model = best if best.exists() else job.work / "model.npz"
@@ -320,7 +322,7 @@ def decode_command(python: Path, job: RecipeJob, ws: Workspace, src: Path, out: 
             "-o",
             str(out),
             "-b",
-            "5",
+            str(beam),
             "-n",
             "1.0",
             "--cpu-threads",
@@ -333,7 +335,7 @@ def decode_command(python: Path, job: RecipeJob, ws: Workspace, src: Path, out: 
             "src",
             "--max-length-factor",
             "3",
-        ],  # fmt: skip
+        ],
         cwd=job.work,
         log=job.work / "decode.log",
         env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},

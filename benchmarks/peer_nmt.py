@@ -134,14 +134,17 @@ def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     )
 
 
-def decode_command(python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path) -> Command:
-    """``nmt-translate`` of ``src`` with the run's own decoding settings (beam 5)."""
+def decode_command(
+    python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path, beam: int = 5
+) -> Command:
+    """``nmt-translate`` of ``src`` with the run's own decoding settings at ``beam``."""
     return Command(
         argv=[
             str(python.parent / "nmt-translate"),
             f"run={job.work / 'run'}",
             f"input={src}",
             f"output={out}",
+            f"beam={beam}",
             "device=cpu",
             "progress=false",
         ],

@@ -344,10 +344,14 @@ def quality_report(quality: dict[str, Any]) -> str:
                 str(r["updates"] or "?"),
                 f"{r['training_seconds'] / 60:.1f}",
                 f"{r['decode_seconds']:.1f}",
+                f"{r['greedy']['bleu']:.2f}",
+                f"{r['greedy']['decode_seconds']:.1f}",
             ]
         )
     header = ["toolkit", "BLEU [95% CI]", "p vs nmt", "updates", "train min", "decode s"]
-    head = f"{TEST_SET} BLEU, beam 5, after {quality['minutes']:g} minutes of nmt's training"
+    header += ["greedy BLEU", "greedy s"]
+    head = f"{TEST_SET} BLEU, beam 5 (and greedy), after {quality['minutes']:g} minutes of nmt's"
+    head += " training"
     return head + "\n" + table(header, rows, "l")
 
 

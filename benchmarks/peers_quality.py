@@ -98,22 +98,29 @@ def train_and_decode(
     if rc != 0 and signalled is None:
         tail = "\n".join(cmd.log.read_text(errors="replace").splitlines()[-20:])
         raise RuntimeError(f"{peer.NAME} training failed (exit {rc}): {cmd.argv}\n{tail}")
-    out = job.work / f"{TEST}.hyp"
-    dec = peer.decode_command(python, job, ws, ws.text(TEST, ws.src), out)
-    say(f"{peer.NAME}: decoding {TEST} with beam 5")
-    drc, dseconds, _ = run_until(dec, None, None, 3600)
-    if drc != 0 or not out.exists():
-        tail = "\n".join(dec.log.read_text(errors="replace").splitlines()[-20:])
-        raise RuntimeError(f"{peer.NAME} decoding failed (exit {drc}): {dec.argv}\n{tail}")
+    decoded = {beam: decode(peer, python, job, ws, beam) for beam in (5, 1)}
     return {
         "training_seconds": seconds,
         "stop_signal_at": signalled,
         "exit_code": rc,
         "updates": _updates(peer, cmd),
-        "decode_seconds": dseconds,
-        "hypotheses": str(out),
+        "decode_seconds": decoded[5][1],
+        "hypotheses": str(decoded[5][0]),
+        "greedy": {"decode_seconds": decoded[1][1], "hypotheses": str(decoded[1][0])},
         "recipe": peer.RECIPE,
     }
+
+
+def decode(peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, beam: int):
+    """The toolkit's decoding of the test set at ``beam``: (output file, seconds)."""
+    out = job.work / f"{TEST}.beam{beam}.hyp"
+    dec = peer.decode_command(python, job, ws, ws.text(TEST, ws.src), out, beam)
+    say(f"{peer.NAME}: decoding {TEST} with beam {beam}")
+    rc, seconds, _ = run_until(dec, None, None, 3600)
+    if rc != 0 or not out.exists():
+        tail = "\n".join(dec.log.read_text(errors="replace").splitlines()[-20:])
+        raise RuntimeError(f"{peer.NAME} decoding failed (exit {rc}): {dec.argv}\n{tail}")
+    return out, seconds
 
 
 def score(results: dict[str, dict[str, Any]], ws: Workspace) -> None:
@@ -130,6 +137,8 @@ def score(results: dict[str, dict[str, Any]], ws: Workspace) -> None:
         results[name]["bleu"] = s.score
         results[name]["bleu_ci"] = [s.ci.low, s.ci.high] if s.ci else None
         results[name]["signature"] = s.signature
+        greedy = Path(results[name]["greedy"]["hypotheses"]).read_text(encoding="utf-8")
+        results[name]["greedy"]["bleu"] = bleu(greedy.splitlines(), refs).score
     others = [n for n in hyps if n != "nmt"]
     if "nmt" in hyps and others:
         _, paired = paired_bootstrap(hyps["nmt"], [hyps[n] for n in others], refs)

@@ -247,10 +247,11 @@ def recipe_toolkit(name: str, stop_by_itself: float, how: str):
         argv = [str(python), str(script), str(stop_by_itself), str(job.work)]
         return Command(argv, job.work, job.work / "train.log")
 
-    def decode_command(python: Path, job, ws: Workspace, src: Path, out: Path) -> Command:
+    def decode_command(python: Path, job, ws: Workspace, src: Path, out: Path, beam: int):
         script = job.work / "decode.py"
         script.write_text(DECODER)
-        argv = [str(python), str(script), str(src), str(out), str(ws.root), how]
+        decoded = how if beam == 5 else "cut"
+        argv = [str(python), str(script), str(src), str(out), str(ws.root), decoded]
         return Command(argv, job.work, job.work / "decode.log")
 
     def parse_train_log(text: str) -> list[Window]:
@@ -283,7 +284,8 @@ def test_peers_get_nmts_wall_clock_then_their_outputs_are_scored(tmp_path: Path)
     assert out["wall_clock_budget_seconds"] == nmt["training_seconds"]
     assert peer["stop_signal_at"] == pytest.approx(nmt["training_seconds"], abs=0.6)
     assert (tmp_path / "work" / "peer" / "recipe" / "saved").read_text() == "yes"
-    assert nmt["bleu"] == pytest.approx(100.0)
+    assert nmt["bleu"] == pytest.approx(100.0) and nmt["greedy"]["bleu"] < 100.0
+    assert nmt["greedy"]["hypotheses"].endswith("test_2016_flickr.beam1.hyp")
     assert peer["bleu"] < 100.0 and peer["p_value_against_nmt"] < 0.05
     assert peer["updates"] is None and peer["recipe"] == {"source": "peer"}
     assert "p vs nmt" in peers.quality_report(out)
@@ -322,6 +324,17 @@ def test_each_recipe_writes_its_config_and_decodes_the_test_set(peer, tmp_path: 
         assert testing["beam_size"] == 5
     if peer is peer_nmt:
         assert "experiment=cpu_quick" in cmd.argv and "trainer.max_time=1800" in cmd.argv
+    greedy = " ".join(peer.decode_command(Path("/v/bin/python"), job, ws, src, out, 1).argv)
+    expected = {
+        peer_eole: "-beam_size 1",
+        peer_marian: "-b 1 ",
+        peer_nmt: "beam=1",
+        peer_joeynmt: "recipe-beam1.yaml",
+    }
+    assert expected[peer] in greedy
+    if peer is peer_joeynmt:
+        testing = yaml.safe_load((job.work / "recipe-beam1.yaml").read_text())["testing"]
+        assert testing["beam_size"] == 1
 
 
 def test_marian_lines_of_a_mean_cost_carry_no_label_counts() -> None:
