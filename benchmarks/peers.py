@@ -86,6 +86,7 @@ class Settings:
     python: Path  # nmt's
     speed: bool = True  # the training-speed rounds
     quality_minutes: float = 0.0  # > 0: BLEU at this budget (benchmarks.peers_quality)
+    quality_done: dict[str, Any] | None = None  # an earlier run's quality section, continued
 
 
 def check_settings(s: Settings) -> list[str]:
@@ -304,7 +305,11 @@ def compare(s: Settings) -> dict[str, Any]:
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(s).items()},
+        "settings": {
+            k: str(v) if isinstance(v, Path) else v
+            for k, v in vars(s).items()
+            if k != "quality_done"
+        },
         "definitions": DEFINITIONS,
         "shape": SHAPE,
         "machine": {
@@ -320,7 +325,9 @@ def compare(s: Settings) -> dict[str, Any]:
     if s.speed:
         result["train"] = compare_training(s, ws, kits, pythons)
     if s.quality_minutes:
-        result["quality"] = compare_quality(s.quality_minutes, s.threads, s.work, ws, kits, pythons)
+        result["quality"] = compare_quality(
+            s.quality_minutes, s.threads, s.work, ws, kits, pythons, s.quality_done
+        )
     result["machine"]["load_average_end"] = load_average_or_none()
     result["seconds"] = time.perf_counter() - start
     return result

@@ -13,6 +13,7 @@ with a bootstrap interval) and by the paired bootstrap test against nmt's.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -146,21 +147,54 @@ def score(results: dict[str, dict[str, Any]], ws: Workspace) -> None:
             results[name]["p_value_against_nmt"] = p.p_value
 
 
+def carried(done: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The toolkits of an earlier run (``done``: its ``quality`` section or its progress
+    file) whose outputs are still on disk: kept instead of trained again."""
+    if not done:
+        return {}
+    kept = {}
+    for name, r in done.get("toolkits", {}).items():
+        files = [r.get("hypotheses"), r.get("greedy", {}).get("hypotheses")]
+        if all(isinstance(f, str) and Path(f).is_file() for f in files):
+            kept[name] = r
+    return kept
+
+
+def write_progress(path: Path, state: dict[str, Any]) -> None:
+    """The runs so far, written whole under a temporary name and then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(json.dumps(state, indent=2) + "\n")
+    os.replace(part, path)
+
+
 def compare_quality(
     minutes: float, threads: int, work: Path, ws: Workspace, kits: dict[str, ModuleType],
-    pythons: dict[str, Path],
+    pythons: dict[str, Path], done: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """nmt's preset for ``minutes`` of training, then each peer for nmt's wall-clock time."""
-    results: dict[str, dict[str, Any]] = {}
-    budget = minutes * 60
-    if "nmt" in kits:
-        job = RecipeJob(budget, threads, work / "nmt" / "recipe")
+    """nmt's preset for ``minutes`` of training, then each peer for nmt's wall-clock time.
+
+    ``done``: an earlier run's quality section or ``<work>/quality-progress.json`` (written
+    after every toolkit): its toolkits whose outputs are still there are kept, with its
+    budget, and only the others train. A long comparison can so be finished in parts."""
+    results = carried(done)
+    budget = float(done["wall_clock_budget_seconds"]) if "nmt" in results and done else 0.0
+    if results:
+        say(f"kept from the earlier run: {', '.join(results)}")
+    if "nmt" in kits and "nmt" not in results:
+        job = RecipeJob(minutes * 60, threads, work / "nmt" / "recipe")
         results["nmt"] = train_and_decode(kits["nmt"], pythons["nmt"], job, ws, stop=False)
         budget = results["nmt"]["training_seconds"]
+    progress = work / "quality-progress.json"
+    state = {"minutes": minutes, "wall_clock_budget_seconds": budget, "toolkits": results}
+    write_progress(progress, state)
+    if not budget:
+        raise ValueError("the peers' budget is nmt's wall-clock time: train nmt first")
     for name, peer in kits.items():
-        if name == "nmt":
+        if name in results:
             continue
         job = RecipeJob(budget, threads, work / name / "recipe")
         results[name] = train_and_decode(peer, pythons[name], job, ws, stop=True)
+        write_progress(progress, state)
     score(results, ws)
-    return {"minutes": minutes, "wall_clock_budget_seconds": budget, "toolkits": results}
+    return state

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -57,6 +58,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="BLEU after this many minutes of nmt's training, each peer given the same "
         "wall-clock time (0: none; default 30)",
     )
+    p.add_argument(
+        "--quality-continue",
+        help="an earlier run's JSON, or <work>/quality-progress.json: its toolkits whose "
+        "outputs are still there are kept, with its budget; the others train",
+    )
     p.add_argument("--no-speed", action="store_true", help="skip the training-speed rounds")
     p.add_argument(
         "--quick", action="store_true", help="a smoke run: one round, 12 updates, 2 minutes"
@@ -66,6 +72,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def split(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def earlier(path: str | None) -> dict | None:
+    """The quality section of an earlier run's JSON or progress file."""
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"--quality-continue {path}: {err}") from err
+    section = data.get("quality", data) if isinstance(data, dict) else None
+    if not isinstance(section, dict) or not isinstance(section.get("toolkits"), dict):
+        raise SystemExit(f"--quality-continue {path}: no 'toolkits' of a quality comparison")
+    return section
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         python=Path(sys.executable),
         speed=not a.no_speed,
         quality_minutes=a.quality_minutes,
+        quality_done=earlier(a.quality_continue),
     )
     if a.quick:
         s = peers.with_quick(s)

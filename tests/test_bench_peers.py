@@ -348,3 +348,32 @@ def test_marian_lines_of_a_mean_cost_carry_no_label_counts() -> None:
     windows = peer_marian.parse_train_log(text)
     assert [(w.step, w.steps) for w in windows] == [(50, 50), (100, 50)]
     assert windows[1].tgt_tokens == pytest.approx(2125.31 * 82.03)
+
+
+def test_an_equal_budget_comparison_continues_from_its_progress_file(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path / "ws")
+    (ws.root / "data").mkdir(parents=True)
+    refs = [f"two dogs play in the snow near house {i}" for i in range(30)]
+    ws.text("test_2016_flickr", "en").write_text("".join(r + "\n" for r in refs))
+    ws.text("test_2016_flickr", "de").write_text("".join(f"x {i}\n" for i in range(30)))
+    py = Path(sys.executable)
+    pythons = {"nmt": py, "peer": py, "late": py}
+    work = tmp_path / "work"
+    kits = {"nmt": recipe_toolkit("nmt", 1.0, "copy"), "peer": recipe_toolkit("peer", 0, "cut")}
+    first = peers_quality.compare_quality(0.01, 1, work, ws, kits, pythons)
+    progress = json.loads((work / "quality-progress.json").read_text())
+    assert set(progress["toolkits"]) == {"nmt", "peer"}
+
+    def never(*args):
+        raise AssertionError("a kept toolkit was trained again")
+
+    kept_nmt = SimpleNamespace(**{**vars(kits["nmt"]), "recipe_command": never})
+    Path(first["toolkits"]["peer"]["hypotheses"]).unlink()  # its outputs are gone: retrained
+    kits = {"nmt": kept_nmt, "peer": kits["peer"], "late": recipe_toolkit("late", 0, "cut")}
+    again = peers_quality.compare_quality(0.01, 1, work, ws, kits, pythons, progress)
+    assert again["wall_clock_budget_seconds"] == first["wall_clock_budget_seconds"]
+    assert set(again["toolkits"]) == {"nmt", "peer", "late"}
+    assert again["toolkits"]["late"]["stop_signal_at"] == pytest.approx(
+        first["wall_clock_budget_seconds"], abs=0.6
+    )
+    assert again["toolkits"]["nmt"]["bleu"] == pytest.approx(100.0)
