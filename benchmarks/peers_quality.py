@@ -24,10 +24,12 @@ from types import ModuleType
 from typing import Any
 
 from benchmarks.peers_common import Command, RecipeJob, Workspace
+from benchmarks.report import SetupError
 from benchmarks.report import say as _say
 from nmt.config import BOOTSTRAP_RESAMPLES
 from nmt.environment import child_environment
 from nmt.evaluate.metrics import bleu, paired_bootstrap
+from nmt.runtime.device import cpu_model
 
 TEST = "test_2016_flickr"
 GRACE_SECONDS = 600  # after the stop signal, before the process is killed
@@ -152,6 +154,11 @@ def carried(done: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     file) whose outputs are still on disk: kept instead of trained again."""
     if not done:
         return {}
+    if done.get("cpu_model") != cpu_model():
+        raise SetupError(
+            f"the earlier run trained on {done.get('cpu_model')!r}, this machine is "
+            f"{cpu_model()!r}: an equal wall-clock budget needs one machine"
+        )
     kept = {}
     for name, r in done.get("toolkits", {}).items():
         files = [r.get("hypotheses"), r.get("greedy", {}).get("hypotheses")]
@@ -186,10 +193,15 @@ def compare_quality(
         results["nmt"] = train_and_decode(kits["nmt"], pythons["nmt"], job, ws, stop=False)
         budget = results["nmt"]["training_seconds"]
     progress = work / "quality-progress.json"
-    state = {"minutes": minutes, "wall_clock_budget_seconds": budget, "toolkits": results}
+    state = {
+        "minutes": minutes,
+        "wall_clock_budget_seconds": budget,
+        "cpu_model": cpu_model(),
+        "toolkits": results,
+    }
     write_progress(progress, state)
     if not budget:
-        raise ValueError("the peers' budget is nmt's wall-clock time: train nmt first")
+        raise SetupError("the peers' budget is nmt's wall-clock time: train nmt first")
     for name, peer in kits.items():
         if name in results:
             continue

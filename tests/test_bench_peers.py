@@ -21,6 +21,7 @@ from benchmarks.peers_common import (
     steady_windows,
     window_stats,
 )
+from benchmarks.report import SetupError
 
 DATA = Path(__file__).parent / "data" / "peers"
 
@@ -377,3 +378,6 @@ def test_an_equal_budget_comparison_continues_from_its_progress_file(tmp_path: P
         first["wall_clock_budget_seconds"], abs=0.6
     )
     assert again["toolkits"]["nmt"]["bleu"] == pytest.approx(100.0)
+    elsewhere = {**progress, "cpu_model": "another CPU"}
+    with pytest.raises(SetupError, match="'another CPU'.*needs one machine"):
+        peers_quality.compare_quality(0.01, 1, work, ws, kits, pythons, elsewhere)
