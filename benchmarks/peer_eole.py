@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.peers_common import Command, RecipeJob, TrainJob, Window, Workspace
+from benchmarks.peers_common import Command, RecipeJob, TrainJob, Window, Workspace, command
 
 NAME = "eole"
 VERSION = "0.6.4"
@@ -179,18 +179,18 @@ def train_config(job: TrainJob, ws: Workspace) -> dict[str, Any]:
     }
 
 
+def eole_train(python: Path, work: Path, threads: int, cfg: dict[str, Any], name: str) -> Command:
+    """Writes ``cfg`` as ``work/name``; the command runs ``eole train`` on it."""
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / name
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    eole = str(Path(python).parent / "eole")
+    return command([eole, "train", "-config", str(config)], work, "train.log", threads)
+
+
 def train_command(python: Path, job: TrainJob, ws: Workspace) -> Command:
-    """Writes ``eole.yaml`` under ``job.work``; the command runs ``eole train`` on it."""
-    job.work.mkdir(parents=True, exist_ok=True)
-    config = job.work / "eole.yaml"
-    config.write_text(yaml.safe_dump(train_config(job, ws), sort_keys=False))
-    threads = str(job.threads)
-    return Command(
-        argv=[str(Path(python).parent / "eole"), "train", "-config", str(config)],
-        cwd=job.work,
-        log=job.work / "train.log",
-        env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},
-    )
+    """``eole train`` on ``eole.yaml`` (:func:`train_config`) under ``job.work``."""
+    return eole_train(python, job.work, job.threads, train_config(job, ws), "eole.yaml")
 
 
 # "Step 5/   30; acc: ...; bsz: 3470/3533/226; 1416/1442 tok/s;     12 sec;"
@@ -277,16 +277,7 @@ def recipe_config(job: RecipeJob, ws: Workspace) -> dict[str, Any]:
 
 def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     """``eole train`` on the adapted recipe, until the harness stops it."""
-    job.work.mkdir(parents=True, exist_ok=True)
-    config = job.work / "recipe.yaml"
-    config.write_text(yaml.safe_dump(recipe_config(job, ws), sort_keys=False))
-    threads = str(job.threads)
-    return Command(
-        argv=[str(Path(python).parent / "eole"), "train", "-config", str(config)],
-        cwd=job.work,
-        log=job.work / "train.log",
-        env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},
-    )
+    return eole_train(python, job.work, job.threads, recipe_config(job, ws), "recipe.yaml")
 
 
 def newest_checkpoint(model: Path) -> Path:
@@ -304,9 +295,8 @@ def decode_command(
 ) -> Command:
     """``eole predict`` of ``src`` with the newest complete checkpoint at ``beam``; the
     sentencepiece transform segments the source and joins the output's pieces."""
-    threads = str(job.threads)
-    return Command(
-        argv=[
+    return command(
+        [
             str(Path(python).parent / "eole"),
             "predict",
             "-model_path",
@@ -325,7 +315,7 @@ def decode_command(
             "-transforms",
             "sentencepiece",
         ],
-        cwd=job.work,
-        log=job.work / "decode.log",
-        env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},
+        job.work,
+        "decode.log",
+        job.threads,
     )

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.peers_common import Command, RecipeJob, TrainJob, Window, Workspace
+from benchmarks.peers_common import Command, RecipeJob, TrainJob, Window, Workspace, command
 
 NAME = "joeynmt"
 VERSION = "2.3.0"
@@ -90,11 +90,11 @@ def write_config(job: TrainJob, ws: Workspace) -> Path:
 def train_command(python: Path, job: TrainJob, ws: Workspace) -> Command:
     """``python -m joeynmt train CONFIG -t`` (``-t``: no test decoding at the end)."""
     config = write_config(job, ws)
-    return Command(
-        argv=[str(python), "-m", "joeynmt", "train", str(config), "-t"],
-        cwd=job.work,
-        log=job.work / "train.log",
-        env={"OMP_NUM_THREADS": str(job.threads), "MKL_NUM_THREADS": str(job.threads)},
+    return command(
+        [str(python), "-m", "joeynmt", "train", str(config), "-t"],
+        job.work,
+        "train.log",
+        job.threads,
     )
 
 
@@ -200,11 +200,11 @@ def _write(path: Path, cfg: dict) -> Path:
 def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     """JoeyNMT's recipe, trained until the harness interrupts it."""
     config = _write(job.work / "recipe.yaml", recipe_config(job, ws))
-    return Command(
-        argv=[str(python), "-m", "joeynmt", "train", str(config), "-t"],
-        cwd=job.work,
-        log=job.work / "train.log",
-        env={"OMP_NUM_THREADS": str(job.threads), "MKL_NUM_THREADS": str(job.threads)},
+    return command(
+        [str(python), "-m", "joeynmt", "train", str(config), "-t"],
+        job.work,
+        "train.log",
+        job.threads,
     )
 
 
@@ -219,11 +219,11 @@ def decode_command(
         cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
         cfg["testing"]["beam_size"] = beam
         config = _write(job.work / f"recipe-beam{beam}.yaml", cfg)
-    return Command(
-        argv=[str(python), "-m", "joeynmt", "translate", str(config)],
-        cwd=job.work,
-        log=job.work / "decode.log",
-        env={"OMP_NUM_THREADS": str(job.threads), "MKL_NUM_THREADS": str(job.threads)},
+    return command(
+        [str(python), "-m", "joeynmt", "translate", str(config)],
+        job.work,
+        "decode.log",
+        job.threads,
         stdout=out,
         stdin=src,
     )

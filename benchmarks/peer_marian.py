@@ -30,7 +30,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from benchmarks.peers_common import SHAPE, Command, RecipeJob, TrainJob, Window, Workspace
+from benchmarks.peers_common import SHAPE, Command, RecipeJob, TrainJob, Window, Workspace, command
 
 NAME = "marian"
 VERSION = "1.12.42"
@@ -167,18 +167,19 @@ def train_command(python: Path, job: TrainJob, ws: Workspace) -> Command:
     """Write ``vocab.spm`` and ``marian.yml`` under ``job.work``; the command trains
     ``job.steps`` updates with them and saves the model only once, at the end (Marian's final
     save cannot be turned off)."""
-    job.work.mkdir(parents=True, exist_ok=True)
-    vocab = job.work / "vocab.spm"
+    return marian_train(python, job.work, job.threads, ws, train_options, job, "marian.yml")
+
+
+def marian_train(python, work, threads, ws, options, job, name) -> Command:
+    """Copy the sentencepiece model to ``work/vocab.spm``, write ``options(job, ws, vocab)``
+    as ``work/name``; the command trains with it."""
+    work.mkdir(parents=True, exist_ok=True)
+    vocab = work / "vocab.spm"
     shutil.copyfile(ws.spm_model, vocab)
-    config = job.work / "marian.yml"
-    config.write_text(json.dumps(train_options(job, ws, vocab), indent=1) + "\n")
-    threads = str(job.threads)
-    return Command(
-        argv=[str(python), "-m", "pymarian", "--config", str(config)],
-        cwd=job.work,
-        log=job.work / "train.log",
-        env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},
-    )
+    config = work / name
+    config.write_text(json.dumps(options(job, ws, vocab), indent=1) + "\n")
+    argv = [str(python), "-m", "pymarian", "--config", str(config)]
+    return command(argv, work, "train.log", threads)
 
 
 UPDATE_LINE = re.compile(
@@ -283,18 +284,7 @@ def recipe_options(job: RecipeJob, ws: Workspace, vocab: Path) -> dict[str, Any]
 
 def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     """Marian on the adapted preset, until the harness stops it."""
-    job.work.mkdir(parents=True, exist_ok=True)
-    vocab = job.work / "vocab.spm"
-    shutil.copyfile(ws.spm_model, vocab)
-    config = job.work / "recipe.yml"
-    config.write_text(json.dumps(recipe_options(job, ws, vocab), indent=1) + "\n")
-    threads = str(job.threads)
-    return Command(
-        argv=[str(python), "-m", "pymarian", "--config", str(config)],
-        cwd=job.work,
-        log=job.work / "train.log",
-        env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},
-    )
+    return marian_train(python, job.work, job.threads, ws, recipe_options, job, "recipe.yml")
 
 
 def decode_command(
@@ -305,9 +295,8 @@ def decode_command(
     best = job.work / "model.npz.best-bleu.npz"
     model = best if best.exists() else job.work / "model.npz"
     vocab = str(job.work / "vocab.spm")
-    threads = str(job.threads)
-    return Command(
-        argv=[
+    return command(
+        [
             str(python),
             "-m",
             "pymarian",
@@ -326,7 +315,7 @@ def decode_command(
             "-n",
             "1.0",
             "--cpu-threads",
-            threads,
+            str(job.threads),
             "--mini-batch",
             "64",
             "--maxi-batch",
@@ -336,7 +325,7 @@ def decode_command(
             "--max-length-factor",
             "3",
         ],
-        cwd=job.work,
-        log=job.work / "decode.log",
-        env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},
+        job.work,
+        "decode.log",
+        job.threads,
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.peers_common import Command, RecipeJob, TrainJob, Window, Workspace
+from benchmarks.peers_common import Command, RecipeJob, TrainJob, Window, Workspace, command
 
 NAME = "nmt"
 VERSION = "this checkout"
@@ -54,11 +54,11 @@ def overrides(job: TrainJob, ws: Workspace) -> list[str]:
 def train_command(python: Path, job: TrainJob, ws: Workspace) -> Command:
     """``nmt-train`` (beside ``python``) with :func:`overrides`."""
     job.work.mkdir(parents=True, exist_ok=True)
-    return Command(
-        argv=[str(python.parent / "nmt-train"), *overrides(job, ws)],
-        cwd=job.work,
-        log=job.work / "train.log",
-        env={"OMP_NUM_THREADS": str(job.threads), "MKL_NUM_THREADS": str(job.threads)},
+    return command(
+        [str(python.parent / "nmt-train"), *overrides(job, ws)],
+        job.work,
+        "train.log",
+        job.threads,
         windows_from=job.work / "run" / "metrics.jsonl",
     )
 
@@ -115,8 +115,8 @@ STOP_SIGNAL = None  # stops itself at trainer.max_time
 def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     """``nmt-train experiment=cpu_quick`` with ``job.seconds`` of training."""
     job.work.mkdir(parents=True, exist_ok=True)
-    return Command(
-        argv=[
+    return command(
+        [
             str(python.parent / "nmt-train"),
             "experiment=cpu_quick",
             f"data.root={ws.data_root}",
@@ -127,9 +127,9 @@ def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
             "trainer.progress=false",
             f"hydra.run.dir={job.work / 'run'}",
         ],
-        cwd=job.work,
-        log=job.work / "train.log",
-        env={"OMP_NUM_THREADS": str(job.threads), "MKL_NUM_THREADS": str(job.threads)},
+        job.work,
+        "train.log",
+        job.threads,
         windows_from=job.work / "run" / "metrics.jsonl",
     )
 
@@ -138,8 +138,8 @@ def decode_command(
     python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path, beam: int = 5
 ) -> Command:
     """``nmt-translate`` of ``src`` with the run's own decoding settings at ``beam``."""
-    return Command(
-        argv=[
+    return command(
+        [
             str(python.parent / "nmt-translate"),
             f"run={job.work / 'run'}",
             f"input={src}",
@@ -148,7 +148,7 @@ def decode_command(
             "device=cpu",
             "progress=false",
         ],
-        cwd=job.work,
-        log=job.work / "decode.log",
-        env={"OMP_NUM_THREADS": str(job.threads), "MKL_NUM_THREADS": str(job.threads)},
+        job.work,
+        "decode.log",
+        job.threads,
     )

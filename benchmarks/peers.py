@@ -30,7 +30,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Any
 from benchmarks import peer_eole, peer_joeynmt, peer_marian, peer_nmt
 from benchmarks.joeynmt_setup import prepare_joey_dir
 from benchmarks.machine import busy_warning, cpu_busy_share, load_average_or_none
-from benchmarks.peers_common import SHAPE, TrainJob, Workspace, window_stats
+from benchmarks.peers_common import SHAPE, TrainJob, Workspace, run, window_stats
 from benchmarks.peers_quality import TEST as TEST_SET
 from benchmarks.peers_quality import compare_quality
 from benchmarks.report import SetupError, table
@@ -158,44 +157,24 @@ def ensure_venv(peer: ModuleType, venvs: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ runs
 
 
-def run_process(argv: list[str], cwd: Path, env: dict[str, str], log: Path, timeout: float):
-    """Run ``argv`` with its output into ``log``; (exit code, seconds, peak resident bytes)."""
-    full = child_environment(**env)
-    full.pop("PYTHONPATH", None)
-    tic = time.perf_counter()
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, env=full, stdout=out, stderr=subprocess.STDOUT)
-        timer = threading.Timer(timeout, proc.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            timer.cancel()
-    return os.waitstatus_to_exitcode(status), time.perf_counter() - tic, usage.ru_maxrss * 1024
-
-
 def segment(peer: ModuleType, python: Path, job: TrainJob, ws: Workspace, s: Settings, skip: int):
     """One training process of ``peer`` for ``job``; its windows' figures."""
     if job.work.exists():
         shutil.rmtree(job.work)
     job.work.mkdir(parents=True)
     cmd = peer.train_command(python, job, ws)
-    rc, seconds, peak = run_process(cmd.argv, cmd.cwd, cmd.env, cmd.log, s.timeout)
-    if rc != 0:
+    done = run(cmd, s.timeout)
+    if done.rc != 0:
         tail = "\n".join(cmd.log.read_text(errors="replace").splitlines()[-20:])
-        raise RuntimeError(f"{peer.NAME} failed (exit {rc}): {' '.join(cmd.argv)}\n{tail}")
+        raise RuntimeError(f"{peer.NAME} failed (exit {done.rc}): {' '.join(cmd.argv)}\n{tail}")
     windows = peer.parse_train_log(cmd.windows_file.read_text(errors="replace"))
     stats = window_stats(windows, skip)
     details = peer.run_details(cmd) if hasattr(peer, "run_details") else {}
     return {
         **stats,
         **details,
-        "process_seconds": seconds,
-        "peak_rss_bytes": peak,
+        "process_seconds": done.seconds,
+        "peak_rss_bytes": done.peak_rss_bytes,
         "log": str(cmd.log),
     }
 

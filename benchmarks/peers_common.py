@@ -15,11 +15,18 @@ sentencepiece model (ids 0-3 ``<unk> <pad> <s> </s>``), written by
 
 from __future__ import annotations
 
+import os
+import signal
 import statistics
+import subprocess
+import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from nmt.environment import child_environment
 
 # the model shape every toolkit is asked for: nmt's default Transformer (TransformerConfig)
 SHAPE = {
@@ -108,6 +115,64 @@ class Command:
     @property
     def windows_file(self) -> Path:
         return self.windows_from or self.log
+
+
+def command(argv: list[str], work: Path, log: str, threads: int, **more: Any) -> Command:
+    """A :class:`Command` run in ``work`` with its output into ``work/log`` and ``threads``
+    OpenMP and MKL threads."""
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return Command(argv=argv, cwd=work, log=work / log, env=env, **more)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a process ended: exit code, seconds, peak resident memory, and when the stop
+    signal was sent (seconds after the start; None when it was not)."""
+
+    rc: int
+    seconds: float
+    peak_rss_bytes: int
+    signalled: float | None = None
+
+
+GRACE_SECONDS = 600  # after the stop signal, before the process is killed
+
+
+def run(
+    cmd: Command, limit: float, stop_after: float | None = None, stop_signal: int | None = None
+) -> Finished:
+    """Run ``cmd`` (without the caller's PYTHONPATH); ``stop_after`` seconds after its start
+    send ``stop_signal`` (SIGTERM when None) and give it :data:`GRACE_SECONDS` to exit; kill
+    it at ``limit`` seconds in any case."""
+    env = child_environment(**cmd.env)
+    env.pop("PYTHONPATH", None)
+    tic = time.perf_counter()
+    signalled = None
+    with ExitStack() as files:
+        log = files.enter_context(cmd.log.open("w"))
+        out = files.enter_context(cmd.stdout.open("w")) if cmd.stdout else log
+        inp = files.enter_context(cmd.stdin.open()) if cmd.stdin else subprocess.DEVNULL
+        proc = subprocess.Popen(cmd.argv, cwd=cmd.cwd, env=env, stdin=inp, stdout=out, stderr=log)
+        try:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                elapsed = time.perf_counter() - tic
+                if elapsed >= limit:
+                    proc.kill()
+                elif stop_after is not None and signalled is None and elapsed >= stop_after:
+                    proc.send_signal(stop_signal or signal.SIGTERM)
+                    signalled = elapsed
+                    limit = min(limit, elapsed + GRACE_SECONDS)
+                time.sleep(0.2)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - tic
+    return Finished(proc.returncode, seconds, usage.ru_maxrss * 1024, signalled)
 
 
 @dataclass(frozen=True)

@@ -16,65 +16,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from benchmarks.peers_common import Command, RecipeJob, Workspace
+from benchmarks.peers_common import GRACE_SECONDS, Command, RecipeJob, Workspace, run
 from benchmarks.report import SetupError
 from benchmarks.report import say as _say
 from nmt.config import BOOTSTRAP_RESAMPLES
-from nmt.environment import child_environment
 from nmt.evaluate.metrics import bleu, paired_bootstrap
 from nmt.runtime.device import cpu_model
 
 TEST = "test_2016_flickr"
-GRACE_SECONDS = 600  # after the stop signal, before the process is killed
 
 
 def say(msg: str) -> None:
     _say("bench-peers", msg)
-
-
-def run_until(cmd: Command, stop_after: float | None, stop_signal: int | None, limit: float):
-    """Run ``cmd``; ``stop_after`` seconds after its start send ``stop_signal`` and give it
-    :data:`GRACE_SECONDS` to exit; kill it at ``limit`` seconds in any case. Returns (exit
-    code, seconds, seconds at which the signal was sent or None)."""
-    env = child_environment(**cmd.env)
-    env.pop("PYTHONPATH", None)
-    tic = time.perf_counter()
-    with (
-        cmd.log.open("w") as log,
-        cmd.stdout.open("w") if cmd.stdout else open(os.devnull, "w") as out,
-        cmd.stdin.open() if cmd.stdin else open(os.devnull) as inp,
-    ):
-        proc = subprocess.Popen(
-            cmd.argv,
-            cwd=cmd.cwd,
-            env=env,
-            stdin=inp,
-            stdout=out if cmd.stdout else log,
-            stderr=log,
-        )
-        signalled = None
-        try:
-            while proc.poll() is None:
-                elapsed = time.perf_counter() - tic
-                if elapsed >= limit:
-                    proc.kill()
-                elif stop_after is not None and signalled is None and elapsed >= stop_after:
-                    proc.send_signal(stop_signal or signal.SIGTERM)
-                    signalled = elapsed
-                    limit = min(limit, elapsed + GRACE_SECONDS)
-                time.sleep(0.5)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-    return proc.returncode, time.perf_counter() - tic, signalled
 
 
 def _updates(peer: ModuleType, cmd: Command) -> int | None:
@@ -97,15 +54,16 @@ def train_and_decode(
     say(f"{peer.NAME}: training its recipe for {job.seconds / 60:.1f} minutes")
     stop_after = job.seconds if stop else None
     limit = job.seconds + GRACE_SECONDS if stop else 2 * job.seconds + GRACE_SECONDS
-    rc, seconds, signalled = run_until(cmd, stop_after, peer.STOP_SIGNAL, limit)
-    if rc != 0 and signalled is None:
+    done = run(cmd, limit, stop_after, peer.STOP_SIGNAL)
+    if done.rc != 0 and done.signalled is None:
         tail = "\n".join(cmd.log.read_text(errors="replace").splitlines()[-20:])
-        raise RuntimeError(f"{peer.NAME} training failed (exit {rc}): {cmd.argv}\n{tail}")
+        raise RuntimeError(f"{peer.NAME} training failed (exit {done.rc}): {cmd.argv}\n{tail}")
     decoded = {beam: decode(peer, python, job, ws, beam) for beam in (5, 1)}
     return {
-        "training_seconds": seconds,
-        "stop_signal_at": signalled,
-        "exit_code": rc,
+        "training_seconds": done.seconds,
+        "stop_signal_at": done.signalled,
+        "exit_code": done.rc,
+        "peak_rss_bytes": done.peak_rss_bytes,
         "updates": _updates(peer, cmd),
         "decode_seconds": decoded[5][1],
         "hypotheses": str(decoded[5][0]),
@@ -119,11 +77,11 @@ def decode(peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, beam: 
     out = job.work / f"{TEST}.beam{beam}.hyp"
     dec = peer.decode_command(python, job, ws, ws.text(TEST, ws.src), out, beam)
     say(f"{peer.NAME}: decoding {TEST} with beam {beam}")
-    rc, seconds, _ = run_until(dec, None, None, 3600)
-    if rc != 0 or not out.exists():
+    done = run(dec, 3600)
+    if done.rc != 0 or not out.exists():
         tail = "\n".join(dec.log.read_text(errors="replace").splitlines()[-20:])
-        raise RuntimeError(f"{peer.NAME} decoding failed (exit {rc}): {dec.argv}\n{tail}")
-    return out, seconds
+        raise RuntimeError(f"{peer.NAME} decoding failed (exit {done.rc}): {dec.argv}\n{tail}")
+    return out, done.seconds
 
 
 def score(results: dict[str, dict[str, Any]], ws: Workspace) -> None:

@@ -4,6 +4,7 @@ logs, and the rounds run on toolkits made here (real processes whose logs the te
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -261,19 +262,25 @@ def recipe_toolkit(name: str, stop_by_itself: float, how: str):
     return SimpleNamespace(
         NAME=name,
         RECIPE={"source": name},
-        STOP_SIGNAL=None if stop_by_itself else peers_quality.signal.SIGTERM,
+        STOP_SIGNAL=None if stop_by_itself else signal.SIGTERM,
         recipe_command=recipe_command,
         decode_command=decode_command,
         parse_train_log=parse_train_log,
     )
 
 
-def test_peers_get_nmts_wall_clock_then_their_outputs_are_scored(tmp_path: Path) -> None:
+def make_test_set(tmp_path: Path, sentences: int) -> Workspace:
+    """A workspace holding only a test set of ``sentences`` lines."""
     ws = Workspace(tmp_path / "ws")
     (ws.root / "data").mkdir(parents=True)
-    refs = [f"a man rides a red bike number {i} today" for i in range(40)]
+    refs = [f"a man rides a red bike number {i} today" for i in range(sentences)]
     ws.text("test_2016_flickr", "en").write_text("".join(r + "\n" for r in refs))
-    ws.text("test_2016_flickr", "de").write_text("".join(f"x {i}\n" for i in range(40)))
+    ws.text("test_2016_flickr", "de").write_text("".join(f"x {i}\n" for i in range(sentences)))
+    return ws
+
+
+def test_peers_get_nmts_wall_clock_then_their_outputs_are_scored(tmp_path: Path) -> None:
+    ws = make_test_set(tmp_path, 40)
     kits = {"nmt": recipe_toolkit("nmt", 1.5, "copy"), "peer": recipe_toolkit("peer", 0, "cut")}
     py = Path(sys.executable)
     out = peers_quality.compare_quality(
@@ -352,11 +359,7 @@ def test_marian_lines_of_a_mean_cost_carry_no_label_counts() -> None:
 
 
 def test_an_equal_budget_comparison_continues_from_its_progress_file(tmp_path: Path) -> None:
-    ws = Workspace(tmp_path / "ws")
-    (ws.root / "data").mkdir(parents=True)
-    refs = [f"two dogs play in the snow near house {i}" for i in range(30)]
-    ws.text("test_2016_flickr", "en").write_text("".join(r + "\n" for r in refs))
-    ws.text("test_2016_flickr", "de").write_text("".join(f"x {i}\n" for i in range(30)))
+    ws = make_test_set(tmp_path, 30)
     py = Path(sys.executable)
     pythons = {"nmt": py, "peer": py, "late": py}
     work = tmp_path / "work"
