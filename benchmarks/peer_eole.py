@@ -280,6 +280,9 @@ def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     return eole_train(python, job.work, job.threads, recipe_config(job, ws), "recipe.yaml")
 
 
+BATCHED = ["-batch_size", "4096", "-batch_type", "tokens"]
+
+
 def newest_checkpoint(model: Path) -> Path:
     """The newest ``step_N`` folder whose ``config.json`` (written last) is there."""
     done = [
@@ -291,7 +294,13 @@ def newest_checkpoint(model: Path) -> Path:
 
 
 def decode_command(
-    python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path, beam: int = 5
+    python: Path,
+    job: RecipeJob,
+    ws: Workspace,
+    src: Path,
+    out: Path,
+    beam: int = 5,
+    one_at_a_time: bool = False,
 ) -> Command:
     """``eole predict`` of ``src`` with the newest complete checkpoint at ``beam``; the
     sentencepiece transform segments the source and joins the output's pieces."""
@@ -307,10 +316,7 @@ def decode_command(
             str(out),
             "-beam_size",
             str(beam),
-            "-batch_size",
-            "4096",
-            "-batch_type",
-            "tokens",
+            *(["-batch_size", "1", "-batch_type", "sents"] if one_at_a_time else BATCHED),
             # the checkpoint records the transform's models but not that the source needs it
             "-transforms",
             "sentencepiece",

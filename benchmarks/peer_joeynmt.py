@@ -209,16 +209,25 @@ def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
 
 
 def decode_command(
-    python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path, beam: int = 5
+    python: Path,
+    job: RecipeJob,
+    ws: Workspace,
+    src: Path,
+    out: Path,
+    beam: int = 5,
+    one_at_a_time: bool = False,
 ) -> Command:
     """``joeynmt translate`` of ``src`` (standard input) with the best checkpoint at ``beam``
-    (the recipe's config with that beam); the detokenized output on standard output (``-o``
-    fails after decoding in 2.3.0)."""
+    (the recipe's config with that beam, batches of one sentence when ``one_at_a_time``);
+    the detokenized output on standard output (``-o`` fails after decoding in 2.3.0)."""
     config = job.work / "recipe.yaml"
-    if beam != 5:
+    if beam != 5 or one_at_a_time:
         cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
         cfg["testing"]["beam_size"] = beam
-        config = _write(job.work / f"recipe-beam{beam}.yaml", cfg)
+        if one_at_a_time:
+            cfg["testing"].update(batch_size=1, batch_type="sentence")
+        name = f"recipe-beam{beam}{'-one' if one_at_a_time else ''}.yaml"
+        config = _write(job.work / name, cfg)
     return command(
         [str(python), "-m", "joeynmt", "translate", str(config)],
         job.work,

@@ -288,7 +288,13 @@ def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
 
 
 def decode_command(
-    python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path, beam: int = 5
+    python: Path,
+    job: RecipeJob,
+    ws: Workspace,
+    src: Path,
+    out: Path,
+    beam: int = 5,
+    one_at_a_time: bool = False,
 ) -> Command:
     """``pymarian decode`` of ``src`` with the best-BLEU model (else the last) at ``beam``,
     normalize 1; sentencepiece decodes the output."""
@@ -317,9 +323,9 @@ def decode_command(
             "--cpu-threads",
             str(job.threads),
             "--mini-batch",
-            "64",
+            "1" if one_at_a_time else "64",
             "--maxi-batch",
-            "100",
+            "1" if one_at_a_time else "100",
             "--maxi-batch-sort",
             "src",
             "--max-length-factor",

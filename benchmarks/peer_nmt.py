@@ -135,7 +135,13 @@ def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
 
 
 def decode_command(
-    python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path, beam: int = 5
+    python: Path,
+    job: RecipeJob,
+    ws: Workspace,
+    src: Path,
+    out: Path,
+    beam: int = 5,
+    one_at_a_time: bool = False,
 ) -> Command:
     """``nmt-translate`` of ``src`` with the run's own decoding settings at ``beam``."""
     return command(
@@ -145,6 +151,7 @@ def decode_command(
             f"input={src}",
             f"output={out}",
             f"beam={beam}",
+            *(["max_tokens=1"] if one_at_a_time else []),  # a sentence over it is batched alone
             "device=cpu",
             "progress=false",
         ],

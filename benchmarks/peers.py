@@ -332,10 +332,12 @@ def quality_report(quality: dict[str, Any]) -> str:
                 f"{r['decode_seconds']:.1f}",
                 f"{r['greedy']['bleu']:.2f}",
                 f"{r['greedy']['decode_seconds']:.1f}",
+                f"{1000 * r['one_at_a_time']['beam5']['seconds_per_sentence']:.0f}",
+                f"{1000 * r['one_at_a_time']['greedy']['seconds_per_sentence']:.0f}",
             ]
         )
     header = ["toolkit", "BLEU [95% CI]", "p vs nmt", "updates", "train min", "decode s"]
-    header += ["greedy BLEU", "greedy s"]
+    header += ["greedy BLEU", "greedy s", "ms/sent beam 5, one", "ms/sent greedy, one"]
     head = f"{TEST_SET} BLEU, beam 5 (and greedy), after {quality['minutes']:g} minutes of nmt's"
     head += " training"
     return head + "\n" + table(header, rows, "l")

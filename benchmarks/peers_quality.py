@@ -28,6 +28,7 @@ from nmt.evaluate.metrics import bleu, paired_bootstrap
 from nmt.runtime.device import cpu_model
 
 TEST = "test_2016_flickr"
+SINGLE = 100  # test sentences decoded one at a time
 
 
 def say(msg: str) -> None:
@@ -59,6 +60,7 @@ def train_and_decode(
         tail = "\n".join(cmd.log.read_text(errors="replace").splitlines()[-20:])
         raise RuntimeError(f"{peer.NAME} training failed (exit {done.rc}): {cmd.argv}\n{tail}")
     decoded = {beam: decode(peer, python, job, ws, beam) for beam in (5, 1)}
+    single = {beam: one_at_a_time(peer, python, job, ws, beam) for beam in (5, 1)}
     return {
         "training_seconds": done.seconds,
         "stop_signal_at": done.signalled,
@@ -68,20 +70,43 @@ def train_and_decode(
         "decode_seconds": decoded[5][1],
         "hypotheses": str(decoded[5][0]),
         "greedy": {"decode_seconds": decoded[1][1], "hypotheses": str(decoded[1][0])},
+        "one_at_a_time": {"beam5": single[5], "greedy": single[1]},
         "recipe": peer.RECIPE,
     }
 
 
-def decode(peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, beam: int):
-    """The toolkit's decoding of the test set at ``beam``: (output file, seconds)."""
-    out = job.work / f"{TEST}.beam{beam}.hyp"
-    dec = peer.decode_command(python, job, ws, ws.text(TEST, ws.src), out, beam)
-    say(f"{peer.NAME}: decoding {TEST} with beam {beam}")
+def decode(
+    peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, beam: int,
+    src: Path | None = None, one: bool = False,
+):  # fmt: skip
+    """The toolkit's decoding of ``src`` (the test set) at ``beam``, in batches of one
+    sentence when ``one``: (output file, seconds of the whole process)."""
+    src = src or ws.text(TEST, ws.src)
+    out = job.work / f"{src.stem}.beam{beam}{'.one' if one else ''}.hyp"
+    dec = peer.decode_command(python, job, ws, src, out, beam, one)
+    say(f"{peer.NAME}: decoding {src.name} with beam {beam}{', one at a time' if one else ''}")
     done = run(dec, 3600)
     if done.rc != 0 or not out.exists():
         tail = "\n".join(dec.log.read_text(errors="replace").splitlines()[-20:])
         raise RuntimeError(f"{peer.NAME} decoding failed (exit {done.rc}): {dec.argv}\n{tail}")
     return out, done.seconds
+
+
+def one_at_a_time(
+    peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, beam: int
+) -> dict[str, Any]:
+    """Seconds per sentence decoded one at a time: the first :data:`SINGLE` test sentences,
+    less the same process on the first sentence alone (start-up and model loading), over
+    the :data:`SINGLE` - 1 sentences between."""
+    lines = ws.text(TEST, ws.src).read_text(encoding="utf-8").splitlines()
+    times = {}
+    for n in (1, SINGLE):
+        src = job.work / f"first{n}.{ws.src}"
+        src.write_text("".join(line + "\n" for line in lines[:n]), encoding="utf-8")
+        times[n] = decode(peer, python, job, ws, beam, src, one=True)[1]
+    per = (times[SINGLE] - times[1]) / (SINGLE - 1)
+    return {"sentences": SINGLE, "seconds": times[SINGLE], "seconds_first": times[1],
+            "seconds_per_sentence": per}  # fmt: skip
 
 
 def score(results: dict[str, dict[str, Any]], ws: Workspace) -> None:

@@ -249,7 +249,7 @@ def recipe_toolkit(name: str, stop_by_itself: float, how: str):
         argv = [str(python), str(script), str(stop_by_itself), str(job.work)]
         return Command(argv, job.work, job.work / "train.log")
 
-    def decode_command(python: Path, job, ws: Workspace, src: Path, out: Path, beam: int):
+    def decode_command(python: Path, job, ws: Workspace, src: Path, out: Path, beam, one):
         script = job.work / "decode.py"
         script.write_text(DECODER)
         decoded = how if beam == 5 else "cut"
@@ -294,6 +294,13 @@ def test_peers_get_nmts_wall_clock_then_their_outputs_are_scored(tmp_path: Path)
     assert (tmp_path / "work" / "peer" / "recipe" / "saved").read_text() == "yes"
     assert nmt["bleu"] == pytest.approx(100.0) and nmt["greedy"]["bleu"] < 100.0
     assert nmt["greedy"]["hypotheses"].endswith("test_2016_flickr.beam1.hyp")
+    single = nmt["one_at_a_time"]["beam5"]
+    assert single["sentences"] == peers_quality.SINGLE
+    assert single["seconds_per_sentence"] == pytest.approx(
+        (single["seconds"] - single["seconds_first"]) / (peers_quality.SINGLE - 1)
+    )
+    first = tmp_path / "work" / "nmt" / "recipe" / "first1.de"
+    assert first.read_text() == "x 0\n"
     assert peer["bleu"] < 100.0 and peer["p_value_against_nmt"] < 0.05
     assert peer["updates"] is None and peer["recipe"] == {"source": "peer"}
     assert "p vs nmt" in peers.quality_report(out)
@@ -333,6 +340,15 @@ def test_each_recipe_writes_its_config_and_decodes_the_test_set(peer, tmp_path: 
     if peer is peer_nmt:
         assert "experiment=cpu_quick" in cmd.argv and "trainer.max_time=1800" in cmd.argv
     greedy = " ".join(peer.decode_command(Path("/v/bin/python"), job, ws, src, out, 1).argv)
+    one = peer.decode_command(Path("/v/bin/python"), job, ws, src, out, 5, True)
+    batch_of_one = {
+        peer_eole: "-batch_size 1 -batch_type sents",
+        peer_marian: "--mini-batch 1 --maxi-batch 1",
+        peer_nmt: "max_tokens=1",
+        peer_joeynmt: "recipe-beam5-one.yaml",
+    }
+    assert batch_of_one[peer] in " ".join(one.argv)
+    assert batch_of_one[peer] not in argv
     expected = {
         peer_eole: "-beam_size 1",
         peer_marian: "-b 1 ",
@@ -343,6 +359,8 @@ def test_each_recipe_writes_its_config_and_decodes_the_test_set(peer, tmp_path: 
     if peer is peer_joeynmt:
         testing = yaml.safe_load((job.work / "recipe-beam1.yaml").read_text())["testing"]
         assert testing["beam_size"] == 1
+        testing = yaml.safe_load((job.work / "recipe-beam5-one.yaml").read_text())["testing"]
+        assert (testing["beam_size"], testing["batch_size"]) == (5, 1)
 
 
 def test_marian_lines_of_a_mean_cost_carry_no_label_counts() -> None:
