@@ -9,11 +9,8 @@ both toolkits.
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
-import subprocess
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +22,8 @@ import sentencepiece as spm
 import torch
 import yaml
 
-from benchmarks.joeynmt_setup import Settings, joey_env, say
+from benchmarks.joeynmt_setup import Settings, say
+from benchmarks.peers_common import command, run
 
 
 @dataclass
@@ -39,30 +37,13 @@ class Process:
 
 def run_joey(s: Settings, args: list[str], log: Path) -> Process:
     """``<joey-python> -m joeynmt ARGS`` in the JoeyNMT folder; output into ``log``."""
-    cmd = [str(s.joey_python), "-m", "joeynmt", *args]
-    started, tic = time.time(), time.perf_counter()
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=s.joey_dir, env=joey_env(s.threads), stdout=out, stderr=subprocess.STDOUT
-        )
-        timer = threading.Timer(s.joey_timeout, proc.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            timer.cancel()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    result = Process(
-        proc.returncode, time.perf_counter() - tic, usage.ru_maxrss * 1024, started, log
-    )
-    if result.rc != 0:
+    cmd = command([str(s.joey_python), "-m", "joeynmt", *args], s.joey_dir, log, s.threads)
+    started = time.time()
+    done = run(cmd, s.joey_timeout)
+    if done.rc != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-        raise RuntimeError(f"JoeyNMT failed (rc {result.rc}): {' '.join(cmd)}\n{tail}")
-    return result
+        raise RuntimeError(f"JoeyNMT failed (rc {done.rc}): {' '.join(cmd.argv)}\n{tail}")
+    return Process(done.rc, done.seconds, done.peak_rss_bytes, started, log)
 
 
 def joey_config(s: Settings, stem: str) -> dict[str, Any]:

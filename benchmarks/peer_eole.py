@@ -24,7 +24,15 @@ from typing import Any
 
 import yaml
 
-from benchmarks.peers_common import Command, RecipeJob, TrainJob, Window, Workspace, command
+from benchmarks.peers_common import (
+    Command,
+    Decoding,
+    RecipeJob,
+    TrainJob,
+    Window,
+    Workspace,
+    command,
+)
 
 NAME = "eole"
 VERSION = "0.6.4"
@@ -293,16 +301,8 @@ def newest_checkpoint(model: Path) -> Path:
     return max(done, key=lambda p: int(p.name[5:]))
 
 
-def decode_command(
-    python: Path,
-    job: RecipeJob,
-    ws: Workspace,
-    src: Path,
-    out: Path,
-    beam: int = 5,
-    one_at_a_time: bool = False,
-) -> Command:
-    """``eole predict`` of ``src`` with the newest complete checkpoint at ``beam``; the
+def decode_command(python: Path, job: RecipeJob, ws: Workspace, d: Decoding) -> Command:
+    """``eole predict`` of ``d.src`` with the newest complete checkpoint at ``d.beam``; the
     sentencepiece transform segments the source and joins the output's pieces."""
     return command(
         [
@@ -311,12 +311,12 @@ def decode_command(
             "-model_path",
             str(newest_checkpoint(job.work / "model")),
             "-src",
-            str(src),
+            str(d.src),
             "-output",
-            str(out),
+            str(d.out),
             "-beam_size",
-            str(beam),
-            *(["-batch_size", "1", "-batch_type", "sents"] if one_at_a_time else BATCHED),
+            str(d.beam),
+            *(["-batch_size", "1", "-batch_type", "sents"] if d.one_at_a_time else BATCHED),
             # the checkpoint records the transform's models but not that the source needs it
             "-transforms",
             "sentencepiece",

@@ -21,10 +21,19 @@ import re
 import signal
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from benchmarks.peers_common import Command, RecipeJob, TrainJob, Window, Workspace, command
+from benchmarks.peers_common import (
+    Command,
+    Decoding,
+    RecipeJob,
+    TrainJob,
+    Window,
+    Workspace,
+    command,
+)
 
 NAME = "joeynmt"
 VERSION = "2.3.0"
@@ -60,9 +69,16 @@ DIFFERENCES = {
 }
 
 
-def write_config(job: TrainJob, ws: Workspace) -> Path:
-    """JoeyNMT's config for ``job`` under ``job.work``."""
-    cfg = yaml.safe_load((CONFIGS / f"{STEMS[job.model]}.yaml").read_text(encoding="utf-8"))
+def _write(path: Path, cfg: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def workspace_config(stem: str, work: Path, seed: int, ws: Workspace) -> dict[str, Any]:
+    """``scripts/joeynmt/<stem>.yaml`` reading the workspace's files, its model under
+    ``work/model``, on the CPU in fp32, seeded with ``seed``."""
+    cfg = yaml.safe_load((CONFIGS / f"{stem}.yaml").read_text(encoding="utf-8"))
     data = cfg["data"]
     data["train"] = str(ws.root / "data" / "train")
     data["dev"] = str(ws.root / "data" / "val300")
@@ -70,10 +86,21 @@ def write_config(job: TrainJob, ws: Workspace) -> Path:
     for side in ("src", "trg"):
         data[side]["voc_file"] = str(ws.spm_vocab)
         data[side]["tokenizer_cfg"]["model_file"] = str(ws.spm_model)
-    cfg.update(model_dir=str(job.work / "model"), use_cuda=False, fp16=False)
-    cfg["random_seed"] = job.seed
+    cfg.update(model_dir=str(work / "model"), use_cuda=False, fp16=False, random_seed=seed)
+    cfg["training"]["random_seed"] = seed
+    return cfg
+
+
+def joey_train(python: Path, work: Path, threads: int, config: Path) -> Command:
+    """``python -m joeynmt train CONFIG -t`` (``-t``: no test decoding at the end)."""
+    argv = [str(python), "-m", "joeynmt", "train", str(config), "-t"]
+    return command(argv, work, "train.log", threads)
+
+
+def write_config(job: TrainJob, ws: Workspace) -> Path:
+    """JoeyNMT's config for ``job`` under ``job.work``."""
+    cfg = workspace_config(STEMS[job.model], job.work, job.seed, ws)
     cfg["training"].update(
-        random_seed=job.seed,
         updates=job.steps,
         logging_freq=job.log_every,
         validation_freq=10 * job.steps + 10**6,
@@ -81,21 +108,12 @@ def write_config(job: TrainJob, ws: Workspace) -> Path:
         batch_type="token",
         overwrite=True,
     )
-    job.work.mkdir(parents=True, exist_ok=True)
-    path = job.work / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
-    return path
+    return _write(job.work / "config.yaml", cfg)
 
 
 def train_command(python: Path, job: TrainJob, ws: Workspace) -> Command:
-    """``python -m joeynmt train CONFIG -t`` (``-t``: no test decoding at the end)."""
-    config = write_config(job, ws)
-    return command(
-        [str(python), "-m", "joeynmt", "train", str(config), "-t"],
-        job.work,
-        "train.log",
-        job.threads,
-    )
+    """JoeyNMT's training on :func:`write_config`."""
+    return joey_train(python, job.work, job.threads, write_config(job, ws))
 
 
 STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
@@ -152,22 +170,14 @@ RECIPE = {
 STOP_SIGNAL = signal.SIGINT
 
 
-def recipe_config(job: RecipeJob, ws: Workspace) -> dict:
-    cfg = yaml.safe_load((CONFIGS / "transformer.yaml").read_text(encoding="utf-8"))
-    data = cfg["data"]
-    data["train"] = str(ws.root / "data" / "train")
-    data["dev"] = str(ws.root / "data" / "val300")
-    data["test"] = str(ws.root / "data" / "test_2016_flickr")
+def recipe_config(job: RecipeJob, ws: Workspace) -> dict[str, Any]:
+    cfg = workspace_config("transformer", job.work, job.seed, ws)
     for side in ("src", "trg"):
-        data[side].update(voc_file=str(ws.spm_vocab), lowercase=False, max_length=100)
-        data[side]["tokenizer_cfg"]["model_file"] = str(ws.spm_model)
-    cfg.update(model_dir=str(job.work / "model"), use_cuda=False, fp16=False)
-    cfg["random_seed"] = job.seed
+        cfg["data"][side].update(lowercase=False, max_length=100)
     train = cfg["training"]
     for key in ("learning_rate_warmup", "clip_grad_norm"):
         train.pop(key, None)
     train.update(
-        random_seed=job.seed,
         optimizer="adamw",
         adam_betas=[0.9, 0.999],
         learning_rate=3e-4,
@@ -191,48 +201,30 @@ def recipe_config(job: RecipeJob, ws: Workspace) -> dict:
     return cfg
 
 
-def _write(path: Path, cfg: dict) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
-    return path
-
-
 def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     """JoeyNMT's recipe, trained until the harness interrupts it."""
     config = _write(job.work / "recipe.yaml", recipe_config(job, ws))
-    return command(
-        [str(python), "-m", "joeynmt", "train", str(config), "-t"],
-        job.work,
-        "train.log",
-        job.threads,
-    )
+    return joey_train(python, job.work, job.threads, config)
 
 
-def decode_command(
-    python: Path,
-    job: RecipeJob,
-    ws: Workspace,
-    src: Path,
-    out: Path,
-    beam: int = 5,
-    one_at_a_time: bool = False,
-) -> Command:
-    """``joeynmt translate`` of ``src`` (standard input) with the best checkpoint at ``beam``
-    (the recipe's config with that beam, batches of one sentence when ``one_at_a_time``);
+def decode_command(python: Path, job: RecipeJob, ws: Workspace, d: Decoding) -> Command:
+    """``joeynmt translate`` of ``d.src`` (standard input) with the best checkpoint at
+    ``d.beam`` (the recipe's config with that beam, batches of one sentence when
+    ``d.one_at_a_time``);
     the detokenized output on standard output (``-o`` fails after decoding in 2.3.0)."""
     config = job.work / "recipe.yaml"
-    if beam != 5 or one_at_a_time:
+    if d.beam != 5 or d.one_at_a_time:
         cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
-        cfg["testing"]["beam_size"] = beam
-        if one_at_a_time:
+        cfg["testing"]["beam_size"] = d.beam
+        if d.one_at_a_time:
             cfg["testing"].update(batch_size=1, batch_type="sentence")
-        name = f"recipe-beam{beam}{'-one' if one_at_a_time else ''}.yaml"
+        name = f"recipe-beam{d.beam}{'-one' if d.one_at_a_time else ''}.yaml"
         config = _write(job.work / name, cfg)
     return command(
         [str(python), "-m", "joeynmt", "translate", str(config)],
         job.work,
         "decode.log",
         job.threads,
-        stdout=out,
-        stdin=src,
+        stdout=d.out,
+        stdin=d.src,
     )

@@ -30,7 +30,16 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from benchmarks.peers_common import SHAPE, Command, RecipeJob, TrainJob, Window, Workspace, command
+from benchmarks.peers_common import (
+    SHAPE,
+    Command,
+    Decoding,
+    RecipeJob,
+    TrainJob,
+    Window,
+    Workspace,
+    command,
+)
 
 NAME = "marian"
 VERSION = "1.12.42"
@@ -287,16 +296,8 @@ def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     return marian_train(python, job.work, job.threads, ws, recipe_options, job, "recipe.yml")
 
 
-def decode_command(
-    python: Path,
-    job: RecipeJob,
-    ws: Workspace,
-    src: Path,
-    out: Path,
-    beam: int = 5,
-    one_at_a_time: bool = False,
-) -> Command:
-    """``pymarian decode`` of ``src`` with the best-BLEU model (else the last) at ``beam``,
+def decode_command(python: Path, job: RecipeJob, ws: Workspace, d: Decoding) -> Command:
+    """``pymarian decode`` of ``d.src`` with the best-BLEU model (else the last) at ``d.beam``,
     normalize 1; sentencepiece decodes the output."""
     best = job.work / "model.npz.best-bleu.npz"
     model = best if best.exists() else job.work / "model.npz"
@@ -313,19 +314,19 @@ def decode_command(
             vocab,
             vocab,
             "-i",
-            str(src),
+            str(d.src),
             "-o",
-            str(out),
+            str(d.out),
             "-b",
-            str(beam),
+            str(d.beam),
             "-n",
             "1.0",
             "--cpu-threads",
             str(job.threads),
             "--mini-batch",
-            "1" if one_at_a_time else "64",
+            "1" if d.one_at_a_time else "64",
             "--maxi-batch",
-            "1" if one_at_a_time else "100",
+            "1" if d.one_at_a_time else "100",
             "--maxi-batch-sort",
             "src",
             "--max-length-factor",

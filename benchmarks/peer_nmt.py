@@ -17,7 +17,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.peers_common import Command, RecipeJob, TrainJob, Window, Workspace, command
+from benchmarks.peers_common import (
+    Command,
+    Decoding,
+    RecipeJob,
+    TrainJob,
+    Window,
+    Workspace,
+    command,
+)
 
 NAME = "nmt"
 VERSION = "this checkout"
@@ -30,37 +38,43 @@ BUDGET_PER_TARGET = 1.212  # data.max_tokens 4,242: 3,501 target tokens per upda
 DIFFERENCES: dict[str, list[str]] = {"transformer": [], "gru": []}
 
 
-def overrides(job: TrainJob, ws: Workspace) -> list[str]:
+def nmt_train(
+    python: Path, work: Path, threads: int, seed: int, ws: Workspace, settings: list[str]
+) -> Command:
+    """``nmt-train`` (beside ``python``) on the CPU with ``settings``, its run in
+    ``work/run``, whose ``metrics.jsonl`` holds the windows."""
+    work.mkdir(parents=True, exist_ok=True)
+    argv = [
+        str(python.parent / "nmt-train"),
+        *settings,
+        f"data.root={ws.data_root}",
+        "trainer.device=cpu",
+        f"trainer.threads={threads}",
+        f"trainer.seed={seed}",
+        "trainer.progress=false",
+        f"hydra.run.dir={work / 'run'}",
+    ]
+    return command(argv, work, "train.log", threads, windows_from=work / "run" / "metrics.jsonl")
+
+
+def overrides(job: TrainJob) -> list[str]:
     """``nmt-train`` overrides for ``job``: its model, batch, updates and logging, nothing
     decoded before the last update and no attention pictures."""
     return [
         f"model={MODELS[job.model]}",
-        f"data.root={ws.data_root}",
         f"data.max_tokens={round(job.tgt_tokens_per_step * BUDGET_PER_TARGET)}",
-        "trainer.device=cpu",
-        f"trainer.threads={job.threads}",
         f"trainer.precision={job.precision}",
-        f"trainer.seed={job.seed}",
         f"trainer.max_steps={job.steps}",
         f"trainer.log_every={job.log_every}",
         f"trainer.val_every={job.steps + 10**6}",
         "trainer.val_sentences=8",
         "trainer.attention_sentences=0",
-        "trainer.progress=false",
-        f"hydra.run.dir={job.work / 'run'}",
     ]
 
 
 def train_command(python: Path, job: TrainJob, ws: Workspace) -> Command:
-    """``nmt-train`` (beside ``python``) with :func:`overrides`."""
-    job.work.mkdir(parents=True, exist_ok=True)
-    return command(
-        [str(python.parent / "nmt-train"), *overrides(job, ws)],
-        job.work,
-        "train.log",
-        job.threads,
-        windows_from=job.work / "run" / "metrics.jsonl",
-    )
+    """``nmt-train`` with :func:`overrides`."""
+    return nmt_train(python, job.work, job.threads, job.seed, ws, overrides(job))
 
 
 def parse_train_log(text: str) -> list[Window]:
@@ -114,44 +128,20 @@ STOP_SIGNAL = None  # stops itself at trainer.max_time
 
 def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     """``nmt-train experiment=cpu_quick`` with ``job.seconds`` of training."""
-    job.work.mkdir(parents=True, exist_ok=True)
-    return command(
-        [
-            str(python.parent / "nmt-train"),
-            "experiment=cpu_quick",
-            f"data.root={ws.data_root}",
-            "trainer.device=cpu",
-            f"trainer.threads={job.threads}",
-            f"trainer.max_time={job.seconds:g}",
-            f"trainer.seed={job.seed}",
-            "trainer.progress=false",
-            f"hydra.run.dir={job.work / 'run'}",
-        ],
-        job.work,
-        "train.log",
-        job.threads,
-        windows_from=job.work / "run" / "metrics.jsonl",
-    )
+    settings = ["experiment=cpu_quick", f"trainer.max_time={job.seconds:g}"]
+    return nmt_train(python, job.work, job.threads, job.seed, ws, settings)
 
 
-def decode_command(
-    python: Path,
-    job: RecipeJob,
-    ws: Workspace,
-    src: Path,
-    out: Path,
-    beam: int = 5,
-    one_at_a_time: bool = False,
-) -> Command:
-    """``nmt-translate`` of ``src`` with the run's own decoding settings at ``beam``."""
+def decode_command(python: Path, job: RecipeJob, ws: Workspace, d: Decoding) -> Command:
+    """``nmt-translate`` of ``d.src`` with the run's own decoding settings at ``d.beam``."""
     return command(
         [
             str(python.parent / "nmt-translate"),
             f"run={job.work / 'run'}",
-            f"input={src}",
-            f"output={out}",
-            f"beam={beam}",
-            *(["max_tokens=1"] if one_at_a_time else []),  # a sentence over it is batched alone
+            f"input={d.src}",
+            f"output={d.out}",
+            f"beam={d.beam}",
+            *(["max_tokens=1"] if d.one_at_a_time else []),  # a sentence over it is batched alone
             "device=cpu",
             "progress=false",
         ],

@@ -1,4 +1,6 @@
-"""Training speed of nmt beside the toolkits users pick instead: ``make bench-peers``.
+"""nmt beside the toolkits users pick instead: ``make bench-peers``. This module runs the
+training-speed rounds and the whole command; :mod:`benchmarks.peers_quality` the BLEU at an
+equal time budget.
 
 Each peer (Eole 0.6.4, Marian through pymarian 1.12.42, JoeyNMT 2.3.0; :mod:`benchmarks.peer_eole`,
 :mod:`benchmarks.peer_marian`, :mod:`benchmarks.peer_joeynmt`) is installed at its pinned
@@ -25,6 +27,7 @@ the machine's speed hits all of them, and every precision a toolkit offers on a 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -39,7 +42,7 @@ from typing import Any
 from benchmarks import peer_eole, peer_joeynmt, peer_marian, peer_nmt
 from benchmarks.joeynmt_setup import prepare_joey_dir
 from benchmarks.machine import busy_warning, cpu_busy_share, load_average_or_none
-from benchmarks.peers_common import SHAPE, TrainJob, Workspace, run, window_stats
+from benchmarks.peers_common import SHAPE, TrainJob, Workspace, failure, fresh, run, window_stats
 from benchmarks.peers_quality import TEST as TEST_SET
 from benchmarks.peers_quality import compare_quality
 from benchmarks.report import SetupError, table
@@ -57,7 +60,8 @@ DEFINITIONS = {
     "tgt_tokens_per_step_mean": "target tokens per update over the timed windows",
     "step_seconds_median": "median over the timed windows of seconds per update",
     "ratio": "nmt's tgt_tokens_per_s / the peer's, in the same precision; best: nmt's faster "
-    "precision against the peer's faster one",
+    "fixed precision against the peer's faster one; auto: nmt in the precision its auto "
+    "picks against the peer's faster one",
 }
 
 
@@ -117,8 +121,6 @@ def venv_python(venvs: Path, name: str) -> Path:
 
 def probe(python: Path, code: str) -> dict[str, Any] | None:
     """What ``code`` prints (JSON) in ``python``; None when it fails."""
-    import json
-
     env = child_environment()
     env.pop("PYTHONPATH", None)
     try:
@@ -159,14 +161,11 @@ def ensure_venv(peer: ModuleType, venvs: Path) -> dict[str, Any]:
 
 def segment(peer: ModuleType, python: Path, job: TrainJob, ws: Workspace, s: Settings, skip: int):
     """One training process of ``peer`` for ``job``; its windows' figures."""
-    if job.work.exists():
-        shutil.rmtree(job.work)
-    job.work.mkdir(parents=True)
+    fresh(job.work)
     cmd = peer.train_command(python, job, ws)
     done = run(cmd, s.timeout)
     if done.rc != 0:
-        tail = "\n".join(cmd.log.read_text(errors="replace").splitlines()[-20:])
-        raise RuntimeError(f"{peer.NAME} failed (exit {done.rc}): {' '.join(cmd.argv)}\n{tail}")
+        raise failure(peer.NAME, "training", done.rc, cmd)
     windows = peer.parse_train_log(cmd.windows_file.read_text(errors="replace"))
     stats = window_stats(windows, skip)
     details = peer.run_details(cmd) if hasattr(peer, "run_details") else {}

@@ -16,9 +16,11 @@ sentencepiece model (ids 0-3 ``<unk> <pad> <s> </s>``), written by
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -117,9 +119,9 @@ class Command:
         return self.windows_from or self.log
 
 
-def command(argv: list[str], work: Path, log: str, threads: int, **more: Any) -> Command:
-    """A :class:`Command` run in ``work`` with its output into ``work/log`` and ``threads``
-    OpenMP and MKL threads."""
+def command(argv: list[str], work: Path, log: str | Path, threads: int, **more: Any) -> Command:
+    """A :class:`Command` run in ``work`` with its output into ``work/log`` (``log`` itself
+    when absolute) and ``threads`` OpenMP and MKL threads."""
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     return Command(argv=argv, cwd=work, log=work / log, env=env, **more)
 
@@ -143,36 +145,67 @@ def run(
 ) -> Finished:
     """Run ``cmd`` (without the caller's PYTHONPATH); ``stop_after`` seconds after its start
     send ``stop_signal`` (SIGTERM when None) and give it :data:`GRACE_SECONDS` to exit; kill
-    it at ``limit`` seconds in any case."""
+    it at ``limit`` seconds in any case. The caller waits on the process itself, so its
+    seconds are exact (timers send the signals)."""
     env = child_environment(**cmd.env)
     env.pop("PYTHONPATH", None)
-    tic = time.perf_counter()
-    signalled = None
-    with ExitStack() as files:
-        log = files.enter_context(cmd.log.open("w"))
-        out = files.enter_context(cmd.stdout.open("w")) if cmd.stdout else log
-        inp = files.enter_context(cmd.stdin.open()) if cmd.stdin else subprocess.DEVNULL
+    signalled: list[float] = []
+    with ExitStack() as stack:
+        log = stack.enter_context(cmd.log.open("w"))
+        out = stack.enter_context(cmd.stdout.open("w")) if cmd.stdout else log
+        inp = stack.enter_context(cmd.stdin.open()) if cmd.stdin else subprocess.DEVNULL
+        tic = time.perf_counter()
         proc = subprocess.Popen(cmd.argv, cwd=cmd.cwd, env=env, stdin=inp, stdout=out, stderr=log)
+        timers = [threading.Timer(limit, proc.kill)]
+
+        def stop() -> None:
+            signalled.append(time.perf_counter() - tic)
+            proc.send_signal(stop_signal or signal.SIGTERM)
+            grace = threading.Timer(GRACE_SECONDS, proc.kill)
+            timers.append(grace)
+            grace.start()
+
+        if stop_after is not None:
+            timers.append(threading.Timer(stop_after, stop))
+        for timer in list(timers):
+            timer.start()
         try:
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    break
-                elapsed = time.perf_counter() - tic
-                if elapsed >= limit:
-                    proc.kill()
-                elif stop_after is not None and signalled is None and elapsed >= stop_after:
-                    proc.send_signal(stop_signal or signal.SIGTERM)
-                    signalled = elapsed
-                    limit = min(limit, elapsed + GRACE_SECONDS)
-                time.sleep(0.2)
+            _, status, usage = os.wait4(proc.pid, 0)
         except BaseException:
             proc.kill()
             proc.wait()
             raise
-    proc.returncode = os.waitstatus_to_exitcode(status)
+        finally:
+            for timer in list(timers):
+                timer.cancel()
     seconds = time.perf_counter() - tic
-    return Finished(proc.returncode, seconds, usage.ru_maxrss * 1024, signalled)
+    rc = os.waitstatus_to_exitcode(status)
+    return Finished(rc, seconds, usage.ru_maxrss * 1024, signalled[0] if signalled else None)
+
+
+def fresh(folder: Path) -> Path:
+    """``folder``, emptied: a run's files never mix with an earlier run's."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def failure(name: str, what: str, rc: int, cmd: Command) -> RuntimeError:
+    """The error of a toolkit's process that failed: its command and the end of its log."""
+    tail = "\n".join(cmd.log.read_text(errors="replace").splitlines()[-20:])
+    return RuntimeError(f"{name} failed (exit {rc}) in {what}: {' '.join(cmd.argv)}\n{tail}")
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """One decoding of ``src`` into ``out`` by a toolkit's translator at ``beam``, in batches
+    of one sentence when ``one_at_a_time``."""
+
+    src: Path
+    out: Path
+    beam: int = 5
+    one_at_a_time: bool = False
 
 
 @dataclass(frozen=True)
@@ -207,7 +240,7 @@ class Peer(Protocol):
     def recipe_command(self, python: Path, job: RecipeJob, ws: Workspace) -> Command: ...
 
     def decode_command(
-        self, python: Path, job: RecipeJob, ws: Workspace, src: Path, out: Path
+        self, python: Path, job: RecipeJob, ws: Workspace, d: Decoding
     ) -> Command: ...
 
 

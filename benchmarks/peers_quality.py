@@ -15,12 +15,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from benchmarks.peers_common import GRACE_SECONDS, Command, RecipeJob, Workspace, run
+from benchmarks.peers_common import (
+    GRACE_SECONDS,
+    Command,
+    Decoding,
+    RecipeJob,
+    Workspace,
+    failure,
+    fresh,
+    run,
+)
 from benchmarks.report import SetupError
 from benchmarks.report import say as _say
 from nmt.config import BOOTSTRAP_RESAMPLES
@@ -46,19 +54,17 @@ def _updates(peer: ModuleType, cmd: Command) -> int | None:
 def train_and_decode(
     peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, stop: bool
 ) -> dict[str, Any]:
-    """One toolkit's budgeted recipe run (stopped at ``job.seconds`` when ``stop``), then
-    its beam-5 decoding of the test set."""
-    if job.work.exists():
-        shutil.rmtree(job.work)
-    job.work.mkdir(parents=True)
+    """One toolkit's budgeted recipe run (stopped at ``job.seconds`` when ``stop``), then its
+    decodings of the test set (beam 5 and greedy, batched) and of its first :data:`SINGLE`
+    sentences one at a time."""
+    fresh(job.work)
     cmd = peer.recipe_command(python, job, ws)
     say(f"{peer.NAME}: training its recipe for {job.seconds / 60:.1f} minutes")
     stop_after = job.seconds if stop else None
     limit = job.seconds + GRACE_SECONDS if stop else 2 * job.seconds + GRACE_SECONDS
     done = run(cmd, limit, stop_after, peer.STOP_SIGNAL)
     if done.rc != 0 and done.signalled is None:
-        tail = "\n".join(cmd.log.read_text(errors="replace").splitlines()[-20:])
-        raise RuntimeError(f"{peer.NAME} training failed (exit {done.rc}): {cmd.argv}\n{tail}")
+        raise failure(peer.NAME, "training", done.rc, cmd)
     decoded = {beam: decode(peer, python, job, ws, beam) for beam in (5, 1)}
     single = {beam: one_at_a_time(peer, python, job, ws, beam) for beam in (5, 1)}
     return {
@@ -83,12 +89,11 @@ def decode(
     sentence when ``one``: (output file, seconds of the whole process)."""
     src = src or ws.text(TEST, ws.src)
     out = job.work / f"{src.stem}.beam{beam}{'.one' if one else ''}.hyp"
-    dec = peer.decode_command(python, job, ws, src, out, beam, one)
+    dec = peer.decode_command(python, job, ws, Decoding(src, out, beam, one))
     say(f"{peer.NAME}: decoding {src.name} with beam {beam}{', one at a time' if one else ''}")
     done = run(dec, 3600)
     if done.rc != 0 or not out.exists():
-        tail = "\n".join(dec.log.read_text(errors="replace").splitlines()[-20:])
-        raise RuntimeError(f"{peer.NAME} decoding failed (exit {done.rc}): {dec.argv}\n{tail}")
+        raise failure(peer.NAME, "decoding", done.rc, dec)
     return out, done.seconds
 
 

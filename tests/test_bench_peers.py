@@ -15,6 +15,7 @@ import yaml
 from benchmarks import peer_eole, peer_joeynmt, peer_marian, peer_nmt, peers, peers_quality
 from benchmarks.peers_common import (
     Command,
+    Decoding,
     RecipeJob,
     TrainJob,
     Window,
@@ -249,7 +250,8 @@ def recipe_toolkit(name: str, stop_by_itself: float, how: str):
         argv = [str(python), str(script), str(stop_by_itself), str(job.work)]
         return Command(argv, job.work, job.work / "train.log")
 
-    def decode_command(python: Path, job, ws: Workspace, src: Path, out: Path, beam, one):
+    def decode_command(python: Path, job, ws: Workspace, d: Decoding) -> Command:
+        src, out, beam = d.src, d.out, d.beam
         script = job.work / "decode.py"
         script.write_text(DECODER)
         decoded = how if beam == 5 else "cut"
@@ -323,7 +325,7 @@ def test_each_recipe_writes_its_config_and_decodes_the_test_set(peer, tmp_path: 
         for step in ("step_50", "step_100"):
             (job.work / "model" / step / "config.json").write_text("{}")
     src, out = ws.text("test_2016_flickr", "de"), job.work / "hyp"
-    dec = peer.decode_command(Path("/v/bin/python"), job, ws, src, out)
+    dec = peer.decode_command(Path("/v/bin/python"), job, ws, Decoding(src, out))
     argv = " ".join(dec.argv)
     assert str(src) in argv + str(dec.stdin) and str(out) in argv + str(dec.stdout)
     if peer is peer_eole:
@@ -339,8 +341,9 @@ def test_each_recipe_writes_its_config_and_decodes_the_test_set(peer, tmp_path: 
         assert testing["beam_size"] == 5
     if peer is peer_nmt:
         assert "experiment=cpu_quick" in cmd.argv and "trainer.max_time=1800" in cmd.argv
-    greedy = " ".join(peer.decode_command(Path("/v/bin/python"), job, ws, src, out, 1).argv)
-    one = peer.decode_command(Path("/v/bin/python"), job, ws, src, out, 5, True)
+    python = Path("/v/bin/python")
+    greedy = " ".join(peer.decode_command(python, job, ws, Decoding(src, out, 1)).argv)
+    one = peer.decode_command(python, job, ws, Decoding(src, out, 5, True))
     batch_of_one = {
         peer_eole: "-batch_size 1 -batch_type sents",
         peer_marian: "--mini-batch 1 --maxi-batch 1",
