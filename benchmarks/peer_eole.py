@@ -25,6 +25,8 @@ from typing import Any
 import yaml
 
 from benchmarks.peers_common import (
+    CT2,
+    NATIVE,
     Command,
     Decoding,
     RecipeJob,
@@ -301,8 +303,25 @@ def newest_checkpoint(model: Path) -> Path:
     return max(done, key=lambda p: int(p.name[5:]))
 
 
+# Eole's own search; CTranslate2 on CTranslate2's own converter of Eole checkpoints
+# (ctranslate2.converters.eole_ct2), decoded by ``eole predict -engine ct2``
+ENGINES = (NATIVE, CT2)
+CT2_DIR = "ctranslate2"  # where ``-engine ct2`` looks, inside the checkpoint folder
+
+
+def convert_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
+    """CTranslate2's converter of the newest complete checkpoint, into its ``ctranslate2``
+    folder, in float32 (the recipe's checkpoints hold bfloat16 weights, which CTranslate2's
+    CPU backend would convert when loading)."""
+    ckpt = newest_checkpoint(job.work / "model")
+    argv = [str(python), "-m", "ctranslate2.converters.eole_ct2", "--model_path", str(ckpt)]
+    argv += ["--output_dir", str(ckpt / CT2_DIR), "--quantization", "float32", "--force"]
+    return command(argv, job.work, "convert.log", job.threads)
+
+
 def decode_command(python: Path, job: RecipeJob, ws: Workspace, d: Decoding) -> Command:
-    """``eole predict`` of ``d.src`` with the newest complete checkpoint at ``d.beam``; the
+    """``eole predict`` of ``d.src`` with the newest complete checkpoint at ``d.beam`` (by
+    CTranslate2 on :func:`convert_command`'s model for engine :data:`CT2`); the
     sentencepiece transform segments the source and joins the output's pieces."""
     return command(
         [
@@ -310,6 +329,9 @@ def decode_command(python: Path, job: RecipeJob, ws: Workspace, d: Decoding) -> 
             "predict",
             "-model_path",
             str(newest_checkpoint(job.work / "model")),
+            # Eole's default top_k 0 (no sampling) reaches CTranslate2 as its sampling_topk,
+            # where 0 samples from the whole distribution, also in beam search: 1 is argmax
+            *(["-engine", "ct2", "-top_k", "1"] if d.engine == CT2 else []),
             "-src",
             str(d.src),
             "-output",

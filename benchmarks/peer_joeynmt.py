@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from benchmarks.peers_common import (
+    NATIVE,
     Command,
     Decoding,
     RecipeJob,
@@ -205,6 +206,9 @@ def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     """JoeyNMT's recipe, trained until the harness interrupts it."""
     config = _write(job.work / "recipe.yaml", recipe_config(job, ws))
     return joey_train(python, job.work, job.threads, config)
+
+
+ENGINES = (NATIVE,)  # JoeyNMT's own search; CTranslate2 has no JoeyNMT converter
 
 
 def decode_command(python: Path, job: RecipeJob, ws: Workspace, d: Decoding) -> Command:

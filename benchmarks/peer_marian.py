@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.peers_common import (
+    NATIVE,
     SHAPE,
     Command,
     Decoding,
@@ -294,6 +295,11 @@ def recipe_options(job: RecipeJob, ws: Workspace, vocab: Path) -> dict[str, Any]
 def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     """Marian on the adapted preset, until the harness stops it."""
     return marian_train(python, job.work, job.threads, ws, recipe_options, job, "recipe.yml")
+
+
+# Marian's own translator: CTranslate2 also converts Marian models, but its CPU decoding of
+# Transformers is already timed on nmt's and Eole's conversions
+ENGINES = (NATIVE,)
 
 
 def decode_command(python: Path, job: RecipeJob, ws: Workspace, d: Decoding) -> Command:

@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 
 from benchmarks.peers_common import (
+    CT2,
+    NATIVE,
     Command,
     Decoding,
     RecipeJob,
@@ -132,12 +134,32 @@ def recipe_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
     return nmt_train(python, job.work, job.threads, job.seed, ws, settings)
 
 
+ENGINES = (NATIVE, CT2)  # our search; our CTranslate2 package (nmt-export --format ctranslate2)
+
+
+def package_dir(job: RecipeJob) -> Path:
+    return job.work / "package-ct2"
+
+
+def convert_command(python: Path, job: RecipeJob, ws: Workspace) -> Command:
+    """``nmt-export --format ctranslate2`` of the checkpoint the run decodes (float32
+    weights): the package ``engine=ctranslate2`` decodes."""
+    argv = [str(python.parent / "nmt-export"), str(job.work / "run"), "--out"]
+    argv += [str(package_dir(job)), "--format", "ctranslate2", "--force"]
+    return command(argv, job.work, "convert.log", job.threads)
+
+
 def decode_command(python: Path, job: RecipeJob, ws: Workspace, d: Decoding) -> Command:
-    """``nmt-translate`` of ``d.src`` with the run's own decoding settings at ``d.beam``."""
+    """``nmt-translate`` of ``d.src`` with the run's own decoding settings at ``d.beam``: our
+    search on the run's checkpoint, or CTranslate2 on :func:`convert_command`'s package (one
+    worker of one thread per core)."""
+    model = [f"run={job.work / 'run'}", "engine=torch"]
+    if d.engine == CT2:
+        model = [f"model={package_dir(job)}", "engine=ctranslate2"]
     return command(
         [
             str(python.parent / "nmt-translate"),
-            f"run={job.work / 'run'}",
+            *model,
             f"input={d.src}",
             f"output={d.out}",
             f"beam={d.beam}",

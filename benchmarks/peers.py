@@ -42,7 +42,17 @@ from typing import Any
 from benchmarks import peer_eole, peer_joeynmt, peer_marian, peer_nmt
 from benchmarks.joeynmt_setup import prepare_joey_dir
 from benchmarks.machine import busy_warning, cpu_busy_share, load_average_or_none
-from benchmarks.peers_common import SHAPE, TrainJob, Workspace, failure, fresh, run, window_stats
+from benchmarks.peers_common import (
+    CT2,
+    NATIVE,
+    SHAPE,
+    TrainJob,
+    Workspace,
+    failure,
+    fresh,
+    run,
+    window_stats,
+)
 from benchmarks.peers_quality import TEST as TEST_SET
 from benchmarks.peers_quality import compare_quality
 from benchmarks.report import SetupError, table
@@ -62,6 +72,12 @@ DEFINITIONS = {
     "ratio": "nmt's tgt_tokens_per_s / the peer's, in the same precision; best: nmt's faster "
     "fixed precision against the peer's faster one; auto: nmt in the precision its auto "
     "picks against the peer's faster one",
+    "decode_seconds": "wall-clock seconds of the whole decoding process of the test source "
+    "(start-up and model loading included), one thread per core",
+    "seconds_per_sentence": "the first 100 test sentences decoded one per batch, less the same "
+    "process on the first sentence alone, over the 99 sentences between",
+    "ctranslate2": "the toolkit's model converted by its own path to CTranslate2 (float32) and "
+    "decoded by CTranslate2 through the toolkit's command",
 }
 
 
@@ -317,7 +333,9 @@ def with_quick(s: Settings) -> Settings:
 
 
 def quality_report(quality: dict[str, Any]) -> str:
-    rows = []
+    """The BLEU table (each toolkit's own beam-5 decoding) and the decoding table (each
+    toolkit's translator, and CTranslate2 where the toolkit converts to it)."""
+    rows, decoding = [], []
     for name, r in quality["toolkits"].items():
         low, high = r["bleu_ci"]
         p = r.get("p_value_against_nmt")
@@ -328,18 +346,30 @@ def quality_report(quality: dict[str, Any]) -> str:
                 "" if p is None else f"{p:.4f}",
                 str(r["updates"] or "?"),
                 f"{r['training_seconds'] / 60:.1f}",
-                f"{r['decode_seconds']:.1f}",
-                f"{r['greedy']['bleu']:.2f}",
-                f"{r['greedy']['decode_seconds']:.1f}",
-                f"{1000 * r['one_at_a_time']['beam5']['seconds_per_sentence']:.0f}",
-                f"{1000 * r['one_at_a_time']['greedy']['seconds_per_sentence']:.0f}",
             ]
         )
-    header = ["toolkit", "BLEU [95% CI]", "p vs nmt", "updates", "train min", "decode s"]
-    header += ["greedy BLEU", "greedy s", "ms/sent beam 5, one", "ms/sent greedy, one"]
-    head = f"{TEST_SET} BLEU, beam 5 (and greedy), after {quality['minutes']:g} minutes of nmt's"
-    head += " training"
-    return head + "\n" + table(header, rows, "l")
+        for engine, d in ((NATIVE, r), *((e, r[e]) for e in (CT2,) if e in r)):
+            one = d["one_at_a_time"]
+            decoding.append(
+                [
+                    name,
+                    engine,
+                    f"{d['bleu']:.2f}",
+                    f"{d['decode_seconds']:.1f}",
+                    f"{d['greedy']['bleu']:.2f}",
+                    f"{d['greedy']['decode_seconds']:.1f}",
+                    f"{1000 * one['beam5']['seconds_per_sentence']:.0f}",
+                    f"{1000 * one['greedy']['seconds_per_sentence']:.0f}",
+                ]
+            )
+    header = ["toolkit", "BLEU [95% CI]", "p vs nmt", "updates", "train min"]
+    head = f"{TEST_SET} BLEU, beam 5, after {quality['minutes']:g} minutes of nmt's training"
+    dec_header = ["toolkit", "engine", "BLEU", "beam 5 s", "greedy BLEU", "greedy s"]
+    dec_header += ["ms/sent beam 5, one", "ms/sent greedy, one"]
+    dec_head = f"decoding the {TEST_SET} source (whole processes), and one sentence at a time"
+    return "\n".join(
+        [head, table(header, rows, "l"), "", dec_head, table(dec_header, decoding, "ll")]
+    )
 
 
 def report(result: dict[str, Any]) -> str:

@@ -197,15 +197,22 @@ def failure(name: str, what: str, rc: int, cmd: Command) -> RuntimeError:
     return RuntimeError(f"{name} failed (exit {rc}) in {what}: {' '.join(cmd.argv)}\n{tail}")
 
 
+NATIVE = "native"  # the toolkit's own translator
+CT2 = "ctranslate2"  # CTranslate2, on the toolkit's own conversion of its model
+
+
 @dataclass(frozen=True)
 class Decoding:
-    """One decoding of ``src`` into ``out`` by a toolkit's translator at ``beam``, in batches
-    of one sentence when ``one_at_a_time``."""
+    """One decoding of ``src`` into ``out`` at ``beam``, in batches of one sentence when
+    ``one_at_a_time``, by the toolkit's own translator (``engine`` :data:`NATIVE`) or by one of
+    the other engines its module lists in ``ENGINES`` (:data:`CT2`: CTranslate2, decoding the
+    model its module's ``convert_command`` wrote)."""
 
     src: Path
     out: Path
     beam: int = 5
     one_at_a_time: bool = False
+    engine: str = NATIVE
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,12 @@ sends the peer the signal its trainer answers by saving (JoeyNMT SIGINT, Marian 
 SIGTERM) and waits for it to exit. Every toolkit then decodes test_2016_flickr with beam 5 by
 its own translator, and the detokenized outputs are scored here by sacreBLEU (cased 13a BLEU
 with a bootstrap interval) and by the paired bootstrap test against nmt's.
+
+Decoding speed comes from the same trained models: each toolkit's translator decodes the test
+set with beam 5 and greedy in batches, and its first :data:`SINGLE` sentences one at a time;
+nmt and Eole are decoded the same ways by CTranslate2 too, each model converted by its own
+toolkit's path (``nmt-export --format ctranslate2``; CTranslate2's Eole converter, decoded by
+``eole predict -engine ct2``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from types import ModuleType
 from typing import Any
 
 from benchmarks.peers_common import (
+    CT2,
     GRACE_SECONDS,
+    NATIVE,
     Command,
     Decoding,
     RecipeJob,
@@ -55,8 +63,7 @@ def train_and_decode(
     peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, stop: bool
 ) -> dict[str, Any]:
     """One toolkit's budgeted recipe run (stopped at ``job.seconds`` when ``stop``), then its
-    decodings of the test set (beam 5 and greedy, batched) and of its first :data:`SINGLE`
-    sentences one at a time."""
+    :func:`decodings` by its own translator and by every other engine of its ``ENGINES``."""
     fresh(job.work)
     cmd = peer.recipe_command(python, job, ws)
     say(f"{peer.NAME}: training its recipe for {job.seconds / 60:.1f} minutes")
@@ -65,32 +72,64 @@ def train_and_decode(
     done = run(cmd, limit, stop_after, peer.STOP_SIGNAL)
     if done.rc != 0 and done.signalled is None:
         raise failure(peer.NAME, "training", done.rc, cmd)
-    decoded = {beam: decode(peer, python, job, ws, beam) for beam in (5, 1)}
-    single = {beam: one_at_a_time(peer, python, job, ws, beam) for beam in (5, 1)}
-    return {
+    result = {
         "training_seconds": done.seconds,
         "stop_signal_at": done.signalled,
         "exit_code": done.rc,
         "peak_rss_bytes": done.peak_rss_bytes,
         "updates": _updates(peer, cmd),
+        **decodings(peer, python, job, ws, NATIVE),
+        "recipe": peer.RECIPE,
+    }
+    add_engines(peer, python, job, ws, result)
+    return result
+
+
+def add_engines(
+    peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, result: dict[str, Any]
+) -> None:
+    """``result[engine]`` for each engine of the toolkit's ``ENGINES`` besides its own
+    translator that ``result`` lacks: its conversion of the trained model, then
+    :func:`decodings` by that engine."""
+    for engine in peer.ENGINES:
+        if engine == NATIVE or engine in result:
+            continue
+        cmd = peer.convert_command(python, job, ws)
+        say(f"{peer.NAME}: converting its model for {engine}")
+        done = run(cmd, 3600)
+        if done.rc != 0:
+            raise failure(peer.NAME, f"converting for {engine}", done.rc, cmd)
+        decoded = decodings(peer, python, job, ws, engine)
+        result[engine] = {"convert_seconds": done.seconds, **decoded}
+
+
+def decodings(
+    peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, engine: str
+) -> dict[str, Any]:
+    """The test set decoded by ``engine`` with beam 5 and greedy, batched, and its first
+    :data:`SINGLE` sentences one at a time."""
+    decoded = {beam: decode(peer, python, job, ws, beam, engine) for beam in (5, 1)}
+    single = {beam: one_at_a_time(peer, python, job, ws, beam, engine) for beam in (5, 1)}
+    return {
         "decode_seconds": decoded[5][1],
         "hypotheses": str(decoded[5][0]),
         "greedy": {"decode_seconds": decoded[1][1], "hypotheses": str(decoded[1][0])},
         "one_at_a_time": {"beam5": single[5], "greedy": single[1]},
-        "recipe": peer.RECIPE,
     }
 
 
 def decode(
     peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, beam: int,
-    src: Path | None = None, one: bool = False,
+    engine: str = NATIVE, src: Path | None = None, one: bool = False,
 ):  # fmt: skip
-    """The toolkit's decoding of ``src`` (the test set) at ``beam``, in batches of one
-    sentence when ``one``: (output file, seconds of the whole process)."""
+    """The toolkit's decoding of ``src`` (the test set) at ``beam`` by ``engine``, in batches
+    of one sentence when ``one``: (output file, seconds of the whole process)."""
     src = src or ws.text(TEST, ws.src)
-    out = job.work / f"{src.stem}.beam{beam}{'.one' if one else ''}.hyp"
-    dec = peer.decode_command(python, job, ws, Decoding(src, out, beam, one))
-    say(f"{peer.NAME}: decoding {src.name} with beam {beam}{', one at a time' if one else ''}")
+    tag = "" if engine == NATIVE else f".{engine}"
+    out = job.work / f"{src.stem}.beam{beam}{tag}{'.one' if one else ''}.hyp"
+    dec = peer.decode_command(python, job, ws, Decoding(src, out, beam, one, engine))
+    how = f"beam {beam}{'' if engine == NATIVE else ' by ' + engine}"
+    say(f"{peer.NAME}: decoding {src.name} with {how}{', one at a time' if one else ''}")
     done = run(dec, 3600)
     if done.rc != 0 or not out.exists():
         raise failure(peer.NAME, "decoding", done.rc, dec)
@@ -98,43 +137,51 @@ def decode(
 
 
 def one_at_a_time(
-    peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, beam: int
+    peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, beam: int, engine: str
 ) -> dict[str, Any]:
-    """Seconds per sentence decoded one at a time: the first :data:`SINGLE` test sentences,
-    less the same process on the first sentence alone (start-up and model loading), over
-    the :data:`SINGLE` - 1 sentences between."""
+    """Seconds per sentence decoded one at a time by ``engine``: the first :data:`SINGLE`
+    test sentences, less the same process on the first sentence alone (start-up and model
+    loading), over the :data:`SINGLE` - 1 sentences between."""
     lines = ws.text(TEST, ws.src).read_text(encoding="utf-8").splitlines()
     times = {}
     for n in (1, SINGLE):
         src = job.work / f"first{n}.{ws.src}"
         src.write_text("".join(line + "\n" for line in lines[:n]), encoding="utf-8")
-        times[n] = decode(peer, python, job, ws, beam, src, one=True)[1]
+        times[n] = decode(peer, python, job, ws, beam, engine, src, one=True)[1]
     per = (times[SINGLE] - times[1]) / (SINGLE - 1)
     return {"sentences": SINGLE, "seconds": times[SINGLE], "seconds_first": times[1],
             "seconds_per_sentence": per}  # fmt: skip
 
 
 def score(results: dict[str, dict[str, Any]], ws: Workspace) -> None:
-    """BLEU with its interval for every toolkit, and the paired test against nmt's."""
+    """BLEU with its interval for every toolkit's decodings (by its own translator and by
+    CTranslate2 where it has that), and the paired test of its own against nmt's."""
     refs = ws.text(TEST, ws.tgt).read_text(encoding="utf-8").splitlines()
-    hyps = {
-        name: Path(r["hypotheses"]).read_text(encoding="utf-8").splitlines()
-        for name, r in results.items()
-    }
-    for name, lines in hyps.items():
-        if len(lines) != len(refs):
-            raise RuntimeError(f"{name}: {len(lines)} output lines for {len(refs)} references")
-        s = bleu(lines, refs, resamples=BOOTSTRAP_RESAMPLES)
-        results[name]["bleu"] = s.score
-        results[name]["bleu_ci"] = [s.ci.low, s.ci.high] if s.ci else None
-        results[name]["signature"] = s.signature
-        greedy = Path(results[name]["greedy"]["hypotheses"]).read_text(encoding="utf-8")
-        results[name]["greedy"]["bleu"] = bleu(greedy.splitlines(), refs).score
+    hyps = {}
+    for name, r in results.items():
+        hyps[name] = _score(name, r, refs)
+        if CT2 in r:
+            _score(f"{name} by {CT2}", r[CT2], refs)
     others = [n for n in hyps if n != "nmt"]
     if "nmt" in hyps and others:
         _, paired = paired_bootstrap(hyps["nmt"], [hyps[n] for n in others], refs)
         for name, p in zip(others, paired, strict=True):
             results[name]["p_value_against_nmt"] = p.p_value
+
+
+def _score(name: str, decoded: dict[str, Any], refs: list[str]) -> list[str]:
+    """BLEU with its interval of ``decoded``'s beam-5 output, and its greedy output's, written
+    into ``decoded``; the beam-5 lines."""
+    lines = Path(decoded["hypotheses"]).read_text(encoding="utf-8").splitlines()
+    if len(lines) != len(refs):
+        raise RuntimeError(f"{name}: {len(lines)} output lines for {len(refs)} references")
+    s = bleu(lines, refs, resamples=BOOTSTRAP_RESAMPLES)
+    decoded["bleu"] = s.score
+    decoded["bleu_ci"] = [s.ci.low, s.ci.high] if s.ci else None
+    decoded["signature"] = s.signature
+    greedy = Path(decoded["greedy"]["hypotheses"]).read_text(encoding="utf-8")
+    decoded["greedy"]["bleu"] = bleu(greedy.splitlines(), refs).score
+    return lines
 
 
 def carried(done: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -171,7 +218,8 @@ def compare_quality(
 
     ``done``: an earlier run's quality section or ``<work>/quality-progress.json`` (written
     after every toolkit): its toolkits whose outputs are still there are kept, with its
-    budget, and only the others train. A long comparison can so be finished in parts."""
+    budget, and only the others train; a kept toolkit is decoded by the engines of its
+    ``ENGINES`` that it was not decoded by. A long comparison can so be finished in parts."""
     results = carried(done)
     budget = float(done["wall_clock_budget_seconds"]) if "nmt" in results and done else 0.0
     if results:
@@ -191,10 +239,12 @@ def compare_quality(
     if not budget:
         raise SetupError("the peers' budget is nmt's wall-clock time: train nmt first")
     for name, peer in kits.items():
-        if name in results:
-            continue
-        job = RecipeJob(budget, threads, work / name / "recipe")
-        results[name] = train_and_decode(peer, pythons[name], job, ws, stop=True)
+        if name in results:  # kept: decoded by the engines it lacks, in its own folder
+            job = RecipeJob(budget, threads, Path(results[name]["hypotheses"]).parent)
+            add_engines(peer, pythons[name], job, ws, results[name])
+        else:
+            job = RecipeJob(budget, threads, work / name / "recipe")
+            results[name] = train_and_decode(peer, pythons[name], job, ws, stop=True)
         write_progress(progress, state)
     score(results, ws)
     return state

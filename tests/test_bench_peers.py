@@ -14,6 +14,8 @@ import yaml
 
 from benchmarks import peer_eole, peer_joeynmt, peer_marian, peer_nmt, peers, peers_quality
 from benchmarks.peers_common import (
+    CT2,
+    NATIVE,
     Command,
     Decoding,
     RecipeJob,
@@ -243,15 +245,22 @@ open(out, "w").write("".join(line + "\\n" for line in lines))
 """
 
 
-def recipe_toolkit(name: str, stop_by_itself: float, how: str):
+def recipe_toolkit(name: str, stop_by_itself: float, how: str, engines=(NATIVE,)):
     def recipe_command(python: Path, job, ws: Workspace) -> Command:
         script = job.work / "train.py"
         script.write_text(TRAINER)
         argv = [str(python), str(script), str(stop_by_itself), str(job.work)]
         return Command(argv, job.work, job.work / "train.log")
 
+    def convert_command(python: Path, job, ws: Workspace) -> Command:
+        argv = [str(python), "-c", f"open({str(job.work / 'converted')!r}, 'w')"]
+        return Command(argv, job.work, job.work / "convert.log")
+
     def decode_command(python: Path, job, ws: Workspace, d: Decoding) -> Command:
         src, out, beam = d.src, d.out, d.beam
+        assert d.engine in engines
+        if d.engine != NATIVE:  # the engine decodes the converted model
+            assert (job.work / "converted").exists()
         script = job.work / "decode.py"
         script.write_text(DECODER)
         decoded = how if beam == 5 else "cut"
@@ -265,7 +274,9 @@ def recipe_toolkit(name: str, stop_by_itself: float, how: str):
         NAME=name,
         RECIPE={"source": name},
         STOP_SIGNAL=None if stop_by_itself else signal.SIGTERM,
+        ENGINES=engines,
         recipe_command=recipe_command,
+        convert_command=convert_command,
         decode_command=decode_command,
         parse_train_log=parse_train_log,
     )
@@ -283,7 +294,10 @@ def make_test_set(tmp_path: Path, sentences: int) -> Workspace:
 
 def test_peers_get_nmts_wall_clock_then_their_outputs_are_scored(tmp_path: Path) -> None:
     ws = make_test_set(tmp_path, 40)
-    kits = {"nmt": recipe_toolkit("nmt", 1.5, "copy"), "peer": recipe_toolkit("peer", 0, "cut")}
+    kits = {
+        "nmt": recipe_toolkit("nmt", 1.5, "copy", (NATIVE, CT2)),
+        "peer": recipe_toolkit("peer", 0, "cut"),
+    }
     py = Path(sys.executable)
     out = peers_quality.compare_quality(
         0.01, 1, tmp_path / "work", ws, kits, {"nmt": py, "peer": py}
@@ -305,7 +319,19 @@ def test_peers_get_nmts_wall_clock_then_their_outputs_are_scored(tmp_path: Path)
     assert first.read_text() == "x 0\n"
     assert peer["bleu"] < 100.0 and peer["p_value_against_nmt"] < 0.05
     assert peer["updates"] is None and peer["recipe"] == {"source": "peer"}
-    assert "p vs nmt" in peers.quality_report(out)
+    # nmt's model converted, then decoded by CTranslate2 the same ways; the peer has no engine
+    ct2 = nmt[CT2]
+    assert ct2["convert_seconds"] > 0 and ct2["bleu"] == pytest.approx(100.0)
+    assert ct2["hypotheses"].endswith("test_2016_flickr.beam5.ctranslate2.hyp")
+    assert ct2["greedy"]["hypotheses"].endswith("test_2016_flickr.beam1.ctranslate2.hyp")
+    assert ct2["greedy"]["bleu"] == nmt["greedy"]["bleu"]
+    assert ct2["one_at_a_time"]["greedy"]["sentences"] == peers_quality.SINGLE
+    assert CT2 not in peer
+    report = peers.quality_report(out)
+    assert "p vs nmt" in report
+    rows = [line.split(" | ")[:2] for line in report.splitlines() if " | " in line]
+    engines = [[c.strip() for c in r] for r in rows if r[1].strip() in (NATIVE, CT2)]
+    assert engines == [["nmt", NATIVE], ["nmt", CT2], ["peer", NATIVE]]
 
 
 @pytest.mark.parametrize("peer", [peer_eole, peer_marian, peer_joeynmt, peer_nmt])
@@ -366,6 +392,39 @@ def test_each_recipe_writes_its_config_and_decodes_the_test_set(peer, tmp_path: 
         assert (testing["beam_size"], testing["batch_size"]) == (5, 1)
 
 
+def test_nmt_and_eole_decode_their_own_ctranslate2_conversions(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path / "ws", Path("/d"))
+    job = RecipeJob(1800, 2, tmp_path / "run")
+    python = Path("/v/bin/python")
+    src, out = ws.text("test_2016_flickr", "de"), job.work / "hyp"
+    conv = peer_nmt.convert_command(python, job, ws).argv
+    assert conv[:2] == ["/v/bin/nmt-export", str(job.work / "run")]
+    assert "--format ctranslate2" in " ".join(conv)
+    package = conv[conv.index("--out") + 1]
+    ct2 = peer_nmt.decode_command(python, job, ws, Decoding(src, out, engine=CT2)).argv
+    assert f"model={package}" in ct2 and "engine=ctranslate2" in ct2
+    assert not [a for a in ct2 if a.startswith("run=")]
+    native = peer_nmt.decode_command(python, job, ws, Decoding(src, out)).argv
+    assert "engine=torch" in native and f"run={job.work / 'run'}" in native
+    # Eole: CTranslate2's converter writes into the newest checkpoint, where -engine ct2 looks
+    for step in ("step_50", "step_100"):
+        (job.work / "model" / step).mkdir(parents=True)
+        (job.work / "model" / step / "config.json").write_text("{}")
+    conv = peer_eole.convert_command(python, job, ws).argv
+    assert conv[:3] == ["/v/bin/python", "-m", "ctranslate2.converters.eole_ct2"]
+    newest = job.work / "model" / "step_100"
+    assert conv[conv.index("--model_path") + 1] == str(newest)
+    assert conv[conv.index("--output_dir") + 1] == str(newest / peer_eole.CT2_DIR)
+    assert conv[conv.index("--quantization") + 1] == "float32"
+    greedy = Decoding(src, out, 1, engine=CT2)
+    ct2 = " ".join(peer_eole.decode_command(python, job, ws, greedy).argv)
+    assert f"-model_path {newest} -engine ct2 -top_k 1 " in ct2 and "-beam_size 1" in ct2
+    native = " ".join(peer_eole.decode_command(python, job, ws, Decoding(src, out)).argv)
+    assert "-engine" not in native and "-top_k" not in native
+    assert peer_nmt.ENGINES == peer_eole.ENGINES == (NATIVE, CT2)
+    assert peer_marian.ENGINES == peer_joeynmt.ENGINES == (NATIVE,)
+
+
 def test_marian_lines_of_a_mean_cost_carry_no_label_counts() -> None:
     # the recipe's ce-mean-words log (pymarian 1.12.42): the rate times the seconds
     text = (
@@ -402,6 +461,16 @@ def test_an_equal_budget_comparison_continues_from_its_progress_file(tmp_path: P
         first["wall_clock_budget_seconds"], abs=0.6
     )
     assert again["toolkits"]["nmt"]["bleu"] == pytest.approx(100.0)
+    assert CT2 not in again["toolkits"]["nmt"]
+    # a kept toolkit whose module now lists another engine: converted and decoded by it only
+    progress = json.loads((work / "quality-progress.json").read_text())
+    with_ct2 = recipe_toolkit("nmt", 1.0, "copy", (NATIVE, CT2))
+    kits["nmt"] = SimpleNamespace(**{**vars(with_ct2), "recipe_command": never})
+    native = again["toolkits"]["nmt"]["decode_seconds"]
+    third = peers_quality.compare_quality(0.01, 1, work, ws, kits, pythons, progress)
+    assert third["toolkits"]["nmt"][CT2]["bleu"] == pytest.approx(100.0)
+    assert third["toolkits"]["nmt"]["decode_seconds"] == native
+    assert (work / "nmt" / "recipe" / "converted").exists()
     elsewhere = {**progress, "cpu_model": "another CPU"}
     with pytest.raises(SetupError, match="'another CPU'.*needs one machine"):
         peers_quality.compare_quality(0.01, 1, work, ws, kits, pythons, elsewhere)
