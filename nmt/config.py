@@ -380,7 +380,7 @@ class EnsembleSource(EngineSource):  # ... and more models decoding with it
 class EvalConfig(EnsembleSource, DecodeConfig):
     """``nmt-eval``: decode and score test sets; the decoding fields are :class:`DecodeConfig`'s."""
 
-    # extra test sets: "src_file:ref_file" pairs; default: the run's own test split(s)
+    # test sets in place of the run's data.test: "src_file:ref_file" pairs, or its corpus's splits
     test: list[str] = field(default_factory=list)
     # without test files: the run's split to score, test or valid (the validation split,
     # written to <run>/eval-valid unless out is given, apart from the test results)

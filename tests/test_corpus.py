@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import gzip
+import hashlib
 import http.server
 import os
 import threading
@@ -150,6 +151,30 @@ def test_without_a_source_only_files_already_there_are_used(
     assert fetch_multi30k(multi30k_root, ["de"], ["val"], None) == multi30k_root / "multi30k"
     with pytest.raises(DataError, match=r"val\.de\.gz is missing, and no Multi30k source"):
         fetch_multi30k(tmp_path, ["de"], ["val"], None)
+
+
+def test_held_out_test_sets_are_fetched_when_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The later shared tasks' test sets are valid split names (fetched like the others, from
+    the mirror or the URL, and verified); a side the set does not have is named."""
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for lang, line in (("en", "A dog runs."), ("de", "Ein Hund rennt.")):
+        data = gzip.compress(f"{line}\n".encode())
+        (mirror / f"test_2017_mscoco.{lang}.gz").write_bytes(data)
+        name = f"test_2017_mscoco.{lang}.gz"
+        monkeypatch.setitem(corpus.MULTI30K_SHA256, name, hashlib.sha256(data).hexdigest())
+    source = Multi30kSource(mirror=mirror)
+    base = fetch_multi30k(tmp_path / "root", ["en", "de"], ["test_2017_mscoco"], source)
+    got = read_parallel(base / "test_2017_mscoco.en.gz", base / "test_2017_mscoco.de.gz")
+    assert got == (["A dog runs."], ["Ein Hund rennt."])
+    with pytest.raises(DataError, match="test_2017_flickr has no cs side; it has en, de, fr"):
+        fetch_multi30k(tmp_path / "root", ["en", "cs"], ["test_2017_flickr"], source)
+    with pytest.raises(DataError, match="unknown Multi30k split.*'test_2019'.*test_2018_flickr"):
+        fetch_multi30k(tmp_path / "root", ["en"], ["test_2019"], source)
+    for split in corpus.MULTI30K_HELD_OUT:  # every held-out set has a pinned English side
+        assert f"{split}.en.gz" in corpus.MULTI30K_SHA256
 
 
 def test_download_verifies_and_renames(

@@ -145,6 +145,22 @@ def test_eval_on_user_file_pairs(run_dir: Path, pairs, capsys) -> None:
     assert saved["sets"]["x.de.2"]["sentences"] == 4
 
 
+def test_eval_scores_a_split_of_the_runs_corpus_by_its_name(
+    run_dir: Path, pairs, tmp_path: Path
+) -> None:
+    """``test=[NAME]``: a split named as data.test names it (here a file prefix of the run's
+    parallel corpus; for Multi30k a split such as test_2017_flickr), decoded as its files."""
+    src, ref = pairs[1]
+    reports = [
+        evaluate(compose_config("eval", [f"run={run_dir}", f"test=[{spec}]", f"out={out}"]))
+        for spec, out in ((src.with_suffix(""), tmp_path / "a"), (f"{src}:{ref}", tmp_path / "b"))
+    ]
+    (name, by_name), (_, by_files) = (next(iter(r["sets"].items())) for r in reports)
+    assert name == "x"
+    hyps = [Path(e["hypotheses"]).read_text(encoding="utf-8") for e in (by_name, by_files)]
+    assert hyps[0] == hyps[1] and len(hyps[0].splitlines()) == 4
+
+
 def test_eval_defaults_to_the_runs_test_split(run_dir: Path, capsys) -> None:
     report = evaluate(compose_config("eval", [f"run={run_dir}", "max_output_len_b=2"]))
     assert report["sets"][f"train0_{N_PAIRS}"]["sentences"] == N_PAIRS

@@ -27,6 +27,9 @@ from nmt.environment import MULTI30K_MIRROR, MULTI30K_URL, Multi30kSource
 log = logging.getLogger(__name__)
 
 MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
+# the later shared tasks' test sets, fetched only when named (data.test, nmt-eval test=[...]):
+# 2017's have no Czech side
+MULTI30K_HELD_OUT = ("test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
 MULTI30K_LANGS = ("en", "de", "fr", "cs")
 MULTI30K_SHA256 = {
     "test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
@@ -41,6 +44,16 @@ MULTI30K_SHA256 = {
     "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
     "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
     "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
+    "test_2017_flickr.de.gz": "a2c89666db00c495cd8513b9d708d5a3acc205d7de312ef2bf5fb7ebc1540aee",
+    "test_2017_flickr.en.gz": "76a444ee25172e72695cddb13ae4a3bda59430617be88e0bb46b60504f054074",
+    "test_2017_flickr.fr.gz": "3ba671ceb2299f3304ffafefea7a833d08632fbaf0ba18546f8a2ec2391af496",
+    "test_2017_mscoco.de.gz": "799e4854c25d601cb6cb6be29eabe5667734c61ace2f495e03e429031a0bc338",
+    "test_2017_mscoco.en.gz": "aab300bfb4427697987e02cd0aacd44bfe8aa50456231b6474c08038bbed2b58",
+    "test_2017_mscoco.fr.gz": "754f3072ba9f124569ba5258b32730fc1d214bbf8e0c6dfb2b74401676220db0",
+    "test_2018_flickr.cs.gz": "7d0a9db904f94c554a8c58049a9f3a5357c27f46cc3d710d70cb0b4a2585b8c2",
+    "test_2018_flickr.de.gz": "ddd0130c7d97482dc5197a02141dae8dd79f20f03586c480d675c09a32daf608",
+    "test_2018_flickr.en.gz": "ef4f4844037d4c5dea75c9a8ed5fd78905967a26f67c255e230cc9780032654d",
+    "test_2018_flickr.fr.gz": "fb2b83fcceb937a4f7e3e93c1c51c22aba92f1e342391e6b5ba392b16a920501",
 }
 DOWNLOAD_TIMEOUT_S = 60.0
 _CHUNK = 1 << 20
@@ -67,8 +80,15 @@ def fetch_multi30k(
     are deleted first.
     """
     langs, splits = list(langs), list(splits)
-    _check_choices("split", splits, MULTI30K_SPLITS)
+    _check_choices("split", splits, MULTI30K_SPLITS + MULTI30K_HELD_OUT)
     _check_choices("language", langs, MULTI30K_LANGS)
+    for split in splits:
+        missing = [lang for lang in langs if f"{split}.{lang}.gz" not in MULTI30K_SHA256]
+        if missing:
+            has = [lang for lang in MULTI30K_LANGS if f"{split}.{lang}.gz" in MULTI30K_SHA256]
+            raise DataError(
+                f"Multi30k's {split} has no {', '.join(missing)} side; it has {', '.join(has)}"
+            )
     dest_dir = Path(root) / "multi30k"
     dest_dir.mkdir(parents=True, exist_ok=True)
     for split in splits:

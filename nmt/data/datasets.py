@@ -70,10 +70,16 @@ class PreparedData:
 
 
 def load_test_sets(
-    cfg: Any, tokenizers: TokenizerPair, source: Multi30kSource | None = None
+    cfg: Any,
+    tokenizers: TokenizerPair,
+    source: Multi30kSource | None = None,
+    names: Sequence[str] | None = None,
 ) -> list[EvalSet]:
-    """The test split(s) of a data config, without reading the training data."""
-    return [_eval_set(s, tokenizers) for s in resolve_splits(cfg, list(cfg.test), source)]
+    """The test split(s) of a data config, or its corpus's splits ``names`` (named as in
+    ``data.test``: Multi30k's ``test_2017_flickr``, a file prefix for parallel text), without
+    reading the training data."""
+    splits = resolve_splits(cfg, list(cfg.test if names is None else names), source)
+    return [_eval_set(s, tokenizers) for s in splits]
 
 
 def load_valid_set(

@@ -6,10 +6,11 @@ sacreBLEU (BLEU, chrF, TER, each with its signature; BLEU and chrF with sacreBLE
 95% confidence interval: ``bootstrap=1000`` resamples drawn with ``bootstrap_seed=12345``, 0
 for none). Beside them, in a field of its own (``bleu_paper``), the BLEU the Multi30k papers
 report: lowercased and Moses-tokenized (:func:`nmt.evaluate.metrics.paper_bleu`). By default
-the test split(s) of the run's own data config are used; ``test=[src:ref,...]`` names other
-file pairs, several at once. A multilingual run is scored in each direction
-(:mod:`nmt.evaluate.multilingual`; ``zero_shot=[de-fr]`` adds directions it never trained,
-with a pivot baseline).
+the test split(s) of the run's own data config are used; ``test=[...]`` names others, several
+at once: file pairs ``src:ref``, or splits of the run's corpus as ``data.test`` names them
+(Multi30k's held-out ``test_2017_flickr``, ``test_2017_mscoco``, ``test_2018_flickr``). A
+multilingual run is scored in each direction (:mod:`nmt.evaluate.multilingual`;
+``zero_shot=[de-fr]`` adds directions it never trained, with a pivot baseline).
 On a terminal a bar counts each test set's sentences as they are decoded (``progress=false``:
 none). Hypotheses and a JSON of scores, signatures, decoding options and checkpoint go into
 ``<run>/eval`` (``out=DIR`` elsewhere), named after the checkpoint and the search.
@@ -67,6 +68,15 @@ def file_test_set(spec: str, tokenizers: TokenizerPair) -> EvalSet:
         )
     src, ref = strip_lines(src), strip_lines(ref)
     return EvalSet(src_file.name, src, ref, encode_texts(tokenizers, src, ref))
+
+
+def test_set(spec: str, trained: Trained) -> EvalSet:
+    """A ``test=`` entry: a ``src_file:ref_file`` pair, or a split of the run's own corpus by the
+    name ``data.test`` would give it (Multi30k: ``test_2017_flickr``, fetched like the others)."""
+    if ":" in spec:
+        return file_test_set(spec, trained.tokenizers)
+    data = trained.cfg.data
+    return load_test_sets(data, trained.tokenizers, multi30k_source(), [spec])[0]
 
 
 def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
@@ -130,7 +140,7 @@ def evaluate(cfg: DictConfig) -> dict:
     if cfg.zero_shot:
         raise ConfigError(f"zero_shot={list(cfg.zero_shot)}: {path} is not a multilingual model")
     if cfg.test:
-        sets = [file_test_set(spec, trained.tokenizers) for spec in cfg.test]
+        sets = [test_set(spec, trained) for spec in cfg.test]
     elif cfg.split == EvalSplit.valid:
         sets = [load_valid_set(trained.cfg.data, trained.tokenizers, multi30k_source())]
     else:
