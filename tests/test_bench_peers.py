@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import statistics
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -311,6 +312,10 @@ def test_peers_get_nmts_wall_clock_then_their_outputs_are_scored(tmp_path: Path)
     assert nmt["bleu"] == pytest.approx(100.0) and nmt["greedy"]["bleu"] < 100.0
     assert nmt["greedy"]["hypotheses"].endswith("test_2016_flickr.beam1.hyp")
     single = nmt["one_at_a_time"]["beam5"]
+    for n in ("1", str(peers_quality.SINGLE)):  # the processes took turns; medians are used
+        assert len(single["runs"][n]) == peers_quality.REPEATS
+    assert single["seconds"] == statistics.median(single["runs"][str(peers_quality.SINGLE)])
+    assert single["seconds_first"] == statistics.median(single["runs"]["1"])
     assert single["sentences"] == peers_quality.SINGLE
     assert single["seconds_per_sentence"] == pytest.approx(
         (single["seconds"] - single["seconds_first"]) / (peers_quality.SINGLE - 1)
