@@ -16,6 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt.cli import CONFIG_DIR
 from nmt.config import register_configs
+from nmt.store.gate import load_run_config
+from nmt.viz.visualize import flatten_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,6 +27,21 @@ def compose_config(name: str, overrides: list[str] | None = None) -> DictConfig:
     register_configs()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return compose(config_name=name, overrides=overrides or [])
+
+
+def differences_from_preset(run: Path, overrides: list[str], ignored: set[str]) -> set[str]:
+    """The dotted config keys (outside ``ignored``) where an archived run's ``config.yaml``, read
+    as a resumed run reads it (keys the schema gained since take their defaults), differs from
+    the training config that ``overrides`` compose."""
+    preset = flatten_config(
+        OmegaConf.to_container(compose_config("train", overrides), resolve=True)
+    )
+    archived = flatten_config(OmegaConf.to_container(load_run_config(run), resolve=True))
+    return {
+        key
+        for key in preset.keys() | archived.keys()
+        if key not in ignored and preset.get(key) != archived.get(key)
+    }
 
 
 def write_subset(

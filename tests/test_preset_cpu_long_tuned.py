@@ -14,11 +14,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from nmt.config_checks import check_train_config
-from nmt.store.gate import load_run_config
 from nmt.train.runlog import of_kind, read_events
-from nmt.viz.visualize import flatten_config
 
-from .helpers import compose_config
+from .helpers import compose_config, differences_from_preset
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "docs/results"
@@ -62,19 +60,7 @@ def test_the_preset_changes_what_its_header_says() -> None:
 @pytest.mark.parametrize(("folder", "data", "seed"), ARCHIVED, ids=[a[0] for a in ARCHIVED])
 def test_each_archived_run_is_the_preset(folder: str, data: str, seed: int) -> None:
     overrides = ["experiment=cpu_long_tuned", f"data={data}", f"trainer.seed={seed}"]
-    preset = flatten_config(
-        OmegaConf.to_container(compose_config("train", overrides), resolve=True)
-    )
-    # read as a resumed run reads it: keys the schema gained since take their defaults, the
-    # behaviour of before they existed
-    archived = flatten_config(
-        OmegaConf.to_container(load_run_config(RESULTS / folder), resolve=True)
-    )
-    differ = {
-        key
-        for key in preset.keys() | archived.keys()
-        if key not in NOT_RECIPE and preset.get(key) != archived.get(key)
-    }
+    differ = differences_from_preset(RESULTS / folder, overrides, NOT_RECIPE)
     if differ == {"trainer.patience"} and patience_never_stopped(RESULTS / folder):
         differ = set()
     assert differ == set()

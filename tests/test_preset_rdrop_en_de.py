@@ -7,13 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from nmt.config_checks import check_train_config
-from nmt.store.gate import load_run_config
-from nmt.viz.visualize import flatten_config
 
-from .helpers import compose_config
+from .helpers import compose_config, differences_from_preset
 
 RESULTS = Path(__file__).parents[1] / "docs/results"
 # each archived run of the preset: <direction>.rdrop_en_de.seed<N>
@@ -55,15 +52,4 @@ def test_each_archived_run_is_the_preset(folder: str) -> None:
     seed = int(folder.rsplit(".seed", 1)[1])
     data = f"multi30k_{folder[:5].replace('-', '_')}"
     overrides = ["experiment=rdrop_en_de", f"data={data}", f"trainer.seed={seed}"]
-    preset = flatten_config(
-        OmegaConf.to_container(compose_config("train", overrides), resolve=True)
-    )
-    archived = flatten_config(
-        OmegaConf.to_container(load_run_config(RESULTS / folder), resolve=True)
-    )
-    differ = {
-        key
-        for key in preset.keys() | archived.keys()
-        if key not in NOT_RECIPE and preset.get(key) != archived.get(key)
-    }
-    assert differ == set()
+    assert differences_from_preset(RESULTS / folder, overrides, NOT_RECIPE) == set()
