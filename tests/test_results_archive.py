@@ -46,7 +46,11 @@ def test_every_folder_is_listed_in_the_archive_readme() -> None:
 @pytest.mark.parametrize("report", REPORTS, ids=_id)
 def test_a_report_rescored_from_its_files_gives_its_scores(report: Path) -> None:
     stated = json.loads(report.read_text(encoding="utf-8"))["sets"]
-    (scored,) = scored_sets(report)
+    for scored in scored_sets(report):
+        _rescored(report, scored, stated)
+
+
+def _rescored(report: Path, scored, stated: dict) -> None:
     assert scored.hypotheses.parent == report.parent and scored.references.parent == report.parent
     hyps, refs = read_lines(scored.hypotheses), read_lines(scored.references)
     assert len(hyps) == len(refs) == stated[scored.name]["sentences"]
@@ -61,7 +65,9 @@ def test_a_report_rescored_from_its_files_gives_its_scores(report: Path) -> None
 @pytest.mark.parametrize("report", TEST_REPORTS, ids=_id)
 def test_results_md_quotes_each_test_report_as_archived(report: Path) -> None:
     run = report.parents[1]
-    (entry,) = json.loads(report.read_text(encoding="utf-8"))["sets"].values()
+    sets = json.loads(report.read_text(encoding="utf-8"))["sets"]
+    # the table's set; a report that also scored the held-out sets quotes them elsewhere
+    (entry,) = [sets["test_2016_flickr"]] if len(sets) > 1 else sets.values()
     valid_report = run / "eval-valid" / report.name
     (valid,) = json.loads(valid_report.read_text(encoding="utf-8"))["sets"].values()
     updates = json.loads((run / "summary.json").read_text(encoding="utf-8"))["step"]
