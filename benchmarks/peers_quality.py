@@ -147,11 +147,12 @@ def one_at_a_time(
     :data:`REPEATS` times and the median of each is used: the difference is a few seconds
     between processes whose start-up alone varies by about one."""
     lines = ws.text(TEST, ws.src).read_text(encoding="utf-8").splitlines()
-    runs: dict[int, list[float]] = {1: [], SINGLE: []}
+    sources = {n: job.work / f"first{n}.{ws.src}" for n in (1, SINGLE)}
+    for n, src in sources.items():
+        src.write_text("".join(line + "\n" for line in lines[:n]), encoding="utf-8")
+    runs: dict[int, list[float]] = {n: [] for n in sources}
     for _ in range(REPEATS):
-        for n in runs:
-            src = job.work / f"first{n}.{ws.src}"
-            src.write_text("".join(line + "\n" for line in lines[:n]), encoding="utf-8")
+        for n, src in sources.items():
             runs[n].append(decode(peer, python, job, ws, beam, engine, src, one=True)[1])
     times = {n: statistics.median(seconds) for n, seconds in runs.items()}
     per = (times[SINGLE] - times[1]) / (SINGLE - 1)
