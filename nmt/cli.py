@@ -68,6 +68,23 @@ def config_dir() -> str:
     return CONFIG_DIR
 
 
+class _Console(logging.StreamHandler):
+    """The console handler: it writes to ``sys.stderr`` as it is when a record comes, not as it
+    was when logging was set up, since a notebook or a test harness that captures output may
+    have replaced (and closed) that stream in between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass  # always the current sys.stderr
+
+
 def setup_logging(log_file: Path | None = None, rank: int = 0) -> None:
     """Console logging for rank 0 (warnings only elsewhere) and an appending log file."""
     root = logging.getLogger()
@@ -77,7 +94,7 @@ def setup_logging(log_file: Path | None = None, rank: int = 0) -> None:
         if type(h) is logging.StreamHandler and not getattr(h, "_nmt", False):
             root.removeHandler(h)
     if not any(getattr(h, "_nmt", False) for h in root.handlers):
-        console = logging.StreamHandler(sys.stderr)
+        console = _Console()
         console.setFormatter(fmt)
         console._nmt = True  # type: ignore[attr-defined]
         root.addHandler(console)

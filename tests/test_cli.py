@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.cli import UserError, config_dir, exit_on_error
+from nmt.cli import UserError, config_dir, exit_on_error, setup_logging
 from nmt.config import ConfigError
 from nmt.data.cache import CacheError
 from nmt.data.corpus import DataError
@@ -128,3 +129,29 @@ def test_launcher_variables_reach_the_process_group_setup_as_values(monkeypatch)
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert launcher_variables() == {"WORLD_SIZE": "1"}
     assert init_distributed("cpu", {"WORLD_SIZE": "1"}) == DistInfo()
+
+
+def test_the_console_log_follows_stderr_when_it_is_replaced(monkeypatch) -> None:
+    """A notebook or a test harness may swap sys.stderr, and close the old one, after a
+    command has set logging up in-process: records go to the current stderr, none is lost."""
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    for h in before:
+        root.removeHandler(h)
+    first, second = io.StringIO(), io.StringIO()
+    try:
+        monkeypatch.setattr(sys, "stderr", first)
+        setup_logging()
+        logging.getLogger("nmt.test").info("into the first")
+        assert "into the first" in first.getvalue()
+        first.close()
+        monkeypatch.setattr(sys, "stderr", second)
+        logging.getLogger("nmt.test").info("into the second")
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in before:
+            root.addHandler(h)
+        root.setLevel(level)
+    assert "into the second" in second.getvalue()
+    assert "Logging error" not in second.getvalue()
