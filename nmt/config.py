@@ -4,8 +4,7 @@ Every config group (data/, model/, optim/, trainer/) is backed by a dataclass re
 Hydra's ConfigStore, so a misspelt key, a value of the wrong type or a choice outside its Enum
 fails when the config is composed, before any data is read. The defaults are declared here only:
 a YAML file under configs/ sets just the values that make it differ. Checks that span several
-values live in :func:`check_train_config`, which raises :class:`ConfigError` naming the
-offending key (they live in :mod:`nmt.config_checks`).
+values (:func:`nmt.config_checks.check_train_config`) raise :class:`ConfigError` naming the key.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cache
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -441,8 +441,7 @@ class AttentionConfig(ModelSource, DecodeConfig):
 @dataclass
 class ServeConfig(EngineSource, DecodeConfig):
     """``nmt-serve``: an HTTP translation server over a model package (see nmt.serve). The
-    decoding fields (:class:`DecodeConfig`) are a request's defaults; ``precision`` applies to
-    the torch engine only."""
+    decoding fields (:class:`DecodeConfig`) are a request's defaults; ``precision``: torch's."""
 
     host: str = "127.0.0.1"  # the address to listen on (loopback only by default)
     port: int = 8080  # 0: any free port (printed at start)
@@ -473,8 +472,9 @@ MODEL_SCHEMAS: dict[str, type] = {
 }
 
 
+@cache
 def register_configs() -> None:
-    """Register the schemas so YAML files can extend them through their defaults lists."""
+    """Register the schemas that YAML files extend through their defaults lists (once a process)."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="eval_schema", node=EvalConfig)

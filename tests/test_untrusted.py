@@ -271,6 +271,18 @@ def test_checked_config_is_typed_and_closed(good) -> None:
         cfg.model.extra = 1  # struct mode: nothing can be added after the check
 
 
+def test_each_checked_config_is_its_own(good) -> None:
+    """The schema a config is checked against is built once: no checked config, nor a change
+    made to one, reaches the next."""
+    config = good["payload"]["config"]
+    first = checked_train_config(place_value(config, "model", "dropout", 0.5), "a.pt")
+    first.trainer.seed = 99  # an existing key: allowed in struct mode
+    second = checked_train_config(config, "b.pt")
+    assert first.model.dropout == 0.5 and second.model.dropout == config["model"]["dropout"]
+    assert second.trainer.seed == config["trainer"]["seed"] != 99
+    assert second == good["cfg"]
+
+
 def test_stored_choices_are_plain_strings_and_load_as_choices(good, tmp_path: Path) -> None:
     """Checkpoints and config.yaml hold choices as plain strings (weights_only loading refuses
     Enum objects); the gate turns them back into the schema's choices."""

@@ -12,6 +12,7 @@ models, so a CTranslate2 server can use the same gate.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,15 @@ def _refuse_interpolations(node: Any, source: str, key: str) -> None:
         )
 
 
+@cache
+def _schema(arch: str) -> DictConfig:
+    """The typed training schema with ``arch``'s model schema, built once: building it from the
+    dataclasses takes longer than checking a config against it."""
+    schema = OmegaConf.structured(TrainConfig)
+    schema.model = OmegaConf.structured(MODEL_SCHEMAS[arch])
+    return schema
+
+
 def checked_train_config(raw: Any, source: str | Path) -> DictConfig:
     """A training config read from a file, merged into the typed schema and validated.
 
@@ -115,10 +125,8 @@ def checked_train_config(raw: Any, source: str | Path) -> DictConfig:
     raw = _moved_keys(dict(raw), source)
     arch = _model_arch(raw.get("model"), source)
     raw["model"] = {k: v for k, v in raw["model"].items() if k != "_target_"} | {"arch": arch}
-    schema = OmegaConf.structured(TrainConfig)
-    schema.model = OmegaConf.structured(MODEL_SCHEMAS[arch])
     try:
-        cfg = OmegaConf.merge(schema, raw)
+        cfg = OmegaConf.merge(_schema(arch), raw)  # merge copies the schema: it stays as built
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # no missing value
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
