@@ -105,6 +105,22 @@ def add_engines(
         result[engine] = {"convert_seconds": done.seconds, **decoded}
 
 
+def retime_single(
+    peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, result: dict[str, Any]
+) -> None:
+    """The one-at-a-time timings of a kept toolkit that were taken once, before the two
+    processes took :data:`REPEATS` turns (their entries have no ``runs``), taken again, by
+    its own translator and by each engine of ``result``."""
+    for engine in peer.ENGINES:
+        section = result if engine == NATIVE else result.get(engine)
+        if section is None:
+            continue
+        single = section["one_at_a_time"]
+        for beam, key in ((5, "beam5"), (1, "greedy")):
+            if "runs" not in single[key]:
+                single[key] = one_at_a_time(peer, python, job, ws, beam, engine)
+
+
 def decodings(
     peer: ModuleType, python: Path, job: RecipeJob, ws: Workspace, engine: str
 ) -> dict[str, Any]:
@@ -226,7 +242,9 @@ def compare_quality(
     ``done``: an earlier run's quality section or ``<work>/quality-progress.json`` (written
     after every toolkit): its toolkits whose outputs are still there are kept, with its
     budget, and only the others train; a kept toolkit is decoded by the engines of its
-    ``ENGINES`` that it was not decoded by. A long comparison can so be finished in parts."""
+    ``ENGINES`` that it was not decoded by, and its one-at-a-time timings taken before they
+    were repeated are taken again (:func:`retime_single`). A long comparison can so be
+    finished in parts."""
     results = carried(done)
     budget = float(done["wall_clock_budget_seconds"]) if "nmt" in results and done else 0.0
     if results:
@@ -249,6 +267,7 @@ def compare_quality(
         if name in results:  # kept: decoded by the engines it lacks, in its own folder
             job = RecipeJob(budget, threads, Path(results[name]["hypotheses"]).parent)
             add_engines(peer, pythons[name], job, ws, results[name])
+            retime_single(peer, pythons[name], job, ws, results[name])
         else:
             job = RecipeJob(budget, threads, work / name / "recipe")
             results[name] = train_and_decode(peer, pythons[name], job, ws, stop=True)

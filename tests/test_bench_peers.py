@@ -476,6 +476,21 @@ def test_an_equal_budget_comparison_continues_from_its_progress_file(tmp_path: P
     assert third["toolkits"]["nmt"][CT2]["bleu"] == pytest.approx(100.0)
     assert third["toolkits"]["nmt"]["decode_seconds"] == native
     assert (work / "nmt" / "recipe" / "converted").exists()
+    # one-at-a-time timings taken once (before the turns) are taken again; the rest are kept
+    progress = json.loads((work / "quality-progress.json").read_text())
+    old = {"sentences": 100, "seconds": 9.0, "seconds_first": 1.0, "seconds_per_sentence": 0.08}
+    progress["toolkits"]["nmt"][CT2]["one_at_a_time"]["greedy"] = old
+    progress["toolkits"]["peer"]["one_at_a_time"]["beam5"] = old
+    kept = json.loads(json.dumps(progress["toolkits"]["nmt"]["one_at_a_time"]))
+    fourth = peers_quality.compare_quality(0.01, 1, work, ws, kits, pythons, progress)
+    for single in (
+        fourth["toolkits"]["nmt"][CT2]["one_at_a_time"]["greedy"],
+        fourth["toolkits"]["peer"]["one_at_a_time"]["beam5"],
+    ):
+        assert len(single["runs"][str(peers_quality.SINGLE)]) == peers_quality.REPEATS
+        assert single["seconds"] != old["seconds"]
+    assert fourth["toolkits"]["nmt"]["one_at_a_time"] == kept
+    assert fourth["toolkits"]["peer"]["one_at_a_time"]["greedy"]["runs"]
     elsewhere = {**progress, "cpu_model": "another CPU"}
     with pytest.raises(SetupError, match="'another CPU'.*needs one machine"):
         peers_quality.compare_quality(0.01, 1, work, ws, kits, pythons, elsewhere)
