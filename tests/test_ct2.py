@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
 from dataclasses import replace
@@ -242,6 +243,34 @@ def ct2_engine(trained: dict, quantization: str = "float32") -> tuple[ct2.CTrans
     data = encode_texts(package.tokenizers, trained["src"], trained["ref"])
     engine = make_engine("ctranslate2", package, DecodeOptions(), CPU)
     return engine, [data.src(i).tolist() for i in range(len(data))]
+
+
+def test_ctranslate2s_first_product_is_made_without_mkl_num_threads(
+    trained: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CTranslate2's MKL reads MKL_NUM_THREADS at its first matrix product; set, to any value,
+    the one-thread workers stop running side by side (a third of the speed in batches of one).
+    The engine builds the translator and makes one product without it, then puts it back."""
+    module = ct2.require()
+    real = module.Translator
+    seen: list[tuple[str, str | None]] = []
+
+    class Recording:
+        def __init__(self, *args, **kwargs) -> None:
+            seen.append(("built", os.environ.get("MKL_NUM_THREADS")))
+            self.inner = real(*args, **kwargs)
+
+        def translate_batch(self, *args, **kwargs):
+            seen.append(("product", os.environ.get("MKL_NUM_THREADS")))
+            return self.inner.translate_batch(*args, **kwargs)
+
+    monkeypatch.setattr(module, "Translator", Recording)
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")
+    package = load_package(trained["packages"]["float32"], CPU)
+    folder = trained["packages"]["float32"] / CT2_DIR
+    ct2.CTranslate2Engine(folder, package.tokenizers, None, "cpu", threads=2)
+    assert seen == [("built", None), ("product", None)]
+    assert os.environ["MKL_NUM_THREADS"] == "2"  # for the processes started later
 
 
 # short caps: many sentences meet theirs, where a larger cap would give another output
