@@ -34,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -106,6 +106,7 @@ class Settings:
     speed: bool = True  # the training-speed rounds
     quality_minutes: float = 0.0  # > 0: BLEU at this budget (benchmarks.peers_quality)
     quality_done: dict[str, Any] | None = None  # an earlier run's quality section, continued
+    quality_redecode: list[str] = field(default_factory=list)  # kept toolkits decoded again
 
 
 def check_settings(s: Settings) -> list[str]:
@@ -119,6 +120,12 @@ def check_settings(s: Settings) -> list[str]:
         problems.append(f"--precision {','.join(s.precisions)}: use 32, bf16 and/or auto")
     if s.quality_minutes < 0 or not (s.speed or s.quality_minutes):
         problems.append("nothing to measure: --quality-minutes must be >= 0, > 0 with --no-speed")
+    kept = (s.quality_done or {}).get("toolkits", {})
+    if any(name not in kept for name in s.quality_redecode):
+        problems.append(
+            f"--quality-redecode {','.join(s.quality_redecode)}: only toolkits kept by "
+            f"--quality-continue ({', '.join(kept) or 'none'})"
+        )
     if s.steps < s.skip + s.log_every:
         problems.append(f"--steps {s.steps} leave no log window after --skip {s.skip}")
     if min(s.rounds, s.threads, s.tgt_tokens, s.log_every) < 1 or s.calibrate_steps < 0:
@@ -320,8 +327,9 @@ def compare(s: Settings) -> dict[str, Any]:
         result["train"] = compare_training(s, ws, kits, pythons)
     if s.quality_minutes:
         result["quality"] = compare_quality(
-            s.quality_minutes, s.threads, s.work, ws, kits, pythons, s.quality_done
-        )
+            s.quality_minutes, s.threads, s.work, ws, kits, pythons, s.quality_done,
+            s.quality_redecode,
+        )  # fmt: skip
     result["machine"]["load_average_end"] = load_average_or_none()
     result["seconds"] = time.perf_counter() - start
     return result

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -235,7 +236,7 @@ def write_progress(path: Path, state: dict[str, Any]) -> None:
 
 def compare_quality(
     minutes: float, threads: int, work: Path, ws: Workspace, kits: dict[str, ModuleType],
-    pythons: dict[str, Path], done: dict[str, Any] | None = None,
+    pythons: dict[str, Path], done: dict[str, Any] | None = None, redecode: Sequence[str] = (),
 ) -> dict[str, Any]:  # fmt: skip
     """nmt's preset for ``minutes`` of training, then each peer for nmt's wall-clock time.
 
@@ -244,7 +245,8 @@ def compare_quality(
     budget, and only the others train; a kept toolkit is decoded by the engines of its
     ``ENGINES`` that it was not decoded by, and its one-at-a-time timings taken before they
     were repeated are taken again (:func:`retime_single`). A long comparison can so be
-    finished in parts."""
+    finished in parts. A kept toolkit named in ``redecode`` is converted and decoded again,
+    every way (after a change to its decoding)."""
     results = carried(done)
     budget = float(done["wall_clock_budget_seconds"]) if "nmt" in results and done else 0.0
     if results:
@@ -266,6 +268,10 @@ def compare_quality(
     for name, peer in kits.items():
         if name in results:  # kept: decoded by the engines it lacks, in its own folder
             job = RecipeJob(budget, threads, Path(results[name]["hypotheses"]).parent)
+            if name in redecode:
+                for engine in peer.ENGINES:
+                    results[name].pop(engine, None)
+                results[name].update(decodings(peer, pythons[name], job, ws, NATIVE))
             add_engines(peer, pythons[name], job, ws, results[name])
             retime_single(peer, pythons[name], job, ws, results[name])
         else:

@@ -63,6 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="an earlier run's JSON, or <work>/quality-progress.json: its toolkits whose "
         "outputs are still there are kept, with its budget; the others train",
     )
+    p.add_argument(
+        "--quality-redecode",
+        default="",
+        help="with --quality-continue: kept toolkits (nmt,eole,...) whose models are converted "
+        "and decoded again, every way, as after a change to their decoding",
+    )
     p.add_argument("--no-speed", action="store_true", help="skip the training-speed rounds")
     p.add_argument(
         "--quick", action="store_true", help="a smoke run: one round, 12 updates, 2 minutes"
@@ -110,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         speed=not a.no_speed,
         quality_minutes=a.quality_minutes,
         quality_done=earlier(a.quality_continue),
+        quality_redecode=split(a.quality_redecode),
     )
     if a.quick:
         s = peers.with_quick(s)

@@ -221,6 +221,15 @@ def test_settings_problems_are_named(tmp_path: Path) -> None:
     assert "--peers fairseq: choose among eole, marian, joeynmt" in problems
     assert "--precision 16" in problems
     assert "--steps 5 leave no log window after --skip 5" in problems
+    kept = {"toolkits": {"nmt": {}, "eole": {}}}
+    s = settings(tmp_path, quality_done=kept, quality_redecode=["nmt", "marian"])
+    problems = "\n".join(peers.check_settings(s))
+    assert (
+        "--quality-redecode nmt,marian: only toolkits kept by --quality-continue (nmt, eole)"
+        in problems
+    )
+    ok = settings(tmp_path, peers=["eole"], quality_done=kept, quality_redecode=["nmt"])
+    assert not peers.check_settings(ok)
 
 
 # ------------------------------------------------------------------------------ equal budget
@@ -491,6 +500,18 @@ def test_an_equal_budget_comparison_continues_from_its_progress_file(tmp_path: P
         assert single["seconds"] != old["seconds"]
     assert fourth["toolkits"]["nmt"]["one_at_a_time"] == kept
     assert fourth["toolkits"]["peer"]["one_at_a_time"]["greedy"]["runs"]
+    # a kept toolkit named for it is converted and decoded again, every way; the others stay
+    progress = json.loads((work / "quality-progress.json").read_text())
+    (work / "nmt" / "recipe" / "converted").unlink()
+    peer_before = progress["toolkits"]["peer"]["decode_seconds"]
+    before = json.loads(json.dumps(progress["toolkits"]["nmt"]))
+    fifth = peers_quality.compare_quality(0.01, 1, work, ws, kits, pythons, progress, ["nmt"])
+    nmt = fifth["toolkits"]["nmt"]
+    assert (work / "nmt" / "recipe" / "converted").exists()
+    assert nmt["decode_seconds"] != before["decode_seconds"]
+    assert nmt[CT2]["decode_seconds"] != before[CT2]["decode_seconds"]
+    assert nmt["bleu"] == pytest.approx(100.0) and nmt[CT2]["bleu"] == pytest.approx(100.0)
+    assert fifth["toolkits"]["peer"]["decode_seconds"] == peer_before
     elsewhere = {**progress, "cpu_model": "another CPU"}
     with pytest.raises(SetupError, match="'another CPU'.*needs one machine"):
         peers_quality.compare_quality(0.01, 1, work, ws, kits, pythons, elsewhere)
