@@ -36,6 +36,7 @@ ONEDNN_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 ONEDNN_CACHE_ENTRIES = "16"
 SACREBLEU_SEED = "SACREBLEU_SEED"
 MKL_FAST_MM = "MKL_DISABLE_FAST_MM"
+MKL_THREADS = "MKL_NUM_THREADS"
 
 VARIABLES: dict[str, str] = {
     CONFIG_DIR: "read: the Hydra config directory of every command (default: `./configs` when "
@@ -141,6 +142,18 @@ def set_onednn_cache_capacity() -> None:
 def disable_mkl_fast_mm() -> None:
     """Turn Intel MKL's memory pool off (read when MKL first allocates) unless set already."""
     os.environ.setdefault(MKL_FAST_MM, "1")
+
+
+@contextlib.contextmanager
+def mkl_threads_unset(unset: bool = True) -> Iterator[None]:
+    """``$MKL_NUM_THREADS`` out of the environment inside the block (when ``unset``), as it was
+    after: for a library whose MKL reads it at its first matrix product (CTranslate2's)."""
+    saved = os.environ.pop(MKL_THREADS, None) if unset else None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[MKL_THREADS] = saved
 
 
 @contextlib.contextmanager

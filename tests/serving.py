@@ -38,6 +38,9 @@ def fake_ct2_gpus(monkeypatch: Any, gpus: int) -> dict[str, Any]:
         def __init__(self, model_path: str, **kwargs: Any) -> None:
             seen.update(kwargs)
 
+        def translate_batch(self, *args: Any, **kwargs: Any) -> list[Any]:
+            return []  # the engine's first product on a CPU
+
     monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: gpus)
     monkeypatch.setattr(ctranslate2, "Translator", Translator)
     return seen

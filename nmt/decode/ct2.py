@@ -51,11 +51,9 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,6 +64,7 @@ from nmt.cli import Advance, no_progress, usable_cores
 from nmt.config import ConfigError
 from nmt.data.tokenizer import BOS_ID, EOS_ID, TokenizerPair
 from nmt.decode.options import DecodeOptions
+from nmt.environment import mkl_threads_unset
 
 if TYPE_CHECKING:  # decoding needs no PyTorch
     from nmt.data.batching import TokenDataset
@@ -79,7 +78,6 @@ BEAM_PATIENCE = 2.0
 # call of all (split by max_tokens=8192) ran beam 5 at 0.7x and greedy at 0.8x the speed of
 # calls of 32 (beam 5) or 64-160 (greedy) sentences of similar length
 CALL_ROWS = 160
-MKL_THREADS = "MKL_NUM_THREADS"
 VERSION = "4.8.5"  # the CTranslate2 release the converter was written and tested against
 MISSING_EXTRA = (
     "CTranslate2 is not installed: it comes with the optional extra, "
@@ -94,21 +92,6 @@ def require() -> Any:
     except ImportError:
         raise ConfigError(MISSING_EXTRA.format(version=VERSION)) from None
     return ctranslate2
-
-
-@contextmanager
-def _mkl_unset(cpu: bool) -> Iterator[None]:
-    """Without ``MKL_NUM_THREADS`` in the environment inside the block (on CPU), as it was after.
-
-    CTranslate2's MKL reads it at its first matrix product. Set, to any value, the one-thread
-    workers no longer run side by side: 27-35 ms a sentence against 11-14 unset (beam 5,
-    batches of one, two workers, cpu_quick's model). The workers set their own thread count."""
-    value = os.environ.pop(MKL_THREADS, None) if cpu else None
-    try:
-        yield
-    finally:
-        if value is not None:
-            os.environ[MKL_THREADS] = value
 
 
 def available() -> bool:
@@ -224,7 +207,11 @@ class CTranslate2Engine:
         torch = sys.modules.get("torch")
         torch_threads = torch.get_num_threads() if torch is not None else 0
         self.src_pieces = vocabulary(tokenizers, "src")
-        with _mkl_unset(not cuda):
+        # CTranslate2's MKL reads MKL_NUM_THREADS at its first matrix product. Set, to any value,
+        # the one-thread workers no longer run side by side: 27-35 ms a sentence against 11-14
+        # unset (beam 5, batches of one, two workers, cpu_quick's model). So the translator is
+        # built and makes one product without it; the workers set their own thread counts.
+        with mkl_threads_unset(not cuda):
             self.translator = ct2.Translator(
                 str(model_dir),
                 device=device_type,
