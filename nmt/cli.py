@@ -73,9 +73,6 @@ class _Console(logging.StreamHandler):
     was when logging was set up, since a notebook or a test harness that captures output may
     have replaced (and closed) that stream in between."""
 
-    def __init__(self) -> None:
-        super().__init__()
-
     @property  # type: ignore[override]
     def stream(self) -> TextIO:
         return sys.stderr
