@@ -145,26 +145,28 @@ def disable_mkl_fast_mm() -> None:
 
 
 @contextlib.contextmanager
-def mkl_threads_unset(unset: bool = True) -> Iterator[None]:
-    """``$MKL_NUM_THREADS`` out of the environment inside the block (when ``unset``), as it was
-    after: for a library whose MKL reads it at its first matrix product (CTranslate2's)."""
-    saved = os.environ.pop(MKL_THREADS, None) if unset else None
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.environ[MKL_THREADS] = saved
-
-
-@contextlib.contextmanager
-def sacrebleu_seed(seed: int) -> Iterator[None]:
-    """``$SACREBLEU_SEED`` set to ``seed`` for the block, then restored."""
-    saved = os.environ.get(SACREBLEU_SEED)
-    os.environ[SACREBLEU_SEED] = str(seed)
+def _variable(name: str, value: str | None) -> Iterator[None]:
+    """``$name`` set to ``value`` (None: taken out) inside the block, as it was after."""
+    saved = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
     try:
         yield
     finally:
         if saved is None:
-            del os.environ[SACREBLEU_SEED]
+            os.environ.pop(name, None)
         else:
-            os.environ[SACREBLEU_SEED] = saved
+            os.environ[name] = saved
+
+
+def mkl_threads_unset(unset: bool = True) -> contextlib.AbstractContextManager[None]:
+    """``$MKL_NUM_THREADS`` out of the environment inside the block (when ``unset``), as it was
+    after: for a library whose MKL reads it at its first matrix product (CTranslate2's)."""
+    return _variable(MKL_THREADS, None) if unset else contextlib.nullcontext()
+
+
+def sacrebleu_seed(seed: int) -> contextlib.AbstractContextManager[None]:
+    """``$SACREBLEU_SEED`` set to ``seed`` for the block, then restored."""
+    return _variable(SACREBLEU_SEED, str(seed))
