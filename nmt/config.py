@@ -391,11 +391,11 @@ class EvalConfig(EnsembleSource, DecodeConfig):
     # test sets (0 = none; else at least 100), drawn with this seed (a positive integer)
     bootstrap: int = BOOTSTRAP_RESAMPLES
     bootstrap_seed: int = BOOTSTRAP_SEED
-    # a multilingual run: directions it never trained to score as well ([de-fr]), each also
-    # through the pivot language (two decodes) as its baseline; unset: the run's
-    # data.zero_shot; [] scores the trained directions only
+    # a multilingual run: directions it never trained to score too ([de-fr]), each also through
+    # the pivot (two decodes); unset: the run's data.zero_shot; [] scores the trained ones only
     zero_shot: list[str] | None = None
     pivot: str = "en"  # the language a zero-shot direction is pivoted through
+    pivot_trained: bool = True  # trained directions without the pivot (de-fr) are pivoted too
     # a multilingual run: the share of outputs not in the target language (py3langid)
     off_target: bool = True
 

@@ -138,3 +138,41 @@ def test_eval_scores_the_runs_zero_shot_directions_unless_told(trained):
     for override, zero in chosen.items():
         cfg = compose_config("eval", [f"run={run_dir}", *([override] if override else [])])
         assert eval_directions(cfg, model)[1] == zero, override
+
+
+@pytest.mark.slow(seconds=6)
+def test_a_trained_direction_without_the_pivot_is_also_decoded_through_it(
+    threeway_test, trained, tmp_path
+):
+    """With pivot_trained (the default), a trained direction between two languages other than
+    the pivot gets the pivot's baseline and the paired test, as a zero-shot one does: its
+    hypotheses are the two decodes through English; directions with English get none."""
+    from omegaconf import open_dict
+
+    from nmt.evaluate.multilingual import evaluate_multilingual
+
+    run_dir = trained("source")
+    model = load_trained(checkpoint_path(run_dir, None), torch.device("cpu"))
+    with open_dict(model.cfg):  # as if de-fr had been trained (its tags are the model's)
+        model.cfg.data.directions = [*MULTI_DIRECTIONS, "de-fr"]
+    opts = DecodeOptions(beam=1, length_penalty=1.0)
+    reports = {}
+    for setting in ("true", "false"):
+        cfg = compose_config("eval", [f"run={run_dir}", "bootstrap=100", "progress=false",
+                                      f"pivot_trained={setting}"])  # fmt: skip
+        out = tmp_path / setting
+        reports[setting] = evaluate_multilingual(cfg, model, opts, out, "greedy")["directions"]
+    test_set = threeway_test.name
+    pivoted = {key for key, entry in reports["true"].items() if "pivot" in entry}
+    assert pivoted == {f"{test_set}.de-fr"}
+    assert not any("pivot" in entry for entry in reports["false"].values())
+    entry = reports["true"][f"{test_set}.de-fr"]
+    assert not entry["zero_shot"] and entry["pivot"]["via"] == "en"
+    assert entry["pivot"]["paired"]["resamples"] == 100
+
+    text = read_lines(Path(f"{threeway_test}.de"))
+    for src, tgt in (("de", "en"), ("en", "fr")):  # the two decodes of the pivot
+        target = choose_target(model.cfg, model.tokenizers, tgt, src)
+        got = translate_lines(model, text, opts, torch.device("cpu"), target=target)
+        text = [r[0][0] for r in got]
+    assert read_lines(Path(entry["pivot"]["hypotheses"])) == text

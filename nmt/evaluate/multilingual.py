@@ -9,7 +9,10 @@ assign to the target language, choosing among the model's own languages. A zero-
 direction is also translated through the pivot language (``pivot=en``: two decodes, source
 to pivot and pivot to target), the baseline its direct figures are read against, and (with
 ``bootstrap`` resamples) the paired bootstrap test of the direct output against the pivot's.
-Each direction's references are written beside its hypotheses, for ``nmt-compare``.
+So is a trained direction between two languages other than the pivot (``pivot_trained``, on by
+default: the de-fr of a ``data.directions=all`` model), which shows whether training the pair
+directly beat going through the pivot. Each direction's references are written beside its
+hypotheses, for ``nmt-compare``.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from nmt.data.multilingual import (
     target_tag,
 )
 from nmt.data.multiprep import resolve_direction_splits
-from nmt.data.tagged import tagged_dataset
 from nmt.decode.engines import TorchEngine
+from nmt.decode.languages import Target, target_dataset
 from nmt.decode.options import DecodeOptions
 from nmt.environment import multi30k_source
 from nmt.evaluate.metrics import (
@@ -92,12 +95,14 @@ def _decode(
     advance: Callable[[int], None],
 ) -> list[str]:
     """Translations of ``src`` from ``langs[0]`` into ``langs[1]`` (tagged as the run's
-    placement says)."""
+    placement says), as nmt-translate makes them: each line stripped, an empty one not
+    decoded."""
     tok = trained.tokenizers
     tag = target_tag(tok.tgt, langs[1], target_languages(trained.cfg.data))
     placement = placement_of(trained.cfg.data)
-    src_tag = tok.src.tags.get(langs[0])
-    data = tagged_dataset(tok, src, [""] * len(src), tag, placement, src_tag)
+    src_tag = tok.src.tags.get(langs[0]) if placement == "both" else None
+    target = Target(langs[1], tag, placement, langs[0], src_tag)
+    data = target_dataset(tok, strip_lines(src), target)
     hyps = engine.hypotheses(data, opts, advance=advance)
     return [tok.tgt.decode(h.tokens) for h in hyps]
 
@@ -167,6 +172,7 @@ def evaluate_multilingual(
     if cfg.engine not in ("auto", "torch"):
         raise ConfigError(f"engine={cfg.engine}: a multilingual model decodes with engine=torch")
     trained_dirs, zero = eval_directions(cfg, trained)
+    pivoted = set(zero) | set(pivoted_trained(cfg, trained, trained_dirs))
     data_cfg = trained.cfg.data
     identify = None
     if cfg.off_target:
@@ -197,7 +203,7 @@ def evaluate_multilingual(
                      "sentences": len(hyps), "seconds": seconds, "hypotheses": str(hyp_file),
                      "references": str(ref_file),
                      **_scored(hyps, refs, ref_tokens, d.tgt, cfg, identify)}  # fmt: skip
-            if d in zero:
+            if d in pivoted:
                 pivot_file = out_dir / f"{name}.pivot-{cfg.pivot}.{tag}.hyp"
                 entry["pivot"], pivot_hyps = _pivot(
                     engine, trained, opts, src, (refs, ref_tokens), d, cfg, identify, pivot_file
@@ -206,6 +212,16 @@ def evaluate_multilingual(
                     entry["pivot"]["paired"] = _against_pivot(hyps, pivot_hyps, refs, cfg)
             report["directions"][name] = entry
     return report
+
+
+def pivoted_trained(
+    cfg: DictConfig, trained: Trained, trained_dirs: Sequence[Direction]
+) -> list[Direction]:
+    """The trained directions also decoded through the pivot (``pivot_trained``): those between
+    two languages other than the pivot, where the model translates into the pivot."""
+    if not cfg.pivot_trained or cfg.pivot not in target_languages(trained.cfg.data):
+        return []
+    return [d for d in trained_dirs if cfg.pivot not in (d.src, d.tgt)]
 
 
 def _pivot(
@@ -219,8 +235,9 @@ def _pivot(
     identify: Any,
     hyp_file: Path,
 ) -> tuple[dict[str, Any], list[str]]:
-    """The zero-shot direction's baseline: source -> pivot -> target, two decodes; its report
-    entry and its hypotheses (``refs``: the references, raw and Moses-tokenized)."""
+    """The baseline of a zero-shot (or pivoted trained) direction: source -> pivot -> target,
+    two decodes; its report entry and its hypotheses (``refs``: the references, raw and
+    Moses-tokenized)."""
     start = time.perf_counter()
     middle = _decode(engine, trained, opts, src, (d.src, cfg.pivot), lambda _: None)
     hyps = _decode(engine, trained, opts, middle, (cfg.pivot, d.tgt), lambda _: None)
@@ -237,7 +254,7 @@ def _pivot(
 def _against_pivot(
     direct_hyps: list[str], pivot_hyps: list[str], refs: list[str], cfg: DictConfig
 ) -> dict[str, Any]:
-    """The paired bootstrap test of the direct (zero-shot) output against the pivot's."""
+    """The paired bootstrap test of the direct output against the pivot's."""
     pivot, (direct,) = paired_bootstrap(
         pivot_hyps, [direct_hyps], refs, cfg.bootstrap, cfg.bootstrap_seed
     )
