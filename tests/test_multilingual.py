@@ -317,3 +317,33 @@ def test_off_target_rate_on_real_references(fourway):
         other = LANGS[(LANGS.index(lang) + 1) % 4]
         assert off_target_rate(own, other, identify) >= 0.98
     assert off_target_rate(["", "  "], "en", identify) == 0.0
+
+
+def test_held_out_sets_are_scored_where_a_direction_has_both_languages(monkeypatch):
+    """Multi30k's 2017 sets have no Czech: nmt-eval scores them in de-en but not in en-cs, and
+    refuses a set that no direction of the model can use."""
+    from nmt.config import parse_directions
+    from nmt.data.corpus import multi30k_languages
+    from nmt.evaluate import multilingual
+
+    assert multi30k_languages("test_2017_mscoco") == ["en", "de", "fr"]
+    assert multi30k_languages("test_2018_flickr") == ["en", "de", "fr", "cs"]
+    given: dict[str, list[str]] = {}
+
+    def resolve(cfg, names, directions, source):
+        given[str(directions[0])] = names
+        return []
+
+    monkeypatch.setattr(multilingual, "resolve_direction_splits", resolve)
+    data_cfg = compose_config("train", ["data=multi30k_multilingual"]).data
+    cfg = compose_config("eval", ["test=[test_2017_flickr,test_2018_flickr]"])
+    multilingual.direction_sets(cfg, data_cfg, parse_directions(["de-en", "en-cs"], "test"))
+    assert given == {"de-en": ["test_2017_flickr", "test_2018_flickr"],
+                     "en-cs": ["test_2018_flickr"]}  # fmt: skip
+    cfg = compose_config("eval", ["test=[test_2017_mscoco]"])
+    with pytest.raises(DataError, match="'test_2017_mscoco' has both languages of none of this "
+                                        r"model's directions \(en-cs, cs-en\)"):  # fmt: skip
+        multilingual.direction_sets(cfg, data_cfg, parse_directions(["en-cs", "cs-en"], "test"))
+    cfg = compose_config("eval", ["test=[a.de:a.en]"])
+    with pytest.raises(ConfigError, match="'a.de:a.en' is a source:reference pair"):
+        multilingual.direction_sets(cfg, data_cfg, parse_directions(["de-en"], "test"))

@@ -176,3 +176,42 @@ def test_a_trained_direction_without_the_pivot_is_also_decoded_through_it(
         got = translate_lines(model, text, opts, torch.device("cpu"), target=target)
         text = [r[0][0] for r in got]
     assert read_lines(Path(entry["pivot"]["hypotheses"])) == text
+
+
+@pytest.mark.slow(seconds=6)
+def test_eval_scores_named_sets_and_the_validation_split_in_each_direction(
+    threeway_test, trained, tmp_path, capsys
+):
+    """test=[...] of a multilingual run: each prefix in every direction whose two files it has
+    (a German-English set leaves out en-fr and fr-en, and says so); split=valid: every direction
+    on the whole validation split, into eval-valid/."""
+    run_dir = trained("target")
+    two = tmp_path / "two"
+    for lang in ("de", "en"):
+        lines = Path(f"{threeway_test}.{lang}").read_text(encoding="utf-8").splitlines()[:5]
+        Path(f"{two}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    common = ["beam=1", "bootstrap=0", "progress=false"]
+    capsys.readouterr()
+    report = evaluate(compose_config("eval", [f"run={run_dir}", f"test=[{two},{threeway_test}]",
+                                              f"out={tmp_path / 'out'}", *common]))  # fmt: skip
+    name = threeway_test.name
+    assert set(report["directions"]) == {"two.de-en", "two.en-de"} | {
+        f"{name}.{d}" for d in DIRECTIONS
+    }
+    assert report["directions"]["two.de-en"]["sentences"] == 5
+    assert "two: not scored in en-fr, fr-en" in capsys.readouterr().out
+    assert read_lines(tmp_path / "out" / "two.de-en.ref") == read_lines(Path(f"{two}.en"))
+
+    valid = evaluate(compose_config("eval", [f"run={run_dir}", "split=valid", *common]))
+    model = load_trained(checkpoint_path(run_dir, None), torch.device("cpu"))
+    valid_name = Path(model.cfg.data.valid).name
+    assert set(valid["directions"]) == {f"{valid_name}.{d}" for d in DIRECTIONS}
+    assert all(entry["sentences"] == 60 for entry in valid["directions"].values())
+    assert (run_dir / "eval-valid" / f"{valid_name}.fr-en.ref").is_file()
+
+    only = tmp_path / "only"
+    Path(f"{only}.cs").write_text("Ahoj.\n", encoding="utf-8")
+    done = command("nmt.evaluate", f"run={run_dir}", f"test=[{only}]", "progress=false")
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "has both languages of none of this model's directions" in errors[0]

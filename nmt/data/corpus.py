@@ -85,9 +85,9 @@ def fetch_multi30k(
     for split in splits:
         missing = [lang for lang in langs if f"{split}.{lang}.gz" not in MULTI30K_SHA256]
         if missing:
-            has = [lang for lang in MULTI30K_LANGS if f"{split}.{lang}.gz" in MULTI30K_SHA256]
             raise DataError(
-                f"Multi30k's {split} has no {', '.join(missing)} side; it has {', '.join(has)}"
+                f"Multi30k's {split} has no {', '.join(missing)} side; it has "
+                + ", ".join(multi30k_languages(split))
             )
     dest_dir = Path(root) / "multi30k"
     dest_dir.mkdir(parents=True, exist_ok=True)
@@ -95,6 +95,11 @@ def fetch_multi30k(
         for lang in langs:
             _ensure_file(dest_dir, f"{split}.{lang}.gz", split, lang, source)
     return dest_dir
+
+
+def multi30k_languages(split: str) -> list[str]:
+    """The languages of a Multi30k split (the held-out sets of 2017 have no Czech side)."""
+    return [lang for lang in MULTI30K_LANGS if f"{split}.{lang}.gz" in MULTI30K_SHA256]
 
 
 def _check_choices(kind: str, values: Sequence[str], valid: Sequence[str]) -> None:

@@ -1,5 +1,7 @@
 """``nmt-eval`` of a multilingual run: every trained direction, and the zero-shot directions
-named by ``zero_shot=[de-fr]``, each on the run's test split(s) in that direction.
+named by ``zero_shot=[de-fr]``, each on the run's test split(s) in that direction, on its
+validation split (``split=valid``, into ``eval-valid/``), or on the sets of ``test=[...]``
+(:func:`direction_sets`).
 
 Each direction gets BLEU, chrF (with bootstrap intervals, as the bilingual evaluation), TER,
 the papers' lowercased Moses-tokenized BLEU (``bleu_paper``, as the bilingual evaluation),
@@ -27,8 +29,14 @@ from omegaconf import DictConfig
 
 from nmt.atomic import atomic_write_bytes
 from nmt.cli import Progress
-from nmt.config import ConfigError, Direction, parse_directions
-from nmt.data.corpus import DataError, read_parallel, strip_lines
+from nmt.config import ConfigError, Direction, EvalSplit, parse_directions
+from nmt.data.corpus import (
+    DataError,
+    multi30k_languages,
+    read_parallel,
+    resolve_pair,
+    strip_lines,
+)
 from nmt.data.multilingual import (
     directions_of,
     languages,
@@ -36,7 +44,7 @@ from nmt.data.multilingual import (
     target_languages,
     target_tag,
 )
-from nmt.data.multiprep import resolve_direction_splits
+from nmt.data.multiprep import DirectionSplit, direction_prefix, resolve_direction_splits
 from nmt.decode.engines import TorchEngine
 from nmt.decode.languages import Target, target_dataset
 from nmt.decode.options import DecodeOptions
@@ -164,11 +172,6 @@ def evaluate_multilingual(
     cfg: DictConfig, trained: Trained, opts: DecodeOptions, out_dir: Path, tag: str
 ) -> dict[str, Any]:
     """Decode and score every direction (see the module docstring); the report."""
-    if cfg.test:
-        raise ConfigError(
-            f"test={list(cfg.test)}: a multilingual run is scored on its data config's test "
-            "split(s) in each direction; name extra directions with zero_shot=[de-fr]"
-        )
     if cfg.engine not in ("auto", "torch"):
         raise ConfigError(f"engine={cfg.engine}: a multilingual model decodes with engine=torch")
     trained_dirs, zero = eval_directions(cfg, trained)
@@ -180,10 +183,8 @@ def evaluate_multilingual(
     engine = TorchEngine(trained.model, trained_device(trained))
     progress = Progress(cfg.progress)
     report: dict[str, Any] = {"directions": {}, "zero_shot": [str(d) for d in zero]}
-    for d in trained_dirs + zero:
-        for split in resolve_direction_splits(
-            data_cfg, list(data_cfg.test), [d], multi30k_source()
-        ):
+    for d, splits in direction_sets(cfg, data_cfg, trained_dirs + zero).items():
+        for split in splits:
             src, refs = (strip_lines(x) for x in read_parallel(split.src_path, split.tgt_path))
             if not src:
                 raise DataError(f"test set {split.src_path} has no sentences")
@@ -212,6 +213,61 @@ def evaluate_multilingual(
                     entry["pivot"]["paired"] = _against_pivot(hyps, pivot_hyps, refs, cfg)
             report["directions"][name] = entry
     return report
+
+
+def direction_sets(
+    cfg: DictConfig, data_cfg: DictConfig, directions: Sequence[Direction]
+) -> dict[Direction, list[DirectionSplit]]:
+    """The sets each direction is scored on: the run's ``data.test`` splits, its ``data.valid``
+    one (``split=valid``), or those of ``test=[...]``: split names of the run's corpus (Multi30k's
+    held-out ``test_2017_flickr``) or path prefixes with a ``<prefix>.<lang>`` file per
+    language. A set that lacks one of a direction's two languages (the 2017 sets have no Czech)
+    is left out for that direction, and said so; a set that no direction can use is an
+    error."""
+    if cfg.test:
+        key, names = "test", [str(n) for n in cfg.test]
+    elif cfg.split == EvalSplit.valid:
+        key, names = "data.valid", [str(data_cfg.valid)]
+    else:
+        key, names = "data.test", [str(n) for n in data_cfg.test]
+    for name in names:
+        if ":" in name:
+            raise ConfigError(
+                f"{key}: {name!r} is a source:reference pair, which names no direction; a "
+                "multilingual run is scored in each direction on a split of its corpus "
+                "(test_2017_flickr) or on a path prefix with one <prefix>.<lang> file per language"
+            )
+    usable = {n: [d for d in directions if _has_both_sides(data_cfg, n, d)] for n in names}
+    for name, dirs in usable.items():
+        if not dirs:
+            raise DataError(
+                f"{key}: {name!r} has both languages of none of this model's directions "
+                f"({', '.join(map(str, directions))})"
+                + ("" if data_cfg.corpus == "multi30k" else "; a prefix needs <prefix>.<lang>")
+            )
+        left_out = [str(d) for d in directions if d not in dirs]
+        if left_out:
+            print(f"{Path(name).name}: not scored in {', '.join(left_out)}, whose languages it "
+                  "does not both have")  # fmt: skip
+    return {
+        d: resolve_direction_splits(
+            data_cfg, [n for n in names if d in usable[n]], [d], multi30k_source()
+        )
+        for d in directions
+    }
+
+
+def _has_both_sides(data_cfg: DictConfig, name: str, d: Direction) -> bool:
+    """Whether the set ``name`` of the run's corpus has both languages of ``d``; an unknown
+    Multi30k split counts as having them, so that its own error names the valid ones."""
+    if data_cfg.corpus == "multi30k":
+        has = multi30k_languages(name)
+        return not has or {d.src, d.tgt} <= set(has)
+    try:
+        resolve_pair(direction_prefix(name, d), d.src, d.tgt)
+    except DataError:
+        return False
+    return True
 
 
 def pivoted_trained(

@@ -9,7 +9,8 @@ report: lowercased and Moses-tokenized (:func:`nmt.evaluate.metrics.paper_bleu`)
 the test split(s) of the run's own data config are used; ``test=[...]`` names others, several
 at once: file pairs ``src:ref``, or splits of the run's corpus as ``data.test`` names them
 (Multi30k's held-out ``test_2017_flickr``, ``test_2017_mscoco``, ``test_2018_flickr``). A
-multilingual run is scored in each direction (:mod:`nmt.evaluate.multilingual`;
+multilingual run is scored in each direction (:mod:`nmt.evaluate.multilingual`: ``test=[...]``
+names splits or path prefixes, scored in each direction whose two languages they have;
 ``zero_shot=[de-fr]`` adds directions it never trained, with a pivot baseline).
 On a terminal a bar counts each test set's sentences as they are decoded (``progress=false``:
 none). Hypotheses and a JSON of scores, signatures, decoding options and checkpoint go into
@@ -131,11 +132,6 @@ def evaluate(cfg: DictConfig) -> dict:
     opts = DecodeOptions.from_config(cfg, decode_defaults(trained))
     out_dir = output_dir(cfg, path)
     if directions_of(trained.cfg.data):
-        if cfg.split == EvalSplit.valid:
-            raise ConfigError(
-                f"split=valid: {path} is a multilingual model; score a direction's "
-                "validation files with test=[SOURCE:REFERENCE]"
-            )
         return _multilingual(cfg, trained, opts, out_dir)
     if cfg.zero_shot:
         raise ConfigError(f"zero_shot={list(cfg.zero_shot)}: {path} is not a multilingual model")
