@@ -238,12 +238,12 @@ def direction_sets(
                 "(test_2017_flickr) or on a path prefix with one <prefix>.<lang> file per language"
             )
     usable = {n: [d for d in directions if _has_both_sides(data_cfg, n, d)] for n in names}
+    hint = "" if data_cfg.corpus == "multi30k" else "; a prefix needs both <prefix>.<lang> files"
     for name, dirs in usable.items():
         if not dirs:
             raise DataError(
                 f"{key}: {name!r} has both languages of none of this model's directions "
-                f"({', '.join(map(str, directions))})"
-                + ("" if data_cfg.corpus == "multi30k" else "; a prefix needs <prefix>.<lang>")
+                f"({', '.join(map(str, directions))}){hint}"
             )
         left_out = [str(d) for d in directions if d not in dirs]
         if left_out:
