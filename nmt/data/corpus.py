@@ -83,11 +83,11 @@ def fetch_multi30k(
     _check_choices("split", splits, MULTI30K_SPLITS + MULTI30K_HELD_OUT)
     _check_choices("language", langs, MULTI30K_LANGS)
     for split in splits:
-        missing = [lang for lang in langs if f"{split}.{lang}.gz" not in MULTI30K_SHA256]
+        has = multi30k_languages(split)
+        missing = [lang for lang in langs if lang not in has]
         if missing:
             raise DataError(
-                f"Multi30k's {split} has no {', '.join(missing)} side; it has "
-                + ", ".join(multi30k_languages(split))
+                f"Multi30k's {split} has no {', '.join(missing)} side; it has {', '.join(has)}"
             )
     dest_dir = Path(root) / "multi30k"
     dest_dir.mkdir(parents=True, exist_ok=True)
