@@ -40,7 +40,9 @@ def test_multi30k_has_twelve_directions_and_the_preset_trains_them_all() -> None
     assert set(names(directions_of(preset.data))) == {
         f"{a}-{b}" for a in ("cs", "de", "en", "fr") for b in ("cs", "de", "en", "fr") if a != b
     }
-    assert preset.trainer.max_time == 6 * 1800  # six bilingual 30-minute budgets
+    # six bilingual models' updates, the learning rate decaying over them
+    assert (preset.trainer.max_steps, preset.trainer.max_time) == (6 * 1136, 0)
+    assert preset.optim.decay_over == "steps"
     english = compose_config("train", ["experiment=multilingual_cpu"])
     assert len(directions_of(english.data)) == 6  # the English-centred preset is unchanged
 
