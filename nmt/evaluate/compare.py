@@ -11,7 +11,9 @@ evaluations wrote, which must be the same references line for line::
         --system outputs/runs/multi/eval/scores.averaged.beam5.lp1.json --json compare.json
 
 A row per compared set: both BLEU scores with their bootstrap intervals, the difference and
-its two-sided p-value. ``--metric paper`` runs the same test on the papers' metric
+its two-sided p-value; with several rows, a last one tests the mean difference over them
+(:mod:`nmt.evaluate.pooled`), and ``--directions`` keeps only the named directions.
+``--metric paper`` runs the same test on the papers' metric
 (:data:`~nmt.evaluate.metrics.PAPER_NAME`: both sides and the references lowercased and
 Moses-tokenized in the direction's target language), the figure to set beside the Multi30k
 literature's; sacreBLEU's cased BLEU is the default. A zero-shot direction's report entry
@@ -38,6 +40,7 @@ from nmt.cli import UserError, exit_on_error, setup_logging
 from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, ConfigError, parse_directions
 from nmt.data.corpus import read_lines
 from nmt.evaluate.metrics import PAPER_NAME, SIGNIFICANCE, check_bootstrap, paired_bootstrap
+from nmt.evaluate.pooled import SetPair, mean_difference
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +147,25 @@ def compare_sets(
 ) -> dict[str, Any]:
     """One row: the paired bootstrap test of ``system`` against ``base`` on ``metric``
     (:data:`METRICS`)."""
+    pair = _set_pair(base, system, metric)
+    b, (s,) = paired_bootstrap(
+        pair.baseline, [pair.system], pair.references, resamples, seed, paper_lang=pair.paper_lang
+    )
+    assert s.p_value is not None
+    return {
+        "set": base.name,
+        "direction": base.direction,
+        "sentences": len(pair.references),
+        "baseline": {"report": str(base.report), "bleu": b.score, "ci": asdict(b.ci)},
+        "system": {"report": str(system.report), "bleu": s.score, "ci": asdict(s.ci)},
+        "difference": s.score - b.score,
+        "p_value": s.p_value,
+        "significant": s.p_value < SIGNIFICANCE,
+    }
+
+
+def _set_pair(base: ScoredSet, system: ScoredSet, metric: str) -> SetPair:
+    """Both sides' hypotheses of one set and its references, checked line for line."""
     refs = _lines(base.references, base.report)
     if _lines(system.references, system.report) != refs:
         raise CompareError(
@@ -158,20 +180,7 @@ def compare_sets(
                 f"{s.hypotheses}: {len(hyps[s.report])} hypotheses for {len(refs)} references"
             )
     lang = target_language(base.direction, base.report) if metric == "paper" else None
-    b, (s,) = paired_bootstrap(
-        hyps[base.report], [hyps[system.report]], refs, resamples, seed, paper_lang=lang
-    )
-    assert s.p_value is not None
-    return {
-        "set": base.name,
-        "direction": base.direction,
-        "sentences": len(refs),
-        "baseline": {"report": str(base.report), "bleu": b.score, "ci": asdict(b.ci)},
-        "system": {"report": str(system.report), "bleu": s.score, "ci": asdict(s.ci)},
-        "difference": s.score - b.score,
-        "p_value": s.p_value,
-        "significant": s.p_value < SIGNIFICANCE,
-    }
+    return SetPair(hyps[base.report], hyps[system.report], refs, lang)
 
 
 def compare(
@@ -180,18 +189,24 @@ def compare(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
     metric: str = "bleu",
+    directions: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Every set of every baseline report against the system report's same set and direction,
-    on ``metric`` (``bleu``: sacreBLEU's; ``paper``: the papers' metric)."""
+    """Every set of every baseline report (in ``directions`` only, if given) against the system
+    report's same set and direction, on ``metric`` (``bleu``: sacreBLEU's; ``paper``: the
+    papers' metric); with more than one such set, also the test of the mean difference over
+    them (:mod:`nmt.evaluate.pooled`)."""
     if metric not in METRICS:
         raise CompareError(f"--metric {metric}: one of {', '.join(METRICS)} expected")
     check_bootstrap(resamples, seed, "--resamples", "--seed")
     if resamples == 0:
         raise CompareError("--resamples 0: the paired test needs resamples (at least 100)")
+    wanted = _wanted(directions)
     theirs = {(s.name, s.direction): s for s in scored_sets(system)}
-    rows = []
+    rows, pairs = [], []
     for path in baselines:
         for base in scored_sets(path):
+            if wanted is not None and base.direction not in wanted:
+                continue
             other = theirs.get((base.name, base.direction))
             if other is None:
                 have = ", ".join(f"{n} {d}" for n, d in sorted(theirs)) or "none"
@@ -200,13 +215,41 @@ def compare(
                     f"(it has: {have})"
                 )
             rows.append(compare_sets(base, other, resamples, seed, metric))
-    return {
+            pairs.append(_set_pair(base, other, metric))
+    if not rows:
+        raise CompareError(
+            f"--directions {','.join(sorted(wanted or ()))}: none of them is in "
+            f"{', '.join(map(str, baselines))}"
+        )
+    result = {
         "metric": METRICS[metric],
         "resamples": resamples,
         "seed": seed,
         "significance": SIGNIFICANCE,
         "rows": rows,
     }
+    if len(rows) > 1:
+        mean = mean_difference(pairs, resamples, seed)
+        result["mean"] = {
+            "sets": mean.sets,
+            "baseline": sum(r["baseline"]["bleu"] for r in rows) / len(rows),
+            "system": sum(r["system"]["bleu"] for r in rows) / len(rows),
+            "difference": mean.difference,
+            "ci": {"low": mean.low, "high": mean.high},
+            "p_value": mean.p_value,
+            "significant": mean.p_value < SIGNIFICANCE,
+        }
+    return result
+
+
+def _wanted(directions: Sequence[str] | None) -> set[str] | None:
+    """The directions of ``--directions``, checked as ``source-target`` pairs."""
+    if directions is None:
+        return None
+    try:
+        return {str(d) for d in parse_directions(list(directions), "--directions")}
+    except ConfigError as err:
+        raise CompareError(str(err)) from None
 
 
 def _ci(side: dict[str, Any]) -> str:
@@ -228,6 +271,15 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['set']} | {r['direction']} | {_ci(r['baseline'])} | {_ci(r['system'])} | "
             f"{r['difference']:+.2f}{mark} | {r['p_value']:.4f} |"
         )
+    mean = result.get("mean")
+    if mean is not None:
+        mark = " (significant)" if mean["significant"] else ""
+        ci = mean["ci"]
+        lines.append(
+            f"| mean of {mean['sets']} | | {mean['baseline']:.2f} | {mean['system']:.2f} | "
+            f"{mean['difference']:+.2f} [{ci['low']:+.2f}, {ci['high']:+.2f}]{mark} | "
+            f"{mean['p_value']:.4f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -247,6 +299,13 @@ def make_parser() -> argparse.ArgumentParser:
         help="bleu: sacreBLEU (cased, detokenized; the default); paper: BLEU on lowercased, "
         "Moses-tokenized text, the Multi30k papers' metric",
     )
+    parser.add_argument(
+        "--directions",
+        type=lambda text: [d for d in text.split(",") if d],
+        default=None,
+        help="compare only these directions, e.g. de-en,en-de (the trained ones of a report "
+        "that also scored zero-shot directions); the default: every set of the baselines",
+    )
     parser.add_argument("--resamples", type=int, default=BOOTSTRAP_RESAMPLES)
     parser.add_argument("--seed", type=int, default=BOOTSTRAP_SEED)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
@@ -256,7 +315,9 @@ def make_parser() -> argparse.ArgumentParser:
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Compare as the command line asks; prints the table, returns the result."""
     args = make_parser().parse_args(argv)
-    result = compare(args.baselines, args.system, args.resamples, args.seed, args.metric)
+    result = compare(
+        args.baselines, args.system, args.resamples, args.seed, args.metric, args.directions
+    )
     print(markdown(result), end="")
     if args.json is not None:
         atomic_write_bytes(args.json, json.dumps(result, indent=2).encode("utf-8"))
