@@ -116,12 +116,16 @@ def test_compare_adds_the_mean_row_for_several_sets_only(tmp_path) -> None:
     assert chosen["mean"]["sets"] == 2
     one = compare(bases, system, resamples=200, seed=7, directions=["de-en"])
     assert "mean" not in one and "mean of" not in markdown(one)
+    named = compare(bases, system, resamples=200, seed=7, sets=["test_2016_flickr"])
+    assert named["rows"] == rows
+    with pytest.raises(CompareError, match=r"--sets test_2017_flickr: no set of .* among them"):
+        compare(bases, system, resamples=200, seed=7, sets=["test_2017_flickr"])
 
 
 def test_directions_that_name_nothing_or_no_direction_are_refused(tmp_path) -> None:
     system = multilingual(tmp_path, {"de-en": BETTER})
     base = bilingual(tmp_path, "de-en", "de-en", BASE)
-    with pytest.raises(CompareError, match=r"--directions cs-en: none of them is in"):
+    with pytest.raises(CompareError, match=r"--directions cs-en: no set of .* is among them"):
         compare([base], system, resamples=100, seed=1, directions=["cs-en"])
     with pytest.raises(CompareError, match=r"--directions\[0\]='deen' is not a direction"):
         compare([base], system, resamples=100, seed=1, directions=["deen"])

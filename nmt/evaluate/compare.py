@@ -12,7 +12,8 @@ evaluations wrote, which must be the same references line for line::
 
 A row per compared set: both BLEU scores with their bootstrap intervals, the difference and
 its two-sided p-value; with several rows, a last one tests the mean difference over them
-(:mod:`nmt.evaluate.pooled`), and ``--directions`` keeps only the named directions.
+(:mod:`nmt.evaluate.pooled`). ``--directions`` and ``--sets`` keep only the named directions
+and test sets.
 ``--metric paper`` runs the same test on the papers' metric
 (:data:`~nmt.evaluate.metrics.PAPER_NAME`: both sides and the references lowercased and
 Moses-tokenized in the direction's target language), the figure to set beside the Multi30k
@@ -190,8 +191,10 @@ def compare(
     seed: int = BOOTSTRAP_SEED,
     metric: str = "bleu",
     directions: Sequence[str] | None = None,
+    sets: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Every set of every baseline report (in ``directions`` only, if given) against the system
+    """Every set of every baseline report (in ``directions`` and ``sets`` only, if given; a
+    set by its name without the direction, ``test_2016_flickr``) against the system
     report's same set and direction, on ``metric`` (``bleu``: sacreBLEU's; ``paper``: the
     papers' metric); with more than one such set, also the test of the mean difference over
     them (:mod:`nmt.evaluate.pooled`)."""
@@ -207,6 +210,8 @@ def compare(
         for base in scored_sets(path):
             if wanted is not None and base.direction not in wanted:
                 continue
+            if sets is not None and base.name not in sets:
+                continue
             other = theirs.get((base.name, base.direction))
             if other is None:
                 have = ", ".join(f"{n} {d}" for n, d in sorted(theirs)) or "none"
@@ -217,9 +222,10 @@ def compare(
             rows.append(compare_sets(base, other, resamples, seed, metric))
             pairs.append(_set_pair(base, other, metric))
     if not rows:
+        asked = [f"--{k} {','.join(v)}" for k, v in (("directions", sorted(wanted or ())),
+                                                      ("sets", list(sets or ()))) if v]  # fmt: skip
         raise CompareError(
-            f"--directions {','.join(sorted(wanted or ()))}: none of them is in "
-            f"{', '.join(map(str, baselines))}"
+            f"{' '.join(asked)}: no set of {', '.join(map(str, baselines))} is among them"
         )
     result = {
         "metric": METRICS[metric],
@@ -306,6 +312,13 @@ def make_parser() -> argparse.ArgumentParser:
         help="compare only these directions, e.g. de-en,en-de (the trained ones of a report "
         "that also scored zero-shot directions); the default: every set of the baselines",
     )
+    parser.add_argument(
+        "--sets",
+        type=lambda text: [s for s in text.split(",") if s],
+        default=None,
+        help="compare only these test sets, e.g. test_2016_flickr (a report's set names, "
+        "without the direction); the default: every set of the baselines",
+    )
     parser.add_argument("--resamples", type=int, default=BOOTSTRAP_RESAMPLES)
     parser.add_argument("--seed", type=int, default=BOOTSTRAP_SEED)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
@@ -316,7 +329,13 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Compare as the command line asks; prints the table, returns the result."""
     args = make_parser().parse_args(argv)
     result = compare(
-        args.baselines, args.system, args.resamples, args.seed, args.metric, args.directions
+        args.baselines,
+        args.system,
+        args.resamples,
+        args.seed,
+        args.metric,
+        args.directions,
+        args.sets,
     )
     print(markdown(result), end="")
     if args.json is not None:
