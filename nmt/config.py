@@ -168,9 +168,8 @@ class DataConfig:
     directions: Any = field(default_factory=list)
     # the corpus's languages, whose every ordered pair data.directions=all trains
     languages: list[str] = field(default_factory=list)
-    # where the target-language tag <2xx> goes: target (the first target token, forced when
-    # decoding; the default, better on Multi30k: docs/results.md), source (the source's first
-    # token; what a Hugging Face export needs) or both (target, and the source's own tag first)
+    # the target-language tag <2xx>: target (first target token, forced; better on Multi30k),
+    # source (the source's first token; for --format hf) or both (target, and the source's tag)
     tag_placement: TagPlacement = TagPlacement.target
     # multilingual: directions not trained (each language in some trained direction) that
     # nmt-eval also scores, each against pivoting, unless its zero_shot=[...] says otherwise

@@ -32,6 +32,7 @@ ARCHIVED = [
 NOT_RECIPE = {
     "trainer.threads", "trainer.progress", "trainer.precision", "outputs",
     "trainer.attention_every",  # how often TensorBoard draws attention: no effect on training
+    "data.tag_placement",  # where a multilingual run puts its language tag; a bilingual has none
 }  # fmt: skip
 
 
