@@ -289,6 +289,11 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _comma_list(text: str) -> list[str]:
+    """A comma-separated option's names (``de-en,en-de``), empty ones dropped."""
+    return [name for name in text.split(",") if name]
+
+
 def make_parser() -> argparse.ArgumentParser:
     """``nmt-compare``'s command line."""
     parser = argparse.ArgumentParser(
@@ -307,14 +312,14 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--directions",
-        type=lambda text: [d for d in text.split(",") if d],
+        type=_comma_list,
         default=None,
         help="compare only these directions, e.g. de-en,en-de (the trained ones of a report "
         "that also scored zero-shot directions); the default: every set of the baselines",
     )
     parser.add_argument(
         "--sets",
-        type=lambda text: [s for s in text.split(",") if s],
+        type=_comma_list,
         default=None,
         help="compare only these test sets, e.g. test_2016_flickr (a report's set names, "
         "without the direction); the default: every set of the baselines",
