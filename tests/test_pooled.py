@@ -122,6 +122,13 @@ def test_compare_adds_the_mean_row_for_several_sets_only(tmp_path) -> None:
         compare(bases, system, resamples=200, seed=7, sets=["test_2017_flickr"])
 
 
+def test_a_set_without_references_is_refused_by_its_file(tmp_path) -> None:
+    system = multilingual(tmp_path, {"de-en": []})
+    base = bilingual(tmp_path, "de-en", "de-en", [], refs=[])
+    with pytest.raises(CompareError, match=r"de-en\.ref: no references"):
+        compare([base], system, resamples=100, seed=1)
+
+
 def test_directions_that_name_nothing_or_no_direction_are_refused(tmp_path) -> None:
     system = multilingual(tmp_path, {"de-en": BETTER})
     base = bilingual(tmp_path, "de-en", "de-en", BASE)

@@ -76,7 +76,7 @@ def _rescored(report: Path, hypotheses: Path, references: Path, direction: str, 
         assert paper == pytest.approx(entry["bleu_paper"]["score"], abs=1e-9)
 
 
-BILINGUAL_TESTS = [r for r in TEST_REPORTS if "directions" not in r.read_text(encoding="utf-8")]
+BILINGUAL_TESTS = [r for r in TEST_REPORTS if "sets" in json.loads(r.read_text(encoding="utf-8"))]
 MULTILINGUAL_TESTS = [r for r in TEST_REPORTS if r not in BILINGUAL_TESTS]
 
 

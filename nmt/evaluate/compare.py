@@ -13,8 +13,7 @@ evaluations wrote, which must be the same references line for line::
 A row per compared set: both BLEU scores with their bootstrap intervals, the difference and
 its two-sided p-value; with several rows, a last one tests the mean difference over them
 (:mod:`nmt.evaluate.pooled`). ``--directions`` and ``--sets`` keep only the named directions
-and test sets.
-``--metric paper`` runs the same test on the papers' metric
+and test sets. ``--metric paper`` runs the same test on the papers' metric
 (:data:`~nmt.evaluate.metrics.PAPER_NAME`: both sides and the references lowercased and
 Moses-tokenized in the direction's target language), the figure to set beside the Multi30k
 literature's; sacreBLEU's cased BLEU is the default. A zero-shot direction's report entry
@@ -148,7 +147,13 @@ def compare_sets(
 ) -> dict[str, Any]:
     """One row: the paired bootstrap test of ``system`` against ``base`` on ``metric``
     (:data:`METRICS`)."""
-    pair = _set_pair(base, system, metric)
+    return _row(base, system, _set_pair(base, system, metric), resamples, seed)
+
+
+def _row(
+    base: ScoredSet, system: ScoredSet, pair: SetPair, resamples: int, seed: int
+) -> dict[str, Any]:
+    """The row of one set read as ``pair``."""
     b, (s,) = paired_bootstrap(
         pair.baseline, [pair.system], pair.references, resamples, seed, paper_lang=pair.paper_lang
     )
@@ -168,6 +173,8 @@ def compare_sets(
 def _set_pair(base: ScoredSet, system: ScoredSet, metric: str) -> SetPair:
     """Both sides' hypotheses of one set and its references, checked line for line."""
     refs = _lines(base.references, base.report)
+    if not refs:
+        raise CompareError(f"{base.references}: no references, so {base.name} has no score")
     if _lines(system.references, system.report) != refs:
         raise CompareError(
             f"{base.name} {base.direction}: the references of {base.report} "
@@ -219,8 +226,8 @@ def compare(
                     f"{system}: no {base.name} in {base.direction} to compare with {path} "
                     f"(it has: {have})"
                 )
-            rows.append(compare_sets(base, other, resamples, seed, metric))
             pairs.append(_set_pair(base, other, metric))
+            rows.append(_row(base, other, pairs[-1], resamples, seed))
     if not rows:
         asked = [f"--{k} {','.join(v)}" for k, v in (("directions", sorted(wanted or ())),
                                                       ("sets", list(sets or ()))) if v]  # fmt: skip

@@ -36,6 +36,15 @@ class SetPair:
     references: Sequence[str]
     paper_lang: str | None = None
 
+    def __post_init__(self) -> None:
+        if not len(self.baseline) == len(self.system) == len(self.references):
+            raise ValueError(
+                f"{len(self.baseline)} baseline and {len(self.system)} system hypotheses for "
+                f"{len(self.references)} references"
+            )
+        if not self.references:
+            raise ValueError("a set without sentences has no score")
+
 
 @dataclass(frozen=True)
 class MeanDifference:
@@ -51,13 +60,6 @@ class MeanDifference:
 
 def _stats(pair: SetPair) -> tuple[BLEU, np.ndarray, np.ndarray]:
     """The metric of a set and both sides' sentence statistics, as sacreBLEU keeps them."""
-    if not len(pair.baseline) == len(pair.system) == len(pair.references):
-        raise ValueError(
-            f"{len(pair.baseline)} baseline and {len(pair.system)} system hypotheses for "
-            f"{len(pair.references)} references"
-        )
-    if not pair.references:
-        raise ValueError("a set without sentences has no score")
     base, system, refs = pair.baseline, pair.system, pair.references
     metric = BLEU()
     if pair.paper_lang is not None:
@@ -78,6 +80,8 @@ def mean_difference(pairs: Sequence[SetPair], resamples: int, seed: int) -> Mean
         raise ValueError("no sets to compare")
     if resamples < 1:
         raise ValueError(f"resamples={resamples}: at least 1 needed")
+    if all(list(p.baseline) == list(p.system) for p in pairs):  # as paired_bootstrap says
+        return MeanDifference(0.0, 0.0, 0.0, 1.0, len(pairs))
     rng = np.random.default_rng(seed)
     observed, resampled = [], []
     for pair in pairs:
@@ -90,8 +94,6 @@ def mean_difference(pairs: Sequence[SetPair], resamples: int, seed: int) -> Mean
             - np.array([score(b.sum(0)).score for b in base[draws]])
         )
     difference = float(np.mean(observed))
-    if all(list(p.baseline) == list(p.system) for p in pairs):  # as paired_bootstrap says
-        return MeanDifference(0.0, 0.0, 0.0, 1.0, len(pairs))
     means = np.mean(resampled, axis=0)
     spread = np.abs(means)
     centred = spread - spread.mean()
