@@ -169,7 +169,7 @@ class DataConfig:
     # the corpus's languages, whose every ordered pair data.directions=all trains
     languages: list[str] = field(default_factory=list)
     # the target-language tag <2xx>: target (first target token, forced; better on Multi30k),
-    # source (the source's first token; for --format hf) or both (target, and the source's tag)
+    # source (the source's first token, Marian's convention) or both (target, and the source's tag)
     tag_placement: TagPlacement = TagPlacement.target
     # multilingual: directions not trained (each language in some trained direction) that
     # nmt-eval also scores, each against pivoting, unless its zero_shot=[...] says otherwise

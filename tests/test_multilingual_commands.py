@@ -26,7 +26,6 @@ from nmt.decode.options import DecodeOptions
 from nmt.decode.translate import translate, translate_lines
 from nmt.evaluate.scoring import evaluate
 from nmt.ship.export import export_package
-from nmt.ship.export import main as export_main
 from nmt.store.gate import CheckpointError
 from nmt.store.loading import load_package, load_trained
 from nmt.store.package import MANIFEST, read_package
@@ -171,7 +170,7 @@ def test_card_lists_each_direction_with_its_scores(multilingual_runs, tmp_path):
 
 
 @pytest.mark.slow(seconds=4)
-def test_bad_language_requests_are_refused_in_one_line(multilingual_runs, trained_runs, caplog):
+def test_bad_language_requests_are_refused_in_one_line(multilingual_runs, trained_runs):
     # the commands' functions; that a command line ends such an error with exit status 2 and
     # one ERROR line: test_multilingual_e2e.py (nmt-translate, nmt-eval),
     # test_multilingual_tools.py (nmt-attention), test_package.py (nmt-export)
@@ -191,10 +190,3 @@ def test_bad_language_requests_are_refused_in_one_line(multilingual_runs, traine
     trained = load_trained(checkpoint_path(run, None), CPU)
     with pytest.raises(DataError, match="translates into de, en, fr"):
         choose_target(trained.cfg, trained.tokenizers, None)
-    caplog.clear()
-    target = multilingual_runs("target")  # Marian's convention has no tag on the output side
-    with pytest.raises(SystemExit) as stop:
-        export_main([str(target), "--out", str(target.parent / "hf"), "--format", "hf"])
-    assert stop.value.code == 2
-    (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert "data.tag_placement=target cannot be exported" in error

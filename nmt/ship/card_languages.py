@@ -1,11 +1,13 @@
 """The languages of a model package: its manifest's directions and tag placement, and what its
-model card says of a multilingual model (each direction and its ``nmt-eval`` scores)."""
+model card says of a multilingual model (each direction and its ``nmt-eval`` scores, and how
+its ``--format hf`` folder names the languages)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from nmt.data.multilingual import directions_of, languages, placement_of
+from nmt.ship.hf import code_languages, marian_code
 
 
 def package_languages(cfg: Any) -> dict[str, Any]:
@@ -84,3 +86,40 @@ def index_metrics(scores: dict[str, Any], search: str) -> list[dict[str, Any]]:
         }
         for metric, s in scores.items()
     ]
+
+
+def hf_language_use(cfg: Any) -> tuple[list[str], list[str]]:
+    """What the ``--format hf`` card says of a multilingual model's language codes, and the
+    lines of its first example that name them: the tokenizer's call and, where the target's
+    code is the first output token, ``forced_bos_token_id`` (nothing for a bilingual model)."""
+    directions = directions_of(cfg.data)
+    if not directions:
+        return [], ['batch = tok(["<a source sentence>"], return_tensors="pt", padding=True)']
+    placement, first = placement_of(cfg.data), directions[0]
+    codes = ", ".join(f"`{marian_code(lang)}`" for lang in code_languages(cfg))
+    where = {
+        "source": "each source starts with the target language's code, Marian's convention",
+        "target": "the target language's code is the first output token, the convention of "
+        "M2M100 and NLLB: `generate` forces it (`forced_bos_token_id`, per call or in the "
+        "generation config as below), and a label for training starts with it "
+        '(`text_target=">>xx<< ..."`)',
+        "both": "the source starts with its own language's code and the output with the target "
+        "language's, the convention of NLLB: `generate` forces the target's "
+        "(`forced_bos_token_id`, per call or in the generation config as below), and a label "
+        "for training starts with it",
+    }[placement]
+    intro = [
+        "",
+        f"A multilingual model: {where}. Its codes, which the tokenizer turns into the model's "
+        f"language tags: {codes}. Trained directions: {', '.join(str(d) for d in directions)}; "
+        "another pair of its languages is zero-shot.",
+    ]
+    head = {"source": first.tgt, "both": first.src}.get(placement)
+    text = f"{marian_code(head)} <a source sentence>" if head else "<a source sentence>"
+    example = [f'batch = tok(["{text}"], return_tensors="pt", padding=True)']
+    if placement != "source":
+        code = marian_code(first.tgt)
+        example.append(
+            f'model.generation_config.forced_bos_token_id = tok.convert_tokens_to_ids("{code}")'
+        )
+    return intro, example

@@ -22,17 +22,17 @@ import yaml
 from nmt.atomic import atomic_write_bytes, fsync_dir, sha256_file
 from nmt.cli import exit_on_error, setup_logging
 from nmt.config import ConfigError, to_container
-from nmt.data.multilingual import target_languages
 from nmt.decode.options import DecodeOptions
 from nmt.ship.card_languages import (
     card_directions,
     card_languages,
     direction_results,
     direction_score_lines,
+    hf_language_use,
     index_metrics,
     package_languages,
 )
-from nmt.ship.hf import HF_FILES, marian_code
+from nmt.ship.hf import HF_FILES, forces_first
 from nmt.store.loading import Trained, decode_defaults, load_package, load_trained, unique_weights
 from nmt.store.package import (
     CARD,
@@ -230,16 +230,7 @@ def _card_hf_use(trained: Trained, decode: dict[str, Any], hf_arch: str) -> list
     """How an ``--format hf`` folder is used, and what transformers cannot express."""
     opts = DecodeOptions.of_run(decode)
     a, b = opts.max_output_len_a, opts.max_output_len_b
-    codes = [marian_code(lang) for lang in target_languages(trained.cfg.data)]
-    example = f"{codes[0]} <a source sentence>" if codes else "<a source sentence>"
-    multi = [
-        "",
-        "A multilingual model: each source starts with the target language's token, Marian's "
-        f"convention ({', '.join(f'`{c}`' for c in codes)}), which the tokenizer turns into "
-        "the model's language tag. Trained directions: "
-        f"{', '.join(card_directions(trained.cfg, []))}; another pair of its languages is "
-        "zero-shot.",
-    ] if codes else []  # fmt: skip
+    multi, example = hf_language_use(trained.cfg)
     return [
         "## Use with transformers",
         "",
@@ -252,7 +243,7 @@ def _card_hf_use(trained: Trained, decode: dict[str, Any], hf_arch: str) -> list
         "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
         'tok = AutoTokenizer.from_pretrained("<this folder>")',
         'model = AutoModelForSeq2SeqLM.from_pretrained("<this folder>")',
-        f'batch = tok(["{example}"], return_tensors="pt", padding=True)',
+        *example,
         "print(tok.batch_decode(model.generate(**batch), skip_special_tokens=True))",
         "```",
         "",
@@ -263,7 +254,8 @@ def _card_hf_use(trained: Trained, decode: dict[str, Any], hf_arch: str) -> list
         f"- the output cap per sentence, `{a} * source tokens + {b}` (EOS included in the "
         "source, excluded from the output): transformers has one `max_length`, set here to the "
         "cap of the longest source training kept; pass "
-        f"`max_new_tokens=int({a} * len(input_ids) + {b}) + 1` per sentence for the nmt cap;",
+        f"`max_new_tokens=int({a} * len(input_ids) + {b}) + {1 + forces_first(trained.cfg)}` "
+        "per sentence for the nmt cap;",
         "- the GNMT length penalty `((5 + n) / 6) ** alpha` (n: output tokens, EOS included): "
         "transformers ranks a finished hypothesis by its summed log-probability over "
         "`n ** alpha`, so plain `generate` with beam search may return another of the beam's "

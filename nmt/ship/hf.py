@@ -26,12 +26,17 @@ What cannot be expressed is refused with the reason (:func:`check_exportable`).
 The tokenizer is ``MarianTokenizer`` over our sentencepiece model(s), with a vocabulary file
 that maps every piece to its sentencepiece id, so its ids are ours; see :func:`write_tokenizer`.
 
-A multilingual model (tag at source placement) follows Marian's convention for the target
-language: the text starts with ``>>fr<<``, the name its tag piece (``<2fr>``) takes in the
-exported vocabulary, for each language the model was trained to translate into. The tags are
-added tokens of the tokenizer that keep their ids and take the space after them, so that
-``">>fr<< Ein Hund."`` gives our ids for ``Ein Hund.`` after the tag. A tag at target placement
-(the first output token) has no counterpart in that convention, and is refused.
+A multilingual model names its languages by Marian-style codes: ``>>fr<<`` is the name its tag
+piece (``<2fr>``) takes in the exported vocabulary. The tags are added (special) tokens of the
+tokenizer that keep their ids and take the space after them, so that ``">>fr<< Ein Hund."``
+gives our ids for ``Ein Hund.`` after the tag. Where the tag goes follows the run's
+``data.tag_placement``:
+
+* ``source``: Marian's convention, the target language's code first in the source text;
+* ``target``: the convention of M2M100 and NLLB, the target language's code as the first output
+  token, ``generate(..., forced_bos_token_id=tok.convert_tokens_to_ids(">>fr<<"))``, and first
+  in the text of a label (``text_target=">>fr<< A dog."``) for training;
+* ``both``: as ``target``, and the source text starts with its own language's code.
 """
 
 from __future__ import annotations
@@ -89,14 +94,6 @@ def refusal(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str | None:
             "and Pegasus compute Vaswani's sinusoid from position 0, and only a run imported "
             "from M2M100 or NLLB (its checkpoint, which keeps the folder's layout) goes back "
             "to M2M100 (this model ships with --format torch or ctranslate2)"
-        )
-    if directions_of(cfg.data) and placement_of(cfg.data) != "source":
-        return (
-            f"--format hf: a multilingual model with data.tag_placement={placement_of(cfg.data)} "
-            "cannot be exported: transformers' Marian convention names the target language by a "
-            ">>fr<< token at the start of the source, and this model reads its tag as the first "
-            "output token (train with data.tag_placement=source, or export a package, --format "
-            "torch or ctranslate2, which keeps the directions)"
         )
     if m.norm_first and src_vocab != tgt_vocab:
         return (
@@ -238,12 +235,25 @@ def marian_code(lang: str) -> str:
     return f">>{lang}<<"
 
 
+def code_languages(cfg: DictConfig) -> list[str]:
+    """The languages whose codes a multilingual model reads, sorted: those it translates into,
+    and at ``both`` placement those it translates from (none for a bilingual model)."""
+    directions = directions_of(cfg.data)
+    langs = set(target_languages(cfg.data))
+    if placement_of(cfg.data) == "both":
+        langs |= {d.src for d in directions}
+    return sorted(langs)
+
+
 def language_codes(cfg: DictConfig, tokenizer: Any) -> dict[int, str]:
-    """Tag id -> Marian code of each language a multilingual model translates into (none for
-    a bilingual model)."""
-    if not directions_of(cfg.data):
-        return {}
-    return {tokenizer.tags[lang]: marian_code(lang) for lang in target_languages(cfg.data)}
+    """Tag id -> Marian code of each language in :func:`code_languages`."""
+    return {tokenizer.tags[lang]: marian_code(lang) for lang in code_languages(cfg)}
+
+
+def forces_first(cfg: DictConfig) -> bool:
+    """Whether the model's first output token is the target language's tag (``target`` and
+    ``both`` placement), which ``generate`` takes as ``forced_bos_token_id``."""
+    return bool(directions_of(cfg.data)) and placement_of(cfg.data) != "source"
 
 
 def piece_vocabulary(tokenizer: Any, codes: dict[int, str] | None = None) -> dict[str, int]:
@@ -312,7 +322,11 @@ def add_language_codes(tokenizer: Any, codes: dict[int, str]) -> None:
 
 
 def generation_config(
-    decode: DictConfig | dict, max_positions: int, max_len: int, suppress_start: bool = False
+    decode: DictConfig | dict,
+    max_positions: int,
+    max_len: int,
+    suppress_start: bool = False,
+    forced_first: bool = False,
 ) -> Any:
     """Our decoding defaults as a transformers ``GenerationConfig``.
 
@@ -320,7 +334,8 @@ def generation_config(
     ``length ** alpha`` where we divide by ``((5 + length) / 6) ** alpha``: the same preference,
     not the same scores). Our per-sentence cap ``a * source_length + b`` has no counterpart: the
     fixed ``max_length`` is that cap for the longest source training kept (``max_len``), within
-    the position table."""
+    the position table, and one token more where the first is the forced language tag
+    (``forced_first``)."""
     from nmt.decode.options import DecodeOptions
 
     transformers = require()
@@ -331,7 +346,7 @@ def generation_config(
         length_penalty=opts.length_penalty,
         early_stopping=False,
         do_sample=False,
-        max_length=cap + 2,  # the start token, the cap, the closing EOS
+        max_length=cap + 2 + int(forced_first),  # the start token, the tag, the cap, the EOS
         decoder_start_token_id=BOS_ID,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,
@@ -352,8 +367,9 @@ def write_folder(
     (which exists): what ``from_pretrained(out)`` loads."""
     hf = convert_model(model)
     hf.generation_config = generation_config(
-        decode, model.max_positions, int(cfg.data.max_len), model.suppress_start
-    )
+        decode, model.max_positions, int(cfg.data.max_len), model.suppress_start,
+        forces_first(cfg),
+    )  # fmt: skip
     hf.save_pretrained(str(out), safe_serialization=True)
     write_tokenizer(tokenizers, out, cfg, model.max_positions)
 
@@ -365,12 +381,36 @@ def probe(tokenizers: TokenizerPair) -> tuple[list[str], list[str]]:
     return src, tgt
 
 
+Head = tuple[int, str] | None  # a language tag's id and its Marian code, or none
+
+
+def probe_heads(
+    cfg: DictConfig, tokenizers: TokenizerPair, n: int
+) -> tuple[list[Head], list[Head]]:
+    """The code before each of ``n`` probe sources and targets, where the run's placement puts
+    one: the languages' codes in turn (a source code at ``both`` placement is the next one, as
+    the function is compared, not the direction)."""
+    tags = list(language_codes(cfg, tokenizers.src).items())
+    if not tags:
+        return [None] * n, [None] * n
+    placement = placement_of(cfg.data)
+    first: list[Head] = [tags[i % len(tags)] for i in range(n)]
+    nxt: list[Head] = [tags[(i + 1) % len(tags)] for i in range(n)]
+    if placement == "source":
+        return first, [None] * n
+    return (nxt if placement == "both" else [None] * n), first
+
+
+def _head_id(head: Head) -> list[int]:
+    return [] if head is None else [head[0]]
+
+
 def verify_folder(
     model: Transformer, tokenizers: TokenizerPair, out: Path, cfg: DictConfig
 ) -> None:
     """Load ``out`` as a user would (no custom code) and compare it with ``model`` (trained
     with ``cfg``): the tokenizer's ids and the teacher-forced log-probabilities, a multilingual
-    model's with each source under another target language's code. ConfigError on a
+    model's with the codes its placement asks for (:func:`probe_heads`). ConfigError on a
     difference."""
     import torch
 
@@ -378,13 +418,13 @@ def verify_folder(
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(out)).float().eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
     sources, targets = probe(tokenizers)
-    tags = list(language_codes(cfg, tokenizers.src).items())
-    heads = [tags[i % len(tags)] if tags else None for i in range(len(sources))]
-    texts = [f"{h[1]} {s}" if h else s for h, s in zip(heads, sources, strict=True)]
-    enc = tok(texts, text_target=targets, padding=True, return_tensors="pt")
+    src_heads, tgt_heads = probe_heads(cfg, tokenizers, len(sources))
+    texts = [f"{h[1]} {s}" if h else s for h, s in zip(src_heads, sources, strict=True)]
+    labels_text = [f"{h[1]} {t}" if h else t for h, t in zip(tgt_heads, targets, strict=True)]
+    enc = tok(texts, text_target=labels_text, padding=True, return_tensors="pt")
     for i, (s, t) in enumerate(zip(sources, targets, strict=True)):
-        want_src = ([heads[i][0]] if heads[i] else []) + tokenizers.src.encode(s) + [EOS_ID]
-        want_tgt = tokenizers.tgt.encode(t) + [EOS_ID]
+        want_src = _head_id(src_heads[i]) + tokenizers.src.encode(s) + [EOS_ID]
+        want_tgt = _head_id(tgt_heads[i]) + tokenizers.tgt.encode(t) + [EOS_ID]
         got_src = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
         got_tgt = [x for x in enc["labels"][i].tolist() if x != PAD_ID]
         if got_src != want_src or got_tgt != want_tgt:

@@ -17,8 +17,10 @@ Three checks, each against our own decoding of the same sentences:
   and ``batch_decode`` (the steps of the ``pipeline("translation")`` that transformers 5, the
   version the ``hf`` extra installs, no longer has), against our detokenized greedy output.
 
-A multilingual run is checked in each trained direction, each source after its target
-language's Marian code (``>>fr<< ...``), a report per direction under ``directions``.
+A multilingual run is checked in each trained direction, a report per direction under
+``directions``, its language codes where its ``data.tag_placement`` puts them: the target's
+first in the source text (``>>fr<< ...``), or ``forced_bos_token_id`` (the code's id) given to
+``generate``, with the source's code first in the text at ``both``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from torch import Tensor
 from nmt.config import ConfigError
 from nmt.data.corpus import read_parallel, strip_lines
 from nmt.data.datasets import EvalSet, load_test_sets
-from nmt.data.multilingual import directions_of
+from nmt.data.multilingual import directions_of, placement_of
 from nmt.data.multiprep import resolve_direction_splits
 from nmt.data.tagged import tagged_dataset
 from nmt.data.tokenizer import EOS_ID
@@ -88,17 +90,22 @@ def hf_generate(
     return out
 
 
-def summed_log_probs(model: Any, enc: dict[str, Tensor], seqs: Tensor, k: int) -> Tensor:
+def summed_log_probs(
+    model: Any, enc: dict[str, Tensor], seqs: Tensor, k: int, forced: bool = False
+) -> Tensor:
     """The summed log-probability of each generated row, its EOS included, teacher-forced.
 
     enc: the tokenizer's batch of B sources; seqs: (B * k, 1 + L) rows of ``generate`` (the
     start token, the output, EOS, padding), k rows per source. Scores ``generate`` returns are
     those after its logits processors (the EOS forced at the cap scores 0 there), so they are
-    recomputed here from the model's own distribution, as our search scores. Returns (B * k,).
+    recomputed here from the model's own distribution, as our search scores; a ``forced``
+    first token scores 0, as in ours. Returns (B * k,).
     """
     target = seqs[:, 1:]  # (N, L)
     ended = (target == EOS_ID).long().cumsum(1)  # (N, L) EOS seen up to here, inclusive
     real = (ended - (target == EOS_ID).long()) == 0  # (N, L) up to the first EOS, inclusive
+    if forced:
+        real[:, 0] = False
     with torch.inference_mode():
         logits = model(
             input_ids=enc["input_ids"].repeat_interleave(k, 0),
@@ -139,7 +146,8 @@ def hf_nbest(
                 **enc, max_new_tokens=cap + 1, num_beams=beam, num_return_sequences=beam,
                 do_sample=False, **options,
             )  # fmt: skip
-        sums = summed_log_probs(model, enc, seqs, beam).tolist()
+        forced = options.get("forced_bos_token_id") is not None
+        sums = summed_log_probs(model, enc, seqs, beam, forced).tolist()
         rows = seqs.tolist()
         for n, i in enumerate(part):
             out[i] = [(_strip(rows[j]), sums[j]) for j in range(n * beam, (n + 1) * beam)]
@@ -151,10 +159,12 @@ def reranked(nbest: list[list[tuple[list[int], float]]], alpha: float) -> list[l
     return [hyps[gnmt_best(hyps, alpha)][0] for hyps in nbest]
 
 
-def user_texts(model: Any, tok: Any, sources: list[str], caps: list[int]) -> tuple:
+def user_texts(
+    model: Any, tok: Any, sources: list[str], caps: list[int], **options: Any
+) -> tuple[list[str], str]:
     """What a user's translation call returns (tokenizer, ``generate``, ``batch_decode``), and
     how it was made."""
-    tokens = hf_generate(model, tok, sources, caps, 64, num_beams=1, do_sample=False)
+    tokens = hf_generate(model, tok, sources, caps, 64, num_beams=1, do_sample=False, **options)
     return tok.batch_decode(tokens, skip_special_tokens=True), USER_STEPS
 
 
@@ -188,22 +198,28 @@ def beam_report(
     }
 
 
-def test_sets(trained: Trained) -> list[tuple[str, str, EvalSet]]:
+def test_sets(trained: Trained) -> list[tuple[str, str, int | None, EvalSet]]:
     """What the checks decode: the run's first test set, as (label, text put before each
-    source, set); a multilingual run's in each trained direction, each source after its
-    target language's Marian code (:func:`nmt.ship.hf.marian_code`) as a user writes it."""
+    source, the forced first output token or None, set); a multilingual run's in each trained
+    direction, with the language codes (:func:`nmt.ship.hf.marian_code`) as a user writes
+    them."""
     data_cfg, tokenizers = trained.cfg.data, trained.tokenizers
     directions = directions_of(data_cfg)
     if not directions:
         test = load_test_sets(data_cfg, tokenizers, multi30k_source())[0]
-        return [(test.name, "", test)]
+        return [(test.name, "", None, test)]
+    placement, tags = placement_of(data_cfg), tokenizers.src.tags
     sets = []
     for d in directions:
         (split,) = resolve_direction_splits(data_cfg, [data_cfg.test[0]], [d], multi30k_source())
         src, refs = (strip_lines(x) for x in read_parallel(split.src_path, split.tgt_path))
-        data = tagged_dataset(tokenizers, src, refs, tokenizers.src.tags[d.tgt], "source")
+        src_tag = tags[d.src] if placement == "both" else None
+        data = tagged_dataset(tokenizers, src, refs, tags[d.tgt], placement, src_tag)
+        head = {"source": d.tgt, "both": d.src}.get(placement)
+        prefix = f"{hf.marian_code(head)} " if head else ""
+        forced = None if placement == "source" else tags[d.tgt]
         name = f"{split.set_name}.{d}"
-        sets.append((name, f"{hf.marian_code(d.tgt)} ", EvalSet(name, src, refs, data)))
+        sets.append((name, prefix, forced, EvalSet(name, src, refs, data)))
     return sets
 
 
@@ -224,10 +240,12 @@ def check(
     tok = transformers.AutoTokenizer.from_pretrained(str(folder))
     sets = test_sets(trained)
     reports = {}
-    for label, prefix, test in sets:
-        reports[label] = check_set(trained, model, tok, test, prefix, limit, beam, generate)
+    for label, prefix, forced, test in sets:
+        reports[label] = check_set(
+            trained, model, tok, test, (prefix, forced), limit, beam, generate
+        )
         reports[label]["folder"] = str(folder)
-    if len(sets) == 1 and not sets[0][1]:
+    if not directions_of(trained.cfg.data):
         return reports[sets[0][0]]
     return {"folder": str(folder), "directions": reports,
             "ok": all(r["ok"] for r in reports.values())}  # fmt: skip
@@ -238,24 +256,32 @@ def check_set(
     model: Any,
     tok: Any,
     test: EvalSet,
-    prefix: str,
+    language: tuple[str, int | None],
     limit: int,
     beam: int | None,
     generate: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """:func:`check` on one test set, ``prefix`` before each source given to transformers."""
+    """:func:`check` on one test set; ``language``: the text put before each source given to
+    transformers, and the first output token it forces (or None)."""
     cpu = torch.device("cpu")
+    prefix, forced = language
+    options = {} if forced is None else {"forced_bos_token_id": forced}
+
+    def body(tokens: list[int]) -> list[int]:  # our output without the forced tag
+        return tokens[1:] if forced is not None and tokens[:1] == [forced] else tokens
+
     n = len(test) if limit <= 0 else min(limit, len(test))
     sources, refs = [prefix + s for s in test.src_text[:n]], test.ref_text[:n]
     run_opts = DecodeOptions.of_run(decode_defaults(trained))
     beam = beam or max(run_opts.beam, 2)
     greedy = DecodeOptions(beam=1, length_penalty=run_opts.length_penalty, precision="32")
-    caps = greedy.caps(test.data.src_lens[:n] + 1, trained.model.max_positions).tolist()
+    caps = greedy.caps(test.data.src_lens[:n] + 1, trained.model.max_positions)
+    caps = (caps + int(forced is not None)).tolist()  # the tag is one token more
     report: dict[str, Any] = {"test_set": test.name, "sentences": n}
 
     start = time.perf_counter()
     ours = [h.tokens for h in decode_dataset(trained.model, test.data, greedy, cpu, n)]
-    theirs = hf_generate(model, tok, sources, caps, 64, num_beams=1, do_sample=False)
+    theirs = hf_generate(model, tok, sources, caps, 64, num_beams=1, do_sample=False, **options)
     same = sum(a == b for a, b in zip(ours, theirs, strict=True))
     report["greedy"] = {
         "identical": same,
@@ -269,8 +295,8 @@ def check_set(
     wide = DecodeOptions(beam=beam, length_penalty=run_opts.length_penalty, precision="32")
     ours_beam = decode_dataset(trained.model, test.data, wide, cpu, n)
     report["beam"] = beam_report(
-        [trained.tokenizers.tgt.decode(h.tokens) for h in ours_beam],
-        hf_nbest(model, tok, sources, caps, 16, beam, **(generate or {})),
+        [trained.tokenizers.tgt.decode(body(h.tokens)) for h in ours_beam],
+        hf_nbest(model, tok, sources, caps, 16, beam, **options, **(generate or {})),
         lambda tokens: tok.batch_decode(tokens, skip_special_tokens=True),
         refs,
         wide.length_penalty,
@@ -283,8 +309,8 @@ def check_set(
     report["beam"]["seconds"] = round(time.perf_counter() - start, 1)
 
     start = time.perf_counter()
-    texts, how = user_texts(model, tok, sources, caps)
-    ours_greedy = [trained.tokenizers.tgt.decode(t) for t in ours]
+    texts, how = user_texts(model, tok, sources, caps, **options)
+    ours_greedy = [trained.tokenizers.tgt.decode(body(t)) for t in ours]
     equal = sum(a == b for a, b in zip(ours_greedy, texts, strict=True))
     report["strings"] = {
         "how": how,
