@@ -223,3 +223,55 @@ def test_a_zero_shot_direction_is_tested_against_its_pivot(multilingual_runs, tm
     assert paired["direct_minus_pivot"] == pytest.approx(want.score - base.score)
     trained = [e for e in report["directions"].values() if not e["zero_shot"]]
     assert trained and all("paired" not in e and e["set"] for e in trained)
+
+
+def with_pivot(tmp: Path, name: str, direct: dict[str, list[str]], pivot: dict[str, list[str]]):
+    """A multilingual report whose directions in ``pivot`` were also translated through
+    English, as nmt-eval writes a zero-shot direction's entry."""
+    directions = {}
+    for d, lines in direct.items():
+        entry = {
+            "set": "test_2016_flickr", "direction": d, "zero_shot": d in pivot,
+            "hypotheses": str(write_lines(tmp / f"{name}.{d}.hyp", lines)),
+            "references": str(write_lines(tmp / f"{name}.{d}.ref", REFS)),
+        }  # fmt: skip
+        if d in pivot:
+            hyp = write_lines(tmp / f"{name}.{d}.pivot-en.hyp", pivot[d])
+            entry["pivot"] = {"via": "en", "hypotheses": str(hyp)}
+        directions[f"test_2016_flickr.{d}"] = entry
+    report = tmp / f"{name}.json"
+    report.write_text(json.dumps({"directions": directions}))
+    return report
+
+
+def test_pivot_compares_with_the_baselines_translations_through_english(tmp_path, capsys):
+    """``--pivot``: the baselines' translations through their pivot language, in the
+    directions that have one; the system's own report as its baseline tests its direct
+    translation against its own pivoting."""
+    centred = with_pivot(tmp_path, "centred", {"de-en": BASE, "de-fr": REFS[::-1]},
+                         {"de-fr": BASE})  # fmt: skip
+    every = with_pivot(tmp_path, "all", {"de-en": BASE, "de-fr": BETTER}, {"de-fr": REFS[:1] * 6})
+    result = compare([centred], every, resamples=200, seed=7, pivot=True)
+    (row,) = result["rows"]  # de-en has no translation through English
+    base, (want,) = paired_bootstrap(BASE, [BETTER], REFS, 200, 7)
+    assert row["direction"] == "de-fr" and row["baseline"]["via"] == "en"
+    assert row["baseline"]["bleu"] == pytest.approx(base.score)
+    assert row["p_value"] == pytest.approx(want.p_value) and row["difference"] > 0
+    assert result["baseline"] == "through the pivot language"
+    assert "| baseline through en BLEU [95% CI] |" in markdown(result)
+
+    own = compare([every], every, resamples=200, seed=7, pivot=True)["rows"][0]
+    base, (want,) = paired_bootstrap(REFS[:1] * 6, [BETTER], REFS, 200, 7)
+    assert own["difference"] == pytest.approx(want.score - base.score)
+    direct = compare([centred], every, resamples=200, seed=7)["rows"]
+    assert [r["direction"] for r in direct] == ["de-en", "de-fr"]
+    assert "via" not in direct[1]["baseline"]
+
+    assert run([str(centred), "--pivot", "--system", str(every), "--resamples", "200"])
+    assert "baseline through en" in capsys.readouterr().out
+    bilingual_report = bilingual(tmp_path, "de-fr", "de-fr", BASE)
+    with pytest.raises(CompareError, match="--pivot needs a multilingual report"):
+        compare([bilingual_report], every, resamples=200, pivot=True)
+    plain = multilingual(tmp_path, {"de-fr": BASE})
+    with pytest.raises(CompareError, match="no direction was translated through a pivot"):
+        compare([plain], every, resamples=200, pivot=True)

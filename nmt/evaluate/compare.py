@@ -17,7 +17,13 @@ and test sets. ``--metric paper`` runs the same test on the papers' metric
 (:data:`~nmt.evaluate.metrics.PAPER_NAME`: both sides and the references lowercased and
 Moses-tokenized in the direction's target language), the figure to set beside the Multi30k
 literature's; sacreBLEU's cased BLEU is the default. A zero-shot direction's report entry
-already carries its own paired test against pivoting (:mod:`nmt.evaluate.multilingual`).
+already carries its own paired test against pivoting (:mod:`nmt.evaluate.multilingual`);
+``--pivot`` compares the system with the baselines' translations through their pivot language
+instead (another model's, or the system's own report given as its baseline), in the directions
+where they have one::
+
+    nmt-compare outputs/runs/english-centred/eval/scores.best.beam5.lp1.json --pivot \
+        --system outputs/runs/all-directions/eval/scores.best.beam5.lp1.json
 
 A report's files are read from the report's own folder, where ``nmt-eval`` writes them, by the
 file names the report gives; only where a file is not there is the path the report wrote
@@ -60,6 +66,7 @@ class ScoredSet:
     direction: str
     hypotheses: Path
     references: Path
+    via: str | None = None  # the pivot language the hypotheses went through, if any
 
 
 def _field(entry: dict[str, Any], key: str, where: str) -> Any:
@@ -95,9 +102,10 @@ def _file(report: Path, entry: dict[str, Any], key: str, where: str) -> Path:
     return beside if beside.is_file() else written
 
 
-def scored_sets(path: Path) -> list[ScoredSet]:
+def scored_sets(path: Path, pivot: bool = False) -> list[ScoredSet]:
     """The sets of a report: a multilingual report's directions, or a bilingual one's sets in
-    its direction."""
+    its direction; with ``pivot``, the directions that were also translated through a pivot
+    language, with those translations."""
     try:
         report = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as err:
@@ -107,13 +115,28 @@ def scored_sets(path: Path) -> list[ScoredSet]:
     if not isinstance(report, dict):
         raise CompareError(f"{path}: not an nmt-eval report (a JSON object expected)")
     sets = []
+    if pivot and "directions" not in report:
+        raise CompareError(
+            f"{path}: --pivot needs a multilingual report (a bilingual one has no "
+            "translations through a pivot language)"
+        )
     if "directions" in report:
         for key, entry in _entries(report, "directions", path).items():
             where = f"{path}: directions.{key}"
+            through = entry.get("pivot") if isinstance(entry, dict) else None
+            if pivot and not isinstance(through, dict):
+                continue
+            side, at = (through, f"{where}.pivot") if pivot else (entry, where)
             sets.append(ScoredSet(
                 path, _field(entry, "set", where), _field(entry, "direction", where),
-                _file(path, entry, "hypotheses", where), _file(path, entry, "references", where),
+                _file(path, side, "hypotheses", at), _file(path, entry, "references", where),
+                str(_field(side, "via", at)) if pivot else None,
             ))  # fmt: skip
+        if pivot and not sets:
+            raise CompareError(
+                f"{path}: no direction was translated through a pivot language "
+                "(nmt-eval pivot_trained=true or zero_shot=[...] writes them)"
+            )
         return sets
     direction = _field(report, "direction", str(path))
     for key, entry in _entries(report, "sets", path).items():
@@ -162,7 +185,12 @@ def _row(
         "set": base.name,
         "direction": base.direction,
         "sentences": len(pair.references),
-        "baseline": {"report": str(base.report), "bleu": b.score, "ci": asdict(b.ci)},
+        "baseline": {
+            "report": str(base.report),
+            "bleu": b.score,
+            "ci": asdict(b.ci),
+            **({"via": base.via} if base.via else {}),
+        },  # fmt: skip
         "system": {"report": str(system.report), "bleu": s.score, "ci": asdict(s.ci)},
         "difference": s.score - b.score,
         "p_value": s.p_value,
@@ -180,15 +208,15 @@ def _set_pair(base: ScoredSet, system: ScoredSet, metric: str) -> SetPair:
             f"{base.name} {base.direction}: the references of {base.report} "
             f"({base.references}) and {system.report} ({system.references}) differ"
         )
-    hyps = {}
+    hyps = []
     for s in (base, system):
-        hyps[s.report] = _lines(s.hypotheses, s.report)
-        if len(hyps[s.report]) != len(refs):
+        hyps.append(_lines(s.hypotheses, s.report))
+        if len(hyps[-1]) != len(refs):
             raise CompareError(
-                f"{s.hypotheses}: {len(hyps[s.report])} hypotheses for {len(refs)} references"
+                f"{s.hypotheses}: {len(hyps[-1])} hypotheses for {len(refs)} references"
             )
     lang = target_language(base.direction, base.report) if metric == "paper" else None
-    return SetPair(hyps[base.report], hyps[system.report], refs, lang)
+    return SetPair(hyps[0], hyps[1], refs, lang)
 
 
 def compare(
@@ -199,12 +227,14 @@ def compare(
     metric: str = "bleu",
     directions: Sequence[str] | None = None,
     sets: Sequence[str] | None = None,
+    pivot: bool = False,
 ) -> dict[str, Any]:
     """Every set of every baseline report (in ``directions`` and ``sets`` only, if given; a
     set by its name without the direction, ``test_2016_flickr``) against the system
     report's same set and direction, on ``metric`` (``bleu``: sacreBLEU's; ``paper``: the
     papers' metric); with more than one such set, also the test of the mean difference over
-    them (:mod:`nmt.evaluate.pooled`)."""
+    them (:mod:`nmt.evaluate.pooled`). ``pivot``: the baselines' translations through their
+    pivot language, in the directions that have them."""
     if metric not in METRICS:
         raise CompareError(f"--metric {metric}: one of {', '.join(METRICS)} expected")
     check_bootstrap(resamples, seed, "--resamples", "--seed")
@@ -214,7 +244,7 @@ def compare(
     theirs = {(s.name, s.direction): s for s in scored_sets(system)}
     rows, pairs = [], []
     for path in baselines:
-        for base in scored_sets(path):
+        for base in scored_sets(path, pivot):
             if wanted is not None and base.direction not in wanted:
                 continue
             if sets is not None and base.name not in sets:
@@ -239,6 +269,7 @@ def compare(
         "resamples": resamples,
         "seed": seed,
         "significance": SIGNIFICANCE,
+        "baseline": "through the pivot language" if pivot else "direct",
         "rows": rows,
     }
     if len(rows) > 1:
@@ -273,8 +304,11 @@ def _ci(side: dict[str, Any]) -> str:
 def markdown(result: dict[str, Any]) -> str:
     """The rows as a markdown table."""
     name = result.get("metric", "BLEU")
+    vias = {r["baseline"].get("via") for r in result["rows"]}
+    through = next(iter(vias)) if len(vias) == 1 else None
+    baseline = f"baseline through {through}" if through else "baseline"
     lines = [
-        f"| test set | direction | baseline {name} [95% CI] | system {name} [95% CI] | "
+        f"| test set | direction | {baseline} {name} [95% CI] | system {name} [95% CI] | "
         "difference | p |",
         "|---|---|---|---|---|---|",
     ]
@@ -331,6 +365,12 @@ def make_parser() -> argparse.ArgumentParser:
         help="compare only these test sets, e.g. test_2016_flickr (a report's set names, "
         "without the direction); the default: every set of the baselines",
     )
+    parser.add_argument(
+        "--pivot",
+        action="store_true",
+        help="compare with the baselines' translations through their pivot language (the "
+        "directions nmt-eval also translated through one), not their direct ones",
+    )
     parser.add_argument("--resamples", type=int, default=BOOTSTRAP_RESAMPLES)
     parser.add_argument("--seed", type=int, default=BOOTSTRAP_SEED)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
@@ -348,6 +388,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.metric,
         args.directions,
         args.sets,
+        args.pivot,
     )
     print(markdown(result), end="")
     if args.json is not None:
