@@ -12,11 +12,13 @@ import re
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from nmt.data.tagged import tagged_dataset
 from nmt.data.tokenizer import EOS_ID
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import decode_dataset
+from nmt.ship.card_languages import hf_language_use
 from nmt.ship.export import export_hf
 from nmt.ship.hf_check import check_run
 from nmt.store.loading import load_trained
@@ -113,3 +115,14 @@ def test_every_direction_and_the_cards_example_decode_as_ours(
     (hyp,) = decode_dataset(trained.model, data, greedy, torch.device("cpu"))
     tokens = hyp.tokens[1:] if placement != "source" else hyp.tokens
     assert printed.getvalue().strip() == str([tokenizers.tgt.decode(tokens).strip()])
+
+
+def test_the_card_calls_a_pair_zero_shot_only_where_one_was_not_trained() -> None:
+    def intro(directions: list[str], placement: str) -> str:
+        data = {"directions": directions, "tag_placement": placement}
+        return "\n".join(hf_language_use(OmegaConf.create({"data": data}))[0])
+
+    assert "zero-shot" in intro(MULTI_DIRECTIONS, "target")
+    assert "zero-shot" not in intro(["de-en", "en-de"], "target")
+    every = [f"{a}-{b}" for a in LANGUAGES for b in LANGUAGES if a != b]
+    assert "zero-shot" not in intro(every, "both") and "forced_bos_token_id" in intro(every, "both")

@@ -96,6 +96,8 @@ def hf_language_use(cfg: Any) -> tuple[list[str], list[str]]:
     if not directions:
         return [], ['batch = tok(["<a source sentence>"], return_tensors="pt", padding=True)']
     placement, first = placement_of(cfg.data), directions[0]
+    n = len(languages(directions))
+    untrained = n * (n - 1) > len({str(d) for d in directions})  # an ordered pair not trained
     codes = ", ".join(f"`{marian_code(lang)}`" for lang in code_languages(cfg))
     where = {
         "source": "each source starts with the target language's code, Marian's convention",
@@ -111,8 +113,8 @@ def hf_language_use(cfg: Any) -> tuple[list[str], list[str]]:
     intro = [
         "",
         f"A multilingual model: {where}. Its codes, which the tokenizer turns into the model's "
-        f"language tags: {codes}. Trained directions: {', '.join(str(d) for d in directions)}; "
-        "another pair of its languages is zero-shot.",
+        f"language tags: {codes}. Trained directions: {', '.join(str(d) for d in directions)}"
+        + ("; another pair of its languages is zero-shot." if untrained else "."),
     ]
     head = {"source": first.tgt, "both": first.src}.get(placement)
     text = f"{marian_code(head)} <a source sentence>" if head else "<a source sentence>"
