@@ -1,6 +1,7 @@
 """The multilingual presets' archived runs in docs/results/ trained the presets as they are now
-(multilingual_cpu.tag_<placement>: the English-centred preset with that tag placement), so the
-figures of docs/results.md are what `make train ARGS="experiment=..."` gives."""
+(multilingual_cpu.tag_<placement>, multilingual_all_cpu.tag_<placement>: the preset with that
+tag placement), so the figures of docs/results.md are what `make train ARGS="experiment=..."`
+gives."""
 
 from __future__ import annotations
 
