@@ -41,7 +41,7 @@ from nmt.data.corpus import read_parallel, strip_lines
 from nmt.data.datasets import EvalSet, load_test_sets
 from nmt.data.multilingual import directions_of, placement_of
 from nmt.data.multiprep import resolve_direction_splits
-from nmt.data.tagged import tagged_dataset
+from nmt.data.tagged import first_source_token, tagged_dataset
 from nmt.data.tokenizer import EOS_ID
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import decode_dataset, length_penalty
@@ -209,14 +209,15 @@ def test_sets(trained: Trained) -> list[tuple[str, str, int | None, EvalSet]]:
         test = load_test_sets(data_cfg, tokenizers, multi30k_source())[0]
         return [(test.name, "", None, test)]
     placement, tags = placement_of(data_cfg), tokenizers.src.tags
+    codes = hf.language_codes(trained.cfg, tokenizers.src)
     sets = []
     for d in directions:
         (split,) = resolve_direction_splits(data_cfg, [data_cfg.test[0]], [d], multi30k_source())
         src, refs = (strip_lines(x) for x in read_parallel(split.src_path, split.tgt_path))
         src_tag = tags[d.src] if placement == "both" else None
         data = tagged_dataset(tokenizers, src, refs, tags[d.tgt], placement, src_tag)
-        head = {"source": d.tgt, "both": d.src}.get(placement)
-        prefix = f"{hf.marian_code(head)} " if head else ""
+        first = first_source_token(placement, tags[d.tgt], src_tag)
+        prefix = "" if first is None else f"{codes[first]} "
         forced = None if placement == "source" else tags[d.tgt]
         name = f"{split.set_name}.{d}"
         sets.append((name, prefix, forced, EvalSet(name, src, refs, data)))
