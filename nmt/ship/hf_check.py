@@ -39,9 +39,9 @@ from torch import Tensor
 from nmt.config import ConfigError
 from nmt.data.corpus import read_parallel, strip_lines
 from nmt.data.datasets import EvalSet, load_test_sets
-from nmt.data.multilingual import directions_of, placement_of
+from nmt.data.multilingual import directions_of, first_source_token, placement_of
 from nmt.data.multiprep import resolve_direction_splits
-from nmt.data.tagged import first_source_token, tagged_dataset
+from nmt.data.tagged import tagged_dataset
 from nmt.data.tokenizer import EOS_ID
 from nmt.decode.options import DecodeOptions
 from nmt.decode.search import decode_dataset, length_penalty
