@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -416,12 +417,18 @@ def test_the_decoding_runs_on_threads_less_urgent_than_the_event_loop(
     base = os.getpriority(os.PRIO_PROCESS, 0)
     proc, port = start_server(package, f"engine={engine}", "threads=2", "decode_nice=4")
     try:
-        for _ in range(3):
+        # decode until the lowered threads have spent enough CPU time to compare (a tick
+        # is 10 ms, and a small model's batch can take less than one)
+        deadline = time.monotonic() + 60
+        while True:
             status, body = post(port, {"text": SENTENCES * 4, "beam": 3})
             assert status == 200 and len(body["translations"]) == 4 * len(SENTENCES)
-        threads = _threads(proc.pid)
-        if engine == "torch":  # our search runs in a process of its own
-            threads |= _threads(decoding_process(proc.pid))
+            threads = _threads(proc.pid)
+            if engine == "torch":  # our search runs in a process of its own
+                threads |= _threads(decoding_process(proc.pid))
+            spent = sum(t[1] for t in threads.values() if t[0] == min(19, base + 4))
+            if spent >= 20 or time.monotonic() > deadline:
+                break
         assert get(port, "/health")["pytorch_loaded"] is False  # in the server's process
     finally:
         assert stop_server(proc) == 0, server_log(proc)
