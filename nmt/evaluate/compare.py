@@ -11,7 +11,7 @@ evaluations wrote, which must be the same references line for line::
         --system outputs/runs/multi/eval/scores.averaged.beam5.lp1.json --json compare.json
 
 A row per compared set: both BLEU scores with their bootstrap intervals, the difference and
-its two-sided p-value; with several rows, a last one tests the mean difference over them
+sacreBLEU's p-value of it; with several rows, a last one tests the mean difference over them
 (:mod:`nmt.evaluate.pooled`). ``--directions`` and ``--sets`` keep only the named directions
 and test sets. ``--metric paper`` runs the same test on the papers' metric
 (:data:`~nmt.evaluate.metrics.PAPER_NAME`: both sides and the references lowercased and

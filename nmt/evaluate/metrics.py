@@ -277,9 +277,13 @@ def paired_bootstrap(
     of each system's BLEU against the baseline's.
 
     Every system is rescored on the same ``resamples`` resampled test sets as the baseline.
-    The p-value is two-sided: how often the resampled difference, centred on its mean, is at
-    least as large as the observed one. A system whose hypotheses equal the baseline's gets
-    p = 1 (sacreBLEU's formula would give its smallest p-value to a difference of exactly 0).
+    The p-value is sacreBLEU's (the Moses script's): how often the resampled absolute
+    difference, less its mean, exceeds the observed absolute difference. Where the difference
+    is clearly away from 0 this counts one tail of the resampled differences, about half of
+    what a two-sided test would give, so a p-value just under 0.05 can come with a 95%
+    interval of the difference that just reaches 0: such a result is borderline. A system
+    whose hypotheses equal the baseline's gets p = 1 (sacreBLEU's formula would give its
+    smallest p-value to a difference of exactly 0).
 
     With ``paper_lang`` the test is on :data:`PAPER_NAME` instead: every side, references
     included, goes through :func:`moses_tokenize` in that language and is scored as

@@ -7,12 +7,14 @@ One set's BLEU difference is what sacreBLEU's paired bootstrap tests
 languages differ, so their sentences are not pooled into one BLEU. Each resample instead draws
 every set's sentences with replacement, independently of the other sets, rescores both sides
 of each set on its drawn sentences, and takes the mean over the sets of the differences. The
-p-value is two-sided and computed as sacreBLEU's (Koehn 2004, as the Moses script does it): how
-often the resampled absolute mean difference, centred on its own mean, exceeds the observed
-one; two sides with the same hypotheses everywhere get p = 1, as one set's test gives them. With
-a single set the draws, the scores and the p-value are sacreBLEU's own, resample for resample.
-The 95% interval of the mean difference is the 2.5th and 97.5th percentile of its
-resampled values, the rule sacreBLEU uses for one score's interval.
+p-value is computed as sacreBLEU's (Koehn 2004, as the Moses script does it): how often the
+resampled absolute mean difference, centred on its own mean, exceeds the observed one (for a
+difference clearly away from 0, one tail of the resampled differences: see
+:func:`~nmt.evaluate.metrics.paired_bootstrap`); two sides with the same hypotheses
+everywhere get p = 1, as one set's test gives them. With a single set the draws, the scores
+and the p-value are sacreBLEU's own, resample for resample. The 95% interval of the mean
+difference is the 2.5th and 97.5th percentile of its resampled values, the rule sacreBLEU uses
+for one score's interval.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class SetPair:
 @dataclass(frozen=True)
 class MeanDifference:
     """The mean over the sets of the system's score minus the baseline's, its 95% bootstrap
-    interval and the two-sided p-value of the paired test."""
+    interval and the p-value of the paired test."""
 
     difference: float
     low: float
