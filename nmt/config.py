@@ -9,16 +9,14 @@ values (:func:`nmt.config_checks.check_train_config`) raise :class:`ConfigError`
 
 from __future__ import annotations
 
-import math
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from nmt.cli import UserError
 
@@ -486,110 +484,6 @@ def register_configs() -> None:
     cs.store(group="model", name="transformer_schema", node=TransformerConfig)
     cs.store(group="optim", name="optim_schema", node=OptimConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
-
-
-@dataclass(frozen=True)
-class TrainCorpus:
-    """One entry of ``data.train``: a split name or path prefix and its sampling weight."""
-
-    prefix: str
-    weight: float = 1.0  # an epoch draws round(weight * pairs) of the corpus (1: each pair once)
-
-
-def train_corpora(value: Any, key: str = "data.train") -> list[TrainCorpus]:
-    """The corpora named by ``data.train``: a string or a list of strings, each optionally
-    ending in ``:<weight>`` (a number > 0). Raises ConfigError naming the entry."""
-    if isinstance(value, str):
-        entries, keys = [value], [key]
-    elif isinstance(value, (list, tuple, ListConfig)):
-        entries, keys = list(value), [f"{key}[{i}]" for i in range(len(value))]
-        if not entries:
-            raise ConfigError(f"{key}=[] names no training corpus")
-    else:
-        raise ConfigError(
-            f"{key}={value!r} must be a corpus (split name or path prefix) or a list of them"
-        )
-    corpora = []
-    for entry, where in zip(entries, keys, strict=True):
-        if not isinstance(entry, str) or not entry.strip():
-            raise ConfigError(f"{where}={entry!r} must be a non-empty split name or path prefix")
-        prefix, weight = entry, 1.0
-        head, sep, tail = entry.rpartition(":")
-        if sep and head:
-            try:
-                weight = float(tail)
-            except ValueError:
-                pass  # a colon inside the path itself
-            else:
-                prefix = head
-                if not (math.isfinite(weight) and weight > 0):
-                    raise ConfigError(
-                        f"{where}={entry!r}: the sampling weight after ':' must be a number > 0"
-                    )
-        corpora.append(TrainCorpus(prefix, weight))
-    return corpora
-
-
-@dataclass(frozen=True)
-class Direction:
-    """One translation direction of a multilingual run: source and target language codes."""
-
-    src: str
-    tgt: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.src}-{self.tgt}"
-
-    def __str__(self) -> str:
-        return self.name
-
-
-def parse_directions(
-    value: Any, key: str = "data.directions", languages: Sequence[str] | None = None
-) -> list[Direction]:
-    """The directions of ``data.directions`` (``[de-en, en-fr]``); raises ConfigError naming the
-    entry. An empty list is an empty result (a bilingual run). ``all`` is every ordered pair of
-    ``languages`` (``data.languages``), sources in their order, then targets."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple, ListConfig)):
-        raise ConfigError(f"{key}={value!r} must be a list of directions such as [de-en, en-fr]")
-    if list(value) == [ALL_DIRECTIONS]:
-        value = every_pair(languages or [], key)
-    out: dict[Direction, None] = {}  # in order, each once (a hundred languages: 9,900)
-    for i, entry in enumerate(value):
-        where = f"{key}[{i}]"
-        parts = entry.split("-") if isinstance(entry, str) else []
-        if len(parts) != 2 or not all(p.isascii() and p.replace("_", "x").isalnum() for p in parts):
-            raise ConfigError(
-                f"{where}={entry!r} is not a direction: write <source>-<target> language "
-                "codes, such as de-en"
-            )
-        d = Direction(parts[0], parts[1])
-        if d.src == d.tgt:
-            raise ConfigError(f"{where}={entry!r} translates a language into itself")
-        if d in out:
-            raise ConfigError(f"{where}={entry!r} is named twice")
-        out[d] = None
-    return list(out)
-
-
-ALL_DIRECTIONS = "all"
-
-
-def every_pair(languages: Sequence[str], key: str = "data.directions") -> list[str]:
-    """Every ordered pair of ``languages`` as directions (``de-en``); ConfigError for fewer
-    than two distinct languages."""
-    langs = list(dict.fromkeys(str(lang) for lang in languages))
-    if len(langs) < 2:
-        raise ConfigError(
-            f"{key}=all needs data.languages, the corpus's languages (two or more, such as "
-            f"[cs, de, en, fr]); it is {list(languages)}"
-        )
-    return [f"{a}-{b}" for a in langs for b in langs if a != b]
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -67,7 +67,8 @@ def write_file(path: Path, data: bytes) -> Path:
 def data_cfg(train: object, root: Path, **overrides: object) -> Any:
     """A `parallel` de->en data config (600 pieces, one worker) training on ``train`` (corpus
     prefixes, weighted or not) and validating on its first corpus."""
-    from nmt.config import DataConfig, train_corpora
+    from nmt.config import DataConfig
+    from nmt.config_checks import train_corpora
 
     first = train_corpora(train)[0].prefix
     cfg = DataConfig(

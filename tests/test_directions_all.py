@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from nmt.config import ConfigError, parse_directions
-from nmt.config_checks import check_train_config
+from nmt.config import ConfigError
+from nmt.config_checks import check_train_config, parse_directions
 from nmt.data.multilingual import directions_of
 from nmt.train.command import train
 

@@ -325,7 +325,7 @@ def test_off_target_rate_on_real_references(fourway):
 def test_held_out_sets_are_scored_where_a_direction_has_both_languages(monkeypatch):
     """Multi30k's 2017 sets have no Czech: nmt-eval scores them in de-en but not in en-cs, and
     refuses a set that no direction of the model can use."""
-    from nmt.config import parse_directions
+    from nmt.config_checks import parse_directions
     from nmt.data.corpus import multi30k_languages
     from nmt.evaluate import multilingual
 

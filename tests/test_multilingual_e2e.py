@@ -121,7 +121,7 @@ def test_eval_scores_the_runs_zero_shot_directions_unless_told(trained):
     written before the field has none."""
     from omegaconf import open_dict
 
-    from nmt.config import Direction
+    from nmt.config_checks import Direction
     from nmt.evaluate.multilingual import eval_directions
 
     run_dir = trained("source")

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nmt.config import ConfigError, TrainCorpus, train_corpora
+from nmt.config import ConfigError
+from nmt.config_checks import TrainCorpus, train_corpora
 from nmt.data import binarize
 from nmt.data.batching import (
     BatchList,

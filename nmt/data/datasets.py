@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from nmt.cli import QUIET, Progress
-from nmt.config import Direction, train_corpora
+from nmt.config_checks import Direction, train_corpora
 from nmt.data.batching import TokenDataset
 from nmt.data.binarize import ensure_prepared
 from nmt.data.corpus import DataError, read_parallel, strip_lines

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from nmt.config import Direction, parse_directions
+from nmt.config_checks import Direction, parse_directions
 from nmt.data.corpus import DataError
 from nmt.data.tokenizer import Tokenizer, language_tag
 

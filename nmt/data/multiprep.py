@@ -35,7 +35,7 @@ import numpy as np
 
 from nmt.atomic import atomic_write_bytes
 from nmt.cli import QUIET, Progress
-from nmt.config import Direction, train_corpora
+from nmt.config_checks import Direction, train_corpora
 from nmt.data.binarize import (
     Reservoir,
     _ArrayWriter,

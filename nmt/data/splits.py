@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from nmt.cli import Advance, no_progress
-from nmt.config import train_corpora
+from nmt.config_checks import train_corpora
 from nmt.data.corpus import (
     DataError,
     fetch_multi30k,

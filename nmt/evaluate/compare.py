@@ -43,7 +43,8 @@ from typing import Any
 
 from nmt.atomic import atomic_write_bytes
 from nmt.cli import UserError, exit_on_error, setup_logging
-from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, ConfigError, parse_directions
+from nmt.config import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, ConfigError
+from nmt.config_checks import parse_directions
 from nmt.data.corpus import read_lines
 from nmt.evaluate.metrics import PAPER_NAME, SIGNIFICANCE, check_bootstrap, paired_bootstrap
 from nmt.evaluate.pooled import SetPair, mean_difference

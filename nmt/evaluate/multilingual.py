@@ -29,7 +29,8 @@ from omegaconf import DictConfig
 
 from nmt.atomic import atomic_write_bytes
 from nmt.cli import Progress
-from nmt.config import ConfigError, Direction, EvalSplit, parse_directions
+from nmt.config import ConfigError, EvalSplit
+from nmt.config_checks import Direction, parse_directions
 from nmt.data.corpus import (
     DataError,
     multi30k_languages,

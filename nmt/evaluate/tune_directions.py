@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nmt.config import ConfigError, Direction, parse_directions
+from nmt.config import ConfigError
+from nmt.config_checks import Direction, parse_directions
 from nmt.data.batching import TokenDataset
 from nmt.data.corpus import DataError, read_parallel, strip_lines
 from nmt.data.multilingual import directions_of
