@@ -309,6 +309,12 @@ class DecodeConfig:
     min_output_len: int = 0  # no EOS before this many tokens (equal-length timing runs)
     max_tokens: int = 8192  # token budget of a decoding batch
     precision: str = "32"  # autocast for decoding: 32 | bf16 | 16 | auto (nmt.runtime.precision)
+    # random sampling instead of search (nmt.decode.sampling), as for back-translation: draw
+    # from the k most probable tokens; 1: off (search); 0: from every token
+    sampling_topk: int = 1
+    sampling_topp: float = 1.0  # ... and of those from the most probable holding this mass
+    sampling_temperature: float = 1.0  # log-probabilities / temperature before both cuts
+    sampling_seed: int = 0  # a sentence's draws depend on this seed and its input line only
 
 
 @dataclass

@@ -39,6 +39,28 @@ def check_decode(d: Any, prefix: str = "") -> None:
         _positive(f"{prefix}{key}", getattr(d, key), allow_zero=True)
     _positive(f"{prefix}max_tokens", d.max_tokens)
     _choice(f"{prefix}precision", str(d.precision), ("auto", "32", "bf16", "16"))
+    _check_sampling(d, prefix)
+
+
+def _check_sampling(d: Any, prefix: str) -> None:
+    topk, topp, temperature = d.sampling_topk, d.sampling_topp, d.sampling_temperature
+    _positive(f"{prefix}sampling_topk", topk, allow_zero=True)
+    if not 0 < topp <= 1:
+        raise ConfigError(f"{prefix}sampling_topp={topp} must be > 0 and <= 1")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ConfigError(f"{prefix}sampling_temperature={temperature} must be a number > 0")
+    if topk == 1:  # search: the other sampling options would change nothing
+        for key, value in (("sampling_topp", topp), ("sampling_temperature", temperature)):
+            if value != 1:
+                raise ConfigError(
+                    f"{prefix}{key}={value} applies to sampling, which sampling_topk=1 turns "
+                    "off: set sampling_topk=0 (every token) or the number of tokens to draw from"
+                )
+    elif d.beam is not None and d.beam > 1:
+        raise ConfigError(
+            f"{prefix}sampling_topk={topk} draws one translation per sentence instead of a "
+            f"search: it needs beam=1 (or beam unset), not beam={d.beam}"
+        )
 
 
 def check_train_config(cfg: DictConfig, training: bool = True) -> None:

@@ -86,6 +86,17 @@ def test_unseen_characters_byte_fallback(prepared: PreparedData) -> None:
     assert tok.decode(torch.tensor(ids)) == text
 
 
+def test_a_decoded_text_is_one_line(prepared: PreparedData) -> None:
+    """Byte pieces can spell a line feed or a carriage return (a sampled output can hold
+    them); they decode to spaces, so a file of outputs keeps one line per input."""
+    tok = prepared.tokenizers.src
+    lf, cr, ff = (tok._sp.PieceToId(f"<0x{b:02X}>") for b in (0x0A, 0x0D, 0x0C))
+    assert UNK_ID not in (lf, cr, ff)
+    ids = [*tok.encode("Ein Hund"), lf, *tok.encode("läuft"), cr, lf, ff]
+    assert tok.decode(ids) == "Ein Hund  läuft  \x0c"  # "▁läuft" brings its own space
+    assert len(tok.decode(ids).split("\n")) == 1
+
+
 def test_special_ids(prepared: PreparedData) -> None:
     tok = prepared.tokenizers.src
     assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)

@@ -3,7 +3,9 @@
 Every model uses the same special ids: PAD=0, UNK=1, BOS=2, EOS=3. Training uses the
 ``identity`` normalization, keeps repeated spaces and falls back to bytes for unseen
 characters, so ``decode(encode(s)) == s`` for any stripped line ``s`` that does not contain
-the whitespace marker U+2581 itself (it decodes to a space).
+the whitespace marker U+2581 itself (it decodes to a space) or a carriage return. A decoded
+text is one line: the line feed and carriage return that byte pieces can spell decode to
+spaces, so that a file of outputs keeps one line per input.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from nmt.data.spm_progress import followed
 log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+ONE_LINE = str.maketrans("\n\r", "  ")  # what a decoded text must not hold: line breaks
 SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
 _SKIP_ON_DECODE = frozenset((PAD_ID, BOS_ID, EOS_ID))
 _CACHE_VERSION = 1  # bump when the training recipe changes, so old cache entries are ignored
@@ -126,11 +129,12 @@ class Tokenizer:
         )
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of a sequence of ids; PAD, BOS, EOS and language tags are ignored."""
+        """Text of a sequence of ids, on one line; PAD, BOS, EOS and language tags are
+        ignored, and a line feed or carriage return (byte pieces) becomes a space."""
         if hasattr(ids, "tolist"):
             ids = ids.tolist()  # a tensor or array
         kept = [int(i) for i in ids if int(i) not in self._skip]
-        return self._sp.Decode(kept) if kept else ""
+        return self._sp.Decode(kept).translate(ONE_LINE) if kept else ""
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         """Human-readable subword pieces of ``ids`` (e.g. for attention plot labels)."""

@@ -250,6 +250,15 @@ def make_engine(
     ``sample``: the sentences to decode, for the probe of ``auto`` (see the module docstring)."""
     if name not in ENGINE_NAMES:  # the names engine= takes (the config schema's)
         raise ConfigError(f"engine={name!r} is not one of: {', '.join(ENGINE_NAMES)}")
+    if opts.samples and (name == "ctranslate2" or trained.model is None):
+        only = f" ({trained.path} holds only a CTranslate2 model)" if trained.model is None else ""
+        raise ConfigError(
+            f"sampling_topk={opts.sampling_topk} samples with our search (engine=torch or "
+            "torch-int8), whose draws for a sentence depend on sampling_seed and its line "
+            f"only; CTranslate2 draws with a generator shared by its batches{only}"
+        )
+    if opts.samples and name == "auto":
+        return TorchEngine(trained.model, device)
     if trained.model is None:  # a CTranslate2-only package
         if name in ("torch", "torch-int8"):
             raise ConfigError(

@@ -43,6 +43,8 @@ class DecodeOptions(DecodeConfig):
         training run's ``decode`` section, else greedy search with alpha 1.
         """
         values = {f.name: getattr(cfg, f.name) for f in fields(DecodeConfig)}
+        if values["sampling_topk"] != 1 and values["beam"] is None:
+            values["beam"] = GREEDY  # sampling draws one translation: the run's beam is not it
         for key in ("beam", "length_penalty"):
             if values[key] is None and run_decode is not None:
                 values[key] = run_decode.get(key)
@@ -53,6 +55,12 @@ class DecodeOptions(DecodeConfig):
         """How a run decodes when a command sets nothing: its ``decode`` section's beam and
         length penalty (None: greedy search, alpha 1) with the commands' defaults."""
         return cls.from_config(DecodeConfig(), run_decode)
+
+    @property
+    def samples(self) -> bool:
+        """Whether these options draw translations at random (:mod:`nmt.decode.sampling`)
+        instead of searching for them."""
+        return self.sampling_topk != 1
 
     def caps(
         self, src_lens: Sequence[int] | np.ndarray, max_positions: int | None = None

@@ -1,4 +1,5 @@
-"""Decoding: greedy and beam search over a batch, and translation of a whole dataset.
+"""Decoding: greedy and beam search over a batch, random sampling (greedy search drawing its
+tokens, :mod:`nmt.decode.sampling`), and translation of a whole dataset.
 
 Both searches work with any :class:`~nmt.models.base.Seq2Seq` through its incremental interface
 (``encode`` once, then ``decode_step``). Sentences that are finished leave the batch (their
@@ -45,6 +46,7 @@ from nmt.cli import Advance, no_progress
 from nmt.data.batching import TokenDataset, eval_batches, make_batch
 from nmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from nmt.decode.options import DecodeOptions
+from nmt.decode.sampling import Sampling
 from nmt.models.base import Seq2Seq
 from nmt.runtime.device import autocast
 from nmt.runtime.precision import resolve_precision
@@ -107,14 +109,18 @@ def greedy_search(
     keep_attention: bool = False,
     min_len: int = 0,
     forced: Tensor | None = None,
+    sampling: Sampling | None = None,
+    sentences: Tensor | None = None,
 ) -> list[Hypothesis]:
-    """Greedy decoding of a batch.
+    """Greedy decoding of a batch, or with ``sampling`` random sampling (:mod:`.sampling`).
 
     src: (B, S); src_lens, max_lens: (B,). Returns one hypothesis per row, in input order.
     Rows that emit EOS (or reach their cap) are dropped from the state at once. EOS is not
     chosen before ``min_len`` tokens, except at a cap that is shorter. ``forced`` (B,): each
     row's first output token (a multilingual model's target tag), or None. A model with
-    ``suppress_start`` never outputs ``bos_id``.
+    ``suppress_start`` never outputs ``bos_id``. ``sentences`` (B,): each row's line in the
+    input, which with the seed makes its draws (default: the rows' positions). A hypothesis's
+    score is the summed log-probability of its tokens under the model, sampled or not.
     """
     batch, device = src.size(0), src.device
     suppress = model.suppress_start
@@ -126,6 +132,7 @@ def greedy_search(
     attn_buf = torch.zeros(batch, steps, src.size(1), device=device) if keep_attention else None
     state = model.encode(src, src_lens)
     alive = torch.arange(batch, device=device)  # (A,) original rows still decoding
+    lines = torch.arange(batch) if sentences is None else sentences.cpu()  # (B,)
     prev = torch.full((batch,), bos_id, dtype=torch.long, device=device)  # (A,)
     for step in range(steps):
         logits, state, attn = model.decode_step(prev, state)  # (A, V), (A, S)
@@ -136,8 +143,12 @@ def greedy_search(
             logp = force_first(logp, forced.to(device))
         if step < min_len:
             logp[:, eos_id] = NEG_INF
-        # the argmax, except that a sentence at its length cap is closed with EOS
-        best = logp.argmax(dim=-1).masked_fill(limit[alive] <= step, eos_id)  # (A,)
+        # the argmax (or a draw), except that a sentence at its length cap is closed with EOS
+        if sampling is None:
+            best = logp.argmax(dim=-1)  # (A,)
+        else:
+            best = sampling.draw(logp, lines[alive.cpu()], step)  # (A,)
+        best = best.masked_fill(limit[alive] <= step, eos_id)  # (A,)
         out[alive, step] = best
         scores[alive] += logp.gather(1, best[:, None]).squeeze(1)
         if attn_buf is not None and attn is not None:
@@ -415,12 +426,14 @@ def search(
     opts: DecodeOptions,
     keep_attention: bool = False,
     forced: Tensor | None = None,
+    sentences: Tensor | None = None,
 ) -> list[Hypothesis]:
-    """Decode one padded batch with the search ``opts`` asks for (greedy when beam == 1).
+    """Decode one padded batch with the search ``opts`` asks for (greedy when beam == 1), or
+    by random sampling when it asks for that.
 
     src: (B, S); src_lens: (B,). Sources too long for the model's position table are cut, and
     output caps are kept within it. ``forced`` (B,): first output tokens (one more token in
-    each cap), or None.
+    each cap), or None. ``sentences`` (B,): each row's line in the input (sampling's draws).
     """
     caps = max_output_lengths(model, src_lens, opts)  # (B,)
     if forced is not None:
@@ -432,7 +445,8 @@ def search(
     if opts.beam == 1:
         return greedy_search(
             model, src, src_lens, caps, BOS_ID, EOS_ID, keep_attention,
-            min_len=opts.min_output_len, forced=forced,
+            min_len=opts.min_output_len, forced=forced, sampling=Sampling.of(opts),
+            sentences=sentences,
         )  # fmt: skip
     return beam_search(
         model, src, src_lens, caps, BOS_ID, EOS_ID, opts.beam, opts.length_penalty,
@@ -469,7 +483,8 @@ def decode_dataset(
         batch = make_batch(data, idx).to(device)
         forced = None if data.forced is None else torch.from_numpy(data.forced[idx]).to(device)
         with autocast(precision, device):
-            hyps = search(model, batch.src, batch.src_lens, opts, keep_attention, forced)
+            lines = torch.from_numpy(idx)  # (b,) each sentence's line: its draws when sampling
+            hyps = search(model, batch.src, batch.src_lens, opts, keep_attention, forced, lines)
         for i, h in zip(idx.tolist(), hyps, strict=True):
             out[i] = h
         advance(len(idx))

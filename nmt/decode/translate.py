@@ -8,6 +8,10 @@ output capped at ``max_output_len_a * length + max_output_len_b`` tokens. When s
 a terminal, a bar there counts the sentences translated (``progress=false``: none); stdout
 carries the translations only.
 
+``sampling_topk`` (with ``sampling_topp``, ``sampling_temperature``, ``sampling_seed``) draws
+each translation at random instead (:mod:`nmt.decode.sampling`), the sources of
+back-translation; a line's draws depend on the seed and the line's index only.
+
 With ``n_best=N`` (N <= beam) every input line gives N lines
 ``<line index><TAB><score><TAB><translation>`` (index from 0, best first); an empty input line
 gives one line with an empty translation and score 0.

@@ -93,10 +93,16 @@ def output_dir(cfg: DictConfig, ckpt: Path) -> Path:
 
 
 def options_tag(ckpt: Path, opts: DecodeOptions, engine: str = "torch") -> str:
-    """File-name tag of a checkpoint and search: ``best.beam1``, ``averaged.beam5.lp0.6``;
-    another engine than torch adds its name (``package.beam1.ctranslate2``)."""
+    """File-name tag of a checkpoint and search: ``best.beam1``, ``averaged.beam5.lp0.6``,
+    or of sampling: ``best.sample.k0.p0.9.t1.seed3``; another engine than torch adds its name
+    (``package.beam1.ctranslate2``)."""
     tag = f"{ckpt.stem}.beam{opts.beam}"
     tag = f"{tag}.lp{opts.length_penalty:g}" if opts.beam > 1 else tag
+    if opts.samples:
+        tag = (
+            f"{ckpt.stem}.sample.k{opts.sampling_topk}.p{opts.sampling_topp:g}"
+            f".t{opts.sampling_temperature:g}.seed{opts.sampling_seed}"
+        )
     return tag if engine == "torch" else f"{tag}.{engine}"
 
 

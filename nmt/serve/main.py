@@ -84,6 +84,11 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError("batch_wait_ms and shutdown_timeout must be >= 0")
     if cfg.request_timeout <= 0:
         raise ConfigError(f"request_timeout={cfg.request_timeout} must be > 0 (seconds)")
+    if cfg.sampling_topk != 1:
+        raise ConfigError(
+            f"sampling_topk={cfg.sampling_topk}: nmt-serve answers with searched translations; "
+            "random sampling (back-translation) is nmt-translate's and nmt-eval's"
+        )
     if cfg.max_queued_sentences < cfg.max_sentences:
         raise ConfigError(
             f"max_queued_sentences={cfg.max_queued_sentences} must be >= max_sentences="

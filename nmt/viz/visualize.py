@@ -45,6 +45,7 @@ from nmt.data.batching import make_batch
 from nmt.data.datasets import EvalSet
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 from nmt.decode.options import DecodeOptions
+from nmt.decode.sampling import Sampling
 from nmt.decode.search import Hypothesis, greedy_search, max_output_lengths
 from nmt.models.base import Seq2Seq
 
@@ -103,9 +104,9 @@ def attend(
 
     src_lens: (B,) with EOS counted. ``opts`` (default: ``DecodeOptions()``) gives the output
     caps and ``min_output_len``; the search is greedy whatever its ``beam`` (the views follow
-    one hypothesis) and runs in the caller's precision. The model runs in eval mode and gets
-    its mode back. ``forced`` (B,): each row's forced first output token (a multilingual
-    model's target tag), or None.
+    one hypothesis), or samples that hypothesis when ``opts`` sample, and runs in the caller's
+    precision. The model runs in eval mode and gets its mode back. ``forced`` (B,): each
+    row's forced first output token (a multilingual model's target tag), or None.
     """
     opts = opts or DecodeOptions()
     was_training = model.training
@@ -116,7 +117,7 @@ def attend(
             caps = caps + (forced >= 0).to(caps.device, caps.dtype)
         hyps = greedy_search(
             model, src, src_lens, caps, BOS_ID, EOS_ID, True, min_len=opts.min_output_len,
-            forced=forced,
+            forced=forced, sampling=Sampling.of(opts),
         )  # fmt: skip
         tgt_in = teacher_input(hyps, src.device)  # (B, T)
         _, attn = model.forward_with_attention(src, src_lens, tgt_in)
