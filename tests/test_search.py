@@ -341,7 +341,9 @@ def test_search_caps_keep_the_model_positions() -> None:
 def test_options_unset_search_comes_from_the_run() -> None:
     command = OmegaConf.create(
         {"beam": None, "length_penalty": None, "max_output_len_a": 0.5, "max_output_len_b": 3,
-         "min_output_len": 0, "max_tokens": 100, "precision": "32", "device": "cpu"}
+         "min_output_len": 0, "max_tokens": 100, "precision": "32", "device": "cpu",
+         "sampling_topk": 1, "sampling_topp": 1.0, "sampling_temperature": 1.0,
+         "sampling_seed": 0}
     )  # fmt: skip
     assert (DecodeOptions.from_config(command).beam, DecodeOptions.of_run(None).beam) == (1, 1)
     run = OmegaConf.create({"beam": 4, "length_penalty": 0.6, "checkpoint": "best"})
