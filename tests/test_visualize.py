@@ -20,8 +20,10 @@ from torch.utils.tensorboard import SummaryWriter
 from nmt.config import ConfigError, GRUBahdanauConfig, TrainConfig, TransformerConfig, to_container
 from nmt.data.batching import TokenDataset, make_batch
 from nmt.data.datasets import EvalSet
-from nmt.data.tokenizer import EOS_ID, TokenizerPair, train_tokenizer
+from nmt.data.tokenizer import BOS_ID, EOS_ID, TokenizerPair, train_tokenizer
 from nmt.decode.options import DecodeOptions
+from nmt.decode.sampling import Sampling
+from nmt.decode.search import greedy_search, max_output_lengths
 from nmt.models.base import Seq2Seq
 from nmt.models.registry import create_model
 from nmt.store.checkpoint import save_checkpoint
@@ -157,6 +159,21 @@ def test_empty_hypothesis_gives_one_row(tokenizers, evalset) -> None:
     assert sent.hypothesis.tokens == []
     (views,) = _views(model, batch.src, batch.src_lens, tokenizers)
     assert views[0].weights.shape == (1, 1, 6) and views[0].query_labels == ["</s>"]
+
+
+def test_the_views_follow_a_sampled_hypothesis_when_the_options_sample(tokenizers, evalset) -> None:
+    model = build("transformer").eval()
+    batch = make_batch(evalset.data, [0, 1, 2])
+    opts = DecodeOptions(sampling_topk=0, sampling_seed=4)
+    caps = max_output_lengths(model, batch.src_lens, opts)
+    sampled = greedy_search(
+        model, batch.src, batch.src_lens, caps, BOS_ID, EOS_ID, sampling=Sampling.of(opts)
+    )
+    views = attend(model, batch.src, batch.src_lens, opts)
+    assert [v.hypothesis.tokens for v in views] == [h.tokens for h in sampled]
+    assert [v.hypothesis.tokens for v in attend(model, batch.src, batch.src_lens)] != [
+        h.tokens for h in sampled
+    ]
 
 
 def test_select_layers() -> None:
