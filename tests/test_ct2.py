@@ -27,7 +27,7 @@ from nmt.ship import ctranslate2
 from nmt.ship.export import export_package
 from nmt.ship.export import main as export_main
 from nmt.store.gate import CheckpointError
-from nmt.store.loading import build_model, load_model, load_package, load_trained
+from nmt.store.loading import build_model, load_package, load_trained
 from nmt.store.package import CT2_DIR, WEIGHTS
 from nmt.train.command import train
 
@@ -596,22 +596,3 @@ def test_a_server_batch_of_many_caps_takes_fewer_ctranslate2_calls(trained: dict
         assert batches[1][1] < caps / 2  # one call at the largest cap, a few redone by cap
 
     run_app(make_app(replace(backend, decode=counted), cfg), scenario)
-
-
-def test_sampling_decodes_with_our_search_and_ctranslate2_refuses_it(
-    trained: dict, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """engine=auto samples with torch without probing the engines; engine=ctranslate2, on a
-    package with both models or with CTranslate2's only, refuses by name."""
-    monkeypatch.setattr("nmt.decode.engines.auto_choice", None)  # a probe would fail
-    package = load_package(trained["packages"]["float32"], CPU)
-    opts = DecodeOptions(sampling_topk=0)
-    assert type(make_engine("auto", package, opts, CPU)) is TorchEngine
-    with pytest.raises(ConfigError, match=r"sampling_topk=0 samples with our search"):
-        make_engine("ctranslate2", package, opts, CPU)
-    args = [f"model_dir={trained['packages']['int8-only']}", "engine=ctranslate2"]
-    only = load_model(compose_config("translate", args), CPU)
-    assert only.model is None
-    for name in ("ctranslate2", "auto"):
-        with pytest.raises(ConfigError, match=r"holds only a CTranslate2 model"):
-            make_engine(name, only, opts, CPU)

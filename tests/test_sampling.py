@@ -280,3 +280,31 @@ def test_eval_scores_a_sampled_decode_under_its_own_name(trained_runs, tmp_path:
     report = json.loads((out / "scores.best.sample.k0.p0.9.t1.seed0.json").read_text())
     assert report["options"]["sampling_topk"] == 0 and report["options"]["beam"] == 1
     assert not list(out.glob("scores.best.beam*"))
+
+
+def test_sampling_decodes_with_our_search_and_ctranslate2_refuses_it(
+    trained_runs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """engine=auto samples with torch without probing the engines; engine=ctranslate2, on a
+    package with both models or with CTranslate2's only, refuses by name."""
+    from nmt.decode.engines import TorchEngine, make_engine
+    from nmt.ship.export import export_package
+    from nmt.store.loading import load_model, load_package
+
+    ckpt = checkpoint_path(trained_runs["transformer"])
+    both = export_package(ckpt, tmp_path / "both", fmt="ctranslate2", quantize="int8")
+    only = export_package(
+        ckpt, tmp_path / "only", fmt="ctranslate2", quantize="int8", ctranslate2_only=True
+    )
+    monkeypatch.setattr("nmt.decode.engines.auto_choice", None)  # a probe would fail
+    cpu, opts = torch.device("cpu"), DecodeOptions(sampling_topk=0)
+    package = load_package(both, cpu)
+    assert type(make_engine("auto", package, opts, cpu)) is TorchEngine
+    with pytest.raises(ConfigError, match=r"sampling_topk=0 samples with our search"):
+        make_engine("ctranslate2", package, opts, cpu)
+    args = [f"model_dir={only}", "engine=ctranslate2"]
+    bare = load_model(compose_config("translate", args), cpu)
+    assert bare.model is None
+    for name in ("ctranslate2", "auto"):
+        with pytest.raises(ConfigError, match=r"holds only a CTranslate2 model"):
+            make_engine(name, bare, opts, cpu)
